@@ -1,0 +1,110 @@
+"""GRPO math in one place: group advantages, the clipped surrogate with k3 KL, and loss aggregation.
+
+Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and
+token-mean; ../shared/docs/ALGORITHMS.md §1.4 for the masked interface implemented here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
+NORMALIZERS = ("selected", "all")
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6,
+                     std_normalize: bool = True) -> torch.Tensor:
+    """Â_i = (R_i − mean_g R) / (std_g R + ε) over the rollouts of the same prompt (unbiased std).
+
+    A group of one has mean 0 and std 1 (verl's rule); a group with equal rewards gets Â = 0, never NaN.
+    """
+    rewards = rewards.double()
+    adv = torch.zeros_like(rewards)
+    for group in group_ids.unique():
+        rows = group_ids == group
+        values = rewards[rows]
+        if values.numel() == 1:
+            mean, std = torch.zeros((), dtype=values.dtype), torch.ones((), dtype=values.dtype)
+        else:
+            mean, std = values.mean(), values.std()
+        centred = values - mean
+        adv[rows] = centred / (std + eps) if std_normalize else centred
+    return adv.float()
+
+
+def denominator_mask(response_mask: torch.Tensor, token_mask: torch.Tensor, norm: str) -> torch.Tensor:
+    """D of ALGORITHMS.md §1.4: the selected tokens (`selected`) or every response token (`all`)."""
+    if norm not in NORMALIZERS:
+        raise ValueError(f"loss normaliser {norm!r} is not one of {NORMALIZERS}")
+    return (response_mask * token_mask).float() if norm == "selected" else response_mask.float()
+
+
+@dataclass
+class LossNormalizer:
+    """Divisors of one optimizer step's loss, counted over its whole mini-batch (and all ranks).
+
+    token-mean: pg = Σ tokens of D, kl = Σ tokens of W_kl; seq-mean-token-mean: both = kept sequences
+    (those with Σ_t D > 0).
+    """
+
+    pg: float
+    kl: float
+
+    @staticmethod
+    def count(response_mask: torch.Tensor, token_mask: torch.Tensor, aggregation: str, norm: str,
+              kl_masked: bool) -> "LossNormalizer":
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+        denominator = denominator_mask(response_mask, token_mask, norm)
+        if aggregation == "token-mean":
+            w_kl = (response_mask * token_mask) if kl_masked else response_mask
+            return LossNormalizer(float(denominator.sum()), float(w_kl.sum()))
+        kept = float((denominator.sum(1) > 0).sum())
+        return LossNormalizer(kept, kept)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    clipped_tokens: torch.Tensor
+    kl_sum: torch.Tensor
+    selected_tokens: torch.Tensor
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, token_mask: torch.Tensor, normalizer: LossNormalizer, *,
+                aggregation: str, norm: str, clip_low: float, clip_high: float,
+                ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+                kl_masked: bool = True) -> LossOutput:
+    """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
+
+    pg_t = −min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to ±20);
+    kl_t = exp(ref − logp) − (ref − logp) − 1 (k3). Shapes: logp, old_logp, masks (b, T); advantages (b,).
+    """
+    resp = response_mask.float()
+    w_pg = resp * token_mask.float()
+    w_kl = w_pg if kl_masked else resp
+    denominator = denominator_mask(response_mask, token_mask, norm)
+    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    adv = advantages[:, None].to(logp.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    pg = -torch.minimum(unclipped, clipped)
+    use_kl = ref_logp is not None and kl_coef > 0
+    kl = (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1.0) if use_kl else torch.zeros_like(logp)
+    if aggregation == "token-mean":
+        loss = (pg * w_pg).sum() / max(normalizer.pg, 1.0)
+        if use_kl:
+            loss = loss + kl_coef * (kl * w_kl).sum() / max(normalizer.kl, 1.0)
+    elif aggregation == "seq-mean-token-mean":
+        per_seq = (pg * w_pg).sum(1) / denominator.sum(1).clamp_min(1.0)
+        if use_kl:
+            per_seq = per_seq + kl_coef * (kl * w_kl).sum(1) / w_kl.sum(1).clamp_min(1.0)
+        keep = denominator.sum(1) > 0
+        loss = per_seq[keep].sum() / max(normalizer.pg, 1.0)
+    else:
+        raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+    is_clipped = (clipped < unclipped).float()  # the clipped branch is the active minimum
+    return LossOutput(loss, (is_clipped * w_pg).sum().detach(), (kl * resp).sum().detach(), w_pg.sum().detach())

@@ -1,0 +1,27 @@
+"""Turn a question into model input: the chat template where the model has one (and it is wanted), else plain text."""
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+
+class PromptFormatter:
+    """`use_chat_template`: 'auto' (if the tokenizer has one), True or False; plain prompts end with a newline."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool | str = "auto",
+                 system_prompt: str | None = None) -> None:
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if use_chat_template is True and not has_template:
+            raise ValueError("model.chat_template=true but the tokenizer has no chat template; set it to auto or false")
+        self.tokenizer = tokenizer
+        self.chat = has_template if use_chat_template == "auto" else bool(use_chat_template)
+        self.system_prompt = system_prompt
+
+    def text(self, question: str) -> str:
+        if not self.chat:
+            return question + "\n"
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": question})
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def token_ids(self, question: str) -> list[int]:
+        return self.tokenizer(self.text(question), add_special_tokens=not self.chat)["input_ids"]

@@ -1,0 +1,42 @@
+"""The one record shape every task and benchmark yields, and a JSONL reader whose errors name file and line."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A verifiable problem: `question` is shown to the model, `answer` is checked by `verifier`."""
+
+    id: str
+    question: str
+    answer: str
+    verifier: str
+
+
+class DataFormatError(ValueError):
+    """A data file that cannot be read; the message names the file and line."""
+
+
+def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, row) of a JSONL file; a malformed row or a missing field raises naming file:line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} does not exist: set task.data_dir (or paths.data_dir) "
+                                f"to the folder that holds it")
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DataFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [key for key in required if not row.get(key) and row.get(key) != 0]
+            if missing:
+                raise DataFormatError(f"{path}:{lineno}: missing or empty field(s) {missing}")
+            yield lineno, row

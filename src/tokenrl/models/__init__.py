@@ -1,0 +1,67 @@
+"""Policy construction: pretrained (hub id or local folder) or random weights from real architecture numbers."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from tokenrl.models.char_tokenizer import build_char_tokenizer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def _load_pretrained(source: str, loader: Any, **kwargs: Any) -> Any:
+    local = Path(source).expanduser()
+    try:
+        if local.exists():
+            return loader.from_pretrained(str(local), **kwargs)
+        return loader.from_pretrained(source, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"model.source={source!r} is neither a prepared local folder nor reachable on the hub. "
+            f"Offline: run `bash scripts/setup.sh` (prepares the default model) or set model.source=/path/to/hf_folder; "
+            f"for tests and throughput runs set model.init=random.") from err
+
+
+def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
+    """Tokenizer named by `model.tokenizer` (a path, a hub id or `char`), else the one of `model.source`."""
+    name = cfg.get("tokenizer") or cfg["source"]
+    if name == "char":
+        tokenizer = build_char_tokenizer(int(cfg["architecture"]["vocab_size"]))
+    else:
+        tokenizer = _load_pretrained(name, AutoTokenizer)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_model(cfg: Mapping[str, Any], seed: int = 0) -> PreTrainedModel:
+    """The policy: `init=pretrained` loads `source`; `init=random` builds `architecture` with seeded random weights."""
+    dtype = torch_dtype(cfg["dtype"])
+    if cfg["init"] == "pretrained":
+        model = _load_pretrained(cfg["source"], AutoModelForCausalLM, dtype=dtype)
+    elif cfg["init"] == "random":
+        arch = dict(cfg["architecture"])
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        raise ValueError(f"model.init={cfg['init']!r} must be 'pretrained' or 'random'")
+    model.config.use_cache = True
+    if cfg.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(cfg["lora"])))
+    if cfg.get("gradient_checkpointing"):
+        model.gradient_checkpointing_enable()
+    return model

@@ -1,0 +1,223 @@
+"""`GRPOModule`: one training step = prompts → rollouts → rewards → statistics → selection → update → sync.
+
+Manual optimisation: each rollout step runs `ppo_epochs` × `mini_batches` optimizer steps; a mini-batch's
+loss normaliser is counted over the whole mini-batch (all ranks) before its micro-batches are back-propagated.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import random
+from contextlib import nullcontext
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import lightning as L
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss
+from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, response_logprobs
+from tokenrl.data.datamodule import PromptBatch
+from tokenrl.models import build_model
+from tokenrl.rewards.scorer import SafeScorer
+from tokenrl.rewards.verifiers import resolve
+from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
+from tokenrl.selectors.base import Selection, TokenSelector
+from tokenrl.utils import StepTimer, derived_seed
+
+log = logging.getLogger(__name__)
+
+
+class GRPOModule(L.LightningModule):
+    """GRPO over a causal-LM policy with a pluggable `TokenSelector` (ALGORITHMS.md §1.2–1.4)."""
+
+    def __init__(self, model: Mapping[str, Any], algorithm: Mapping[str, Any], rollout: Mapping[str, Any],
+                 selector: TokenSelector, tokenizer: PreTrainedTokenizerBase, verifier: str,
+                 optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
+                 reward_timeout_s: float = 5.0) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.model_cfg, self.algo, self.rollout_cfg = dict(model), dict(algorithm), dict(rollout)
+        self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
+        resolve(verifier)  # unknown verifier names fail here, at start-up
+        self.verifier, self.seed = verifier, seed
+        self.sampling = SamplingParams(n=int(algorithm["group_size"]), temperature=float(rollout["temperature"]),
+                                       top_p=float(rollout["top_p"]), top_k=int(rollout["top_k"]),
+                                       max_new_tokens=int(rollout["max_new_tokens"]))
+        self.scorer = SafeScorer(reward_timeout_s)
+        self.policy: torch.nn.Module | None = None
+        self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
+        self.engine: RolloutEngine | None = None
+        self.rollout_step = 0
+        self.optimizer_steps = 0
+
+    # ----------------------------------------------------------------------------------------- set-up
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        self.policy = build_model(self.model_cfg, seed=self.seed)
+        self.policy.train()
+        if float(self.algo["kl_coef"]) > 0 and not self.model_cfg.get("lora"):
+            self._reference = [copy.deepcopy(self.policy).eval().requires_grad_(False)]
+
+    def setup(self, stage: str) -> None:
+        self.configure_model()
+
+    def on_fit_start(self) -> None:
+        for reference in self._reference:
+            reference.to(self.device)
+        self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer)
+        self.engine.sync_weights(self.policy, self.optimizer_steps)
+
+    def on_fit_end(self) -> None:
+        self.scorer.close()
+        if self.engine is not None:
+            self.engine.close()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return self.optimizer_factory(params)
+
+    def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
+        return batch  # prompts stay on the host; rollouts are moved by the engine and the update
+
+    # ------------------------------------------------------------------------------------- one step
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        if batch.step != self.rollout_step:
+            raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {self.rollout_step}")
+        timer = StepTimer()
+        with timer("generate"):
+            rollouts = self.engine.generate(batch.prompt_ids, self.sampling,
+                                            seed=derived_seed(self.seed, "rollout", self.rollout_step, self.global_rank))
+        if rollouts.weights_version != self.optimizer_steps:
+            raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
+                               f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
+        with timer("reward"):
+            answers = [problem.answer for problem in batch.problems for _ in range(self.sampling.n)]
+            rewards = torch.tensor(self.scorer.score(
+                [(self.verifier, text, answer) for text, answer in zip(rollouts.texts, answers)]))
+        advantages = group_advantages(rewards, rollouts.group_ids, eps=float(self.algo["adv_eps"]),
+                                      std_normalize=bool(self.algo["adv_std_normalize"]))
+        with timer("statistics"):
+            stats = self._statistics(rollouts)
+            ref_logp = self._reference_logprobs(rollouts)
+            selection = self.selector.select(stats, advantages, rollouts.response_mask, rollouts.group_ids,
+                                             self.rollout_step)
+        with timer("update"):
+            update = self._update(rollouts, stats.logprobs, advantages, selection, ref_logp)
+        with timer("sync"):
+            self.engine.sync_weights(self.policy, self.optimizer_steps)
+        self.rollout_step += 1
+        self._log_step(rollouts, rewards, stats, selection, update, ref_logp, timer)
+
+    def _statistics(self, rollouts: RolloutBatch) -> TokenStats:
+        return compute_token_stats(self.policy, rollouts, self.sampling.temperature,
+                                   int(self.algo["micro_batch_size"]), int(self.model_cfg["stats_chunk_size"]))
+
+    @torch.no_grad()
+    def _reference_logprobs(self, rollouts: RolloutBatch) -> torch.Tensor | None:
+        if float(self.algo["kl_coef"]) <= 0:
+            return None
+        reference = self._reference[0] if self._reference else self.policy
+        adapters_off = self.policy.disable_adapter() if not self._reference else nullcontext()
+        out = torch.zeros(rollouts.response_ids.shape)
+        with adapters_off:
+            for rows in torch.arange(rollouts.response_ids.shape[0]).split(int(self.algo["micro_batch_size"])):
+                out[rows] = response_logprobs(reference, rollouts.rows(rows), self.sampling.temperature).float().cpu()
+        return out
+
+    def _update(self, rollouts: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
+                selection: Selection, ref_logp: torch.Tensor | None) -> dict[str, float]:
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        algo = self.algo
+        rows = rollouts.response_ids.shape[0]
+        shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", self.rollout_step))
+        world = self.trainer.world_size
+        loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=selection.normalizer,
+                          clip_low=float(algo["clip_low"]), clip_high=float(algo["clip_high"]),
+                          kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]))
+        totals = {"loss": 0.0, "clipped": 0.0, "selected": 0.0, "updates": 0}
+        for _ in range(int(algo["ppo_epochs"])):
+            order = torch.randperm(rows, generator=shuffle)
+            for minibatch in order.tensor_split(int(algo["mini_batches"])):
+                normalizer = self._global_normalizer(rollouts.response_mask[minibatch], selection.mask[minibatch])
+                optimizer.zero_grad()
+                for micro in minibatch.split(int(algo["micro_batch_size"])):
+                    part = rollouts.rows(micro)
+                    logp = response_logprobs(self.policy, part, self.sampling.temperature)
+                    device = logp.device
+                    out = loss_fn(logp, old_logp[micro].to(device), advantages[micro].to(device),
+                                  part.response_mask.to(device), selection.mask[micro].to(device), normalizer,
+                                  ref_logp=None if ref_logp is None else ref_logp[micro].to(device))
+                    # DDP averages gradients over ranks; the normaliser is already global, so undo the average
+                    self.manual_backward(out.loss * world)
+                    totals["loss"] += float(out.loss)
+                    totals["clipped"] += float(out.clipped_tokens)
+                    totals["selected"] += float(out.selected_tokens)
+                if algo.get("grad_clip"):
+                    self.clip_gradients(optimizer, gradient_clip_val=float(algo["grad_clip"]),
+                                        gradient_clip_algorithm="norm")
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                self.optimizer_steps += 1
+                totals["updates"] += 1
+        return {"loss": totals["loss"] / max(totals["updates"], 1),
+                "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
+
+    def _global_normalizer(self, response_mask: torch.Tensor, token_mask: torch.Tensor) -> LossNormalizer:
+        local = LossNormalizer.count(response_mask, token_mask, self.algo["aggregation"],
+                                     self.selector.normalizer, bool(self.algo["kl_masked"]))
+        if self.trainer.world_size == 1:
+            return local
+        counts = self.all_gather(torch.tensor([local.pg, local.kl], dtype=torch.float64, device=self.device))
+        total = counts.reshape(-1, 2).sum(0)
+        return LossNormalizer(float(total[0]), float(total[1]))
+
+    # -------------------------------------------------------------------------------------- logging
+    def _log_step(self, rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats, selection: Selection,
+                  update: dict[str, float], ref_logp: torch.Tensor | None, timer: StepTimer) -> None:
+        resp = rollouts.response_mask.float()
+        tokens = resp.sum().clamp_min(1.0)
+        gap = (rollouts.sampling_logprobs - stats.logprobs).abs() * resp
+        metrics = {
+            "train/reward": rewards.mean().item(),
+            "train/accuracy": (rewards >= 1.0).float().mean().item(),
+            "train/entropy": ((stats.entropy * resp).sum() / tokens).item(),
+            "train/renyi2": ((stats.renyi2 * resp).sum() / tokens).item(),
+            "train/response_len": resp.sum(1).mean().item(),
+            "train/truncated_frac": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
+            "train/selected_frac": (selection.mask.sum() / tokens).item(),
+            "train/clip_frac": update["clip_frac"],
+            "train/loss": update["loss"],
+            "train/logprob_gap_mean": (gap.sum() / tokens).item(),
+            "train/logprob_gap_max": gap.max().item(),
+            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "train/rollout_step": float(self.rollout_step),
+        }
+        if ref_logp is not None:
+            log_ratio = ref_logp - stats.logprobs
+            metrics["train/kl"] = (((log_ratio.exp() - log_ratio - 1.0) * resp).sum() / tokens).item()
+        metrics.update({f"time/{phase}": seconds for phase, seconds in timer.seconds.items()})
+        metrics["time/step"] = sum(timer.seconds.values())
+        sync = self.trainer.world_size > 1
+        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=sync, batch_size=len(rollouts.texts))
+        self.log_dict({"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}, prog_bar=True,
+                      on_step=True, on_epoch=False, logger=False, sync_dist=sync, batch_size=len(rollouts.texts))
+
+    # ----------------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokenrl"] = {
+            "rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["tokenrl"]
+        self.rollout_step, self.optimizer_steps = state["rollout_step"], state["optimizer_steps"]
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])

@@ -1,0 +1,1 @@
+"""Answer verifiers and their time-limited, never-executing runner. Importing this package does not import torch."""

@@ -1,0 +1,92 @@
+"""Score responses in a separate worker process with a per-answer time limit.
+
+A check that raises scores 0 with a warning; a check that exceeds `timeout_s` gets its worker killed
+and replaced, scores 0 with a warning, and scoring goes on with the next answer. Model text is only
+ever parsed, never executed; the worker process also keeps a pathological parse from stalling training.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+log = logging.getLogger(__name__)
+
+
+def _worker(conn: Connection, sys_path: list[str]) -> None:
+    sys.path[:] = sys_path
+    from tokenrl.rewards.verifiers import preload, resolve
+
+    preload()
+    conn.send("ready")
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        index, name, response, answer = job
+        try:
+            score, error = float(resolve(name)(response, answer)), None
+        except BaseException as err:  # a broken verifier must not take the run down
+            score, error = 0.0, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=2)}"
+        conn.send((index, score, error))
+
+
+class SafeScorer:
+    """`score([(verifier, response, answer), ...]) -> [float]`, each check limited to `timeout_s` seconds."""
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"reward.timeout_s={timeout_s} must be > 0")
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc: mp.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_worker, args=(child, list(sys.path)), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(120) or parent.recv() != "ready":
+            self._kill()
+            raise RuntimeError("the verifier worker did not start within 120 s")
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+        self._proc = self._conn = None
+
+    def score(self, items: list[tuple[str, str, str]]) -> list[float]:
+        scores = [0.0] * len(items)
+        pending = 0
+        while pending < len(items):
+            if self._proc is None or not self._proc.is_alive():
+                self._start()
+            for index in range(pending, len(items)):
+                self._conn.send((index, *items[index]))
+            for index in range(pending, len(items)):
+                if not self._conn.poll(self.timeout_s):
+                    log.warning("verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0],
+                                self.timeout_s, index)
+                    self._kill()
+                    pending = index + 1
+                    break
+                _, score, error = self._conn.recv()
+                if error:
+                    log.warning("verifier %r raised on sample %d; scored 0: %s", items[index][0], index, error)
+                scores[index] = score
+            else:
+                pending = len(items)
+        return scores
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+        self._kill()

@@ -1,0 +1,22 @@
+"""Rollout engines. `build_engine` picks one by name (`rollout.engine`)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+
+ENGINES = ("hf",)
+
+
+def build_engine(cfg: Mapping[str, Any], model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
+    if cfg["engine"] == "hf":
+        from tokenrl.rollout.hf import HFEngine
+
+        return HFEngine(model, tokenizer)
+    raise ValueError(f"rollout.engine={cfg['engine']!r} is not one of {ENGINES}")
+
+
+__all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "SamplingParams", "build_engine"]

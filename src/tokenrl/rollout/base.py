@@ -1,0 +1,92 @@
+"""The rollout contract: G samples per prompt from the current weights, with token ids and sampling log-probs."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class RolloutBatch:
+    """B = prompts x G rows, group-major (rows g*G .. g*G+G-1 answer prompt g).
+
+    prompt_ids/prompt_mask: (B, P) left-padded; response_ids/response_mask: (B, T) right-padded, the mask
+    covering generated tokens up to and including EOS; sampling_logprobs: (B, T) log-prob of each sampled
+    token under the processed sampling distribution (0 on padding); weights_version: optimizer steps
+    applied to the weights that generated the batch.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    group_ids: torch.Tensor
+    finish_reasons: list[str]
+    texts: list[str]
+    weights_version: int
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    def rows(self, index: torch.Tensor) -> "RolloutBatch":
+        """The sub-batch of rows `index` (a 1-D long tensor)."""
+        pick = index.tolist()
+        return RolloutBatch(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
+                            self.response_mask[index], self.sampling_logprobs[index], self.group_ids[index],
+                            [self.finish_reasons[i] for i in pick], [self.texts[i] for i in pick],
+                            self.weights_version)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+
+
+class RolloutEngine(ABC):
+    """Generates from the trainer's current weights; `sync_weights` is called after every optimizer step."""
+
+    weights_version: int = 0
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
+        """n samples for each prompt, seeded so the same (weights, prompts, seed) give the same rollouts."""
+
+    @abstractmethod
+    def sync_weights(self, model: nn.Module, version: int) -> None:
+        """Make the engine generate with `model`'s weights from now on (`version` = optimizer steps applied)."""
+
+    def close(self) -> None:
+        """Release engine resources."""
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) with every sequence right-aligned to the longest."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq)
+            mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def response_mask_until_eos(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, list[str]]:
+    """Mask covering tokens up to and including the first EOS; finish reason 'stop' if one was produced."""
+    is_eos = torch.isin(response_ids, torch.tensor(eos_ids, dtype=response_ids.dtype))
+    seen_before = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    mask = (~seen_before).long()
+    reasons = ["stop" if row.any() else "length" for row in is_eos]
+    return mask, reasons

@@ -1,0 +1,74 @@
+"""`python train.py [overrides]`: compose the Hydra config and train (also the `tokenrl-train` console script)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from tokenrl.checkpointing import AtomicCheckpointIO
+from tokenrl.data.datamodule import RolloutDataModule
+from tokenrl.data.prompts import PromptFormatter
+from tokenrl.models import build_tokenizer
+from tokenrl.module import GRPOModule
+
+log = logging.getLogger(__name__)
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+os.environ.setdefault("TOKENRL_ROOT", str(Path(CONFIG_DIR).parent))
+
+
+def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
+    """The module, data module and trainer that `cfg` describes."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    tokenizer = build_tokenizer(container["model"])
+    task = instantiate(cfg.task)
+    datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm.prompts_per_step,
+                                   total_steps=cfg.total_steps, seed=cfg.seed,
+                                   max_prompt_length=cfg.rollout.max_prompt_length)
+    datamodule.attach_formatter(PromptFormatter(tokenizer, cfg.model.chat_template))
+    module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
+                        selector=instantiate(cfg.selector), tokenizer=tokenizer, verifier=task.verifier,
+                        optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
+                        reward_timeout_s=cfg.reward_timeout_s)
+    output_dir = Path(cfg.paths.output_dir)
+    loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
+    callbacks = []
+    if cfg.checkpoint.enabled:
+        callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", filename="step{step:04d}",
+                                         auto_insert_metric_name=False, save_last=True, save_top_k=1,
+                                         monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
+                                         every_n_train_steps=cfg.checkpoint.every_n_steps))
+    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
+                          enable_checkpointing=bool(callbacks), plugins=[AtomicCheckpointIO()])
+    return module, datamodule, trainer
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Train as configured; returns (and writes to summary.json) the first/last-5-step reward means."""
+    L.seed_everything(cfg.seed, workers=True)
+    module, datamodule, trainer = build_components(cfg)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
+               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
+    if trainer.is_global_zero:
+        Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+        log.info("run finished: %s", json.dumps(summary))
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    summary = run(cfg)
+    return summary.get(cfg.get("optimized_metric") or "", None)
+
+
+if __name__ == "__main__":
+    main()
