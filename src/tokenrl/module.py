@@ -154,7 +154,7 @@ class GRPOModule(L.LightningModule):
                                   ref_logp=None if ref_logp is None else ref_logp[micro].to(device))
                     # DDP averages gradients over ranks; the normaliser is already global, so undo the average
                     self.manual_backward(out.loss * world)
-                    totals["loss"] += float(out.loss)
+                    totals["loss"] += float(out.loss.detach())
                     totals["clipped"] += float(out.clipped_tokens)
                     totals["selected"] += float(out.selected_tokens)
                 if algo.get("grad_clip"):
@@ -212,12 +212,20 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenrl"] = {
             "rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_state_as_plain_types(),
+                    "python": random.getstate()},
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["tokenrl"]
         self.rollout_step, self.optimizer_steps = state["rollout_step"], state["optimizer_steps"]
         torch.set_rng_state(state["rng"]["torch"])
-        np.random.set_state(state["rng"]["numpy"])
+        kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
         random.setstate(state["rng"]["python"])
+
+
+def _numpy_state_as_plain_types() -> tuple:
+    """NumPy's RNG state without ndarrays, so checkpoints load with torch.load(weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return kind, keys.tolist(), int(pos), int(has_gauss), float(cached)

@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENRL_ROOT", str(Path(CONFIG_DIR).parent))
 
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
     """The module, data module and trainer that `cfg` describes."""
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")}
     tokenizer = build_tokenizer(container["model"])
     task = instantiate(cfg.task)
     datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm.prompts_per_step,

@@ -31,12 +31,19 @@ class PromptBatch:
 
 
 class PromptSchedule(IterableDataset):
-    """Yields PromptBatch for steps start..stop-1; epoch e visits problems in permutation(seed, e)."""
+    """Yields PromptBatch for steps start..stop-1; epoch e visits problems in permutation(seed, e).
+
+    With several ranks, rank r gets the r-th contiguous slice of each step's global batch.
+    """
 
     def __init__(self, problems: list[Problem], prompt_ids: list[list[int]], batch_size: int, seed: int,
-                 start: int, stop: int) -> None:
+                 start: int, stop: int, rank: int = 0, world_size: int = 1) -> None:
+        if batch_size % world_size:
+            raise ValueError(f"algorithm.prompts_per_step={batch_size} must be divisible by the "
+                             f"{world_size} training processes")
         self.problems, self.prompt_ids = problems, prompt_ids
         self.batch_size, self.seed, self.start, self.stop = batch_size, seed, start, stop
+        self.shard = slice(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
 
     def indices(self, step: int) -> list[int]:
         n, out = len(self.problems), []
@@ -49,7 +56,7 @@ class PromptSchedule(IterableDataset):
 
     def __iter__(self) -> Iterator[PromptBatch]:
         for step in range(self.start, self.stop):
-            idx = self.indices(step)
+            idx = self.indices(step)[self.shard]
             yield PromptBatch(step, [self.problems[i] for i in idx], [self.prompt_ids[i] for i in idx])
 
     def __len__(self) -> int:
@@ -97,7 +104,9 @@ class RolloutDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         schedule = PromptSchedule(self.train_problems, self.train_prompt_ids, self.prompts_per_step,
-                                  self.seed, self.next_step, self.total_steps)
+                                  self.seed, self.next_step, self.total_steps,
+                                  rank=self.trainer.global_rank if self.trainer else 0,
+                                  world_size=self.trainer.world_size if self.trainer else 1)
         return DataLoader(schedule, batch_size=None, collate_fn=lambda batch: batch, num_workers=0)
 
     def state_dict(self) -> dict[str, int]:

@@ -14,9 +14,10 @@ from tokenrl.data.records import DataFormatError, Problem, read_jsonl
 class Task(ABC):
     """A source of train/test problems with one answer format."""
 
-    def __init__(self, instruction: str, verifier: str) -> None:
+    def __init__(self, instruction: str, verifier: str, max_new_tokens: int) -> None:
         self.instruction = instruction
         self.verifier = verifier
+        self.max_new_tokens = max_new_tokens
 
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:
@@ -30,8 +31,8 @@ class ArithmeticTask(Task):
     """Procedural `a op b` problems with operands in [low, high]; train and test drawn from disjoint seeds."""
 
     def __init__(self, low: int, high: int, ops: list[str], train_size: int, test_size: int, seed: int,
-                 instruction: str, verifier: str) -> None:
-        super().__init__(instruction, verifier)
+                 instruction: str, verifier: str, max_new_tokens: int = 32) -> None:
+        super().__init__(instruction, verifier, max_new_tokens)
         bad = sorted(set(ops) - {"+", "-", "*"})
         if bad:
             raise ValueError(f"task.ops has {bad}; allowed: '+', '-', '*'")
@@ -55,8 +56,9 @@ class ArithmeticTask(Task):
 class GSM8KTask(Task):
     """GSM8K from `data_dir/gsm8k/{train,test}.jsonl`; the answer is the text after '#### ' (commas removed)."""
 
-    def __init__(self, data_dir: str, instruction: str, verifier: str, limit: int | None = None) -> None:
-        super().__init__(instruction, verifier)
+    def __init__(self, data_dir: str, instruction: str, verifier: str, max_new_tokens: int = 1024,
+                 limit: int | None = None) -> None:
+        super().__init__(instruction, verifier, max_new_tokens)
         self.data_dir = Path(data_dir).expanduser()
         self.limit = limit
 

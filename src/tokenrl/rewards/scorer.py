@@ -22,7 +22,10 @@ def _worker(conn: Connection, sys_path: list[str]) -> None:
     preload()
     conn.send("ready")
     while True:
-        job = conn.recv()
+        try:
+            job = conn.recv()
+        except EOFError:   # the trainer went away
+            return
         if job is None:
             return
         index, name, response, answer = job

@@ -1,0 +1,39 @@
+"""Shared fixtures: compose the real train.yaml with Hydra and shrink it for CPU tests."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(ROOT / "configs")
+sys.path.insert(0, str(ROOT / "src"))
+os.environ.setdefault("TOKENRL_ROOT", str(ROOT))
+
+
+def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
+    """The composed train config with the given overrides; outputs go to `output_dir` (not Hydra's run dir)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides or [])
+    with open_dict(cfg):
+        if not any(o.startswith("paths.output_dir=") for o in overrides or []):
+            cfg.paths.output_dir = str(output_dir or ROOT / "logs" / "tests")
+    return cfg
+
+
+TINY = ["model=tiny", "logger=none", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=12",
+        "checkpoint.enabled=false", "reward_timeout_s=20"]
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    """A factory: tiny random Qwen2, no loggers, no checkpoints, outputs under tmp_path."""
+    def make(*overrides: str) -> DictConfig:
+        return compose_config(TINY + list(overrides), output_dir=tmp_path)
+    return make

@@ -1,0 +1,17 @@
+"""Verifiers for tests, referenced as `tests.helpers.rewards:<name>`."""
+import time
+
+
+def length_reward(response: str, answer: str) -> float:
+    """Reward long responses: varies within a group, so advantages are non-zero for a random model."""
+    return min(len(response), 12) / 12.0
+
+
+def raising(response: str, answer: str) -> float:
+    raise RuntimeError("this verifier always fails")
+
+
+def hanging(response: str, answer: str) -> float:
+    if "hang" in response:
+        time.sleep(3600)
+    return 1.0

@@ -1,0 +1,72 @@
+"""Tasks, the resumable prompt schedule, and bad data files named by file and line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenrl.data.datamodule import PromptSchedule
+from tokenrl.data.records import DataFormatError, Problem
+from tokenrl.data.tasks import ArithmeticTask, GSM8KTask
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_arithmetic_is_seeded_and_splits_differ():
+    task = ArithmeticTask(0, 9, ["+", "*"], 50, 50, seed=3, instruction="", verifier="gsm8k_flexible")
+    train = task.problems("train")
+    assert train == task.problems("train")
+    assert train != task.problems("test")
+    for p in train:
+        a, op, b = p.question.removeprefix("What is ").rstrip("?").split()
+        assert int(p.answer) == (int(a) + int(b) if op == "+" else int(a) * int(b))
+
+
+def test_schedule_is_a_function_of_the_step():
+    problems = [Problem(str(i), f"q{i}", "1", "gsm8k_strict") for i in range(10)]
+    ids = [[i] for i in range(10)]
+    full = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=6))
+    resumed = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=3, stop=6))
+    assert [b.prompt_ids for b in full[3:]] == [b.prompt_ids for b in resumed]
+    assert [b.step for b in resumed] == [3, 4, 5]
+    # every epoch visits every problem exactly once
+    first_epoch = [i for b in full for i in b.prompt_ids][:10]
+    assert sorted(x[0] for x in first_epoch) == list(range(10))
+
+
+def test_schedule_shards_prompts_over_ranks():
+    problems = [Problem(str(i), f"q{i}", "1", "gsm8k_strict") for i in range(12)]
+    ids = [[i] for i in range(12)]
+    whole = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2))
+    shards = [list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2, rank=r, world_size=2))
+              for r in range(2)]
+    for step in range(2):
+        assert shards[0][step].prompt_ids + shards[1][step].prompt_ids == whole[step].prompt_ids
+
+
+def test_missing_data_dir_names_the_path_and_the_setting(tmp_path):
+    task = GSM8KTask(str(tmp_path / "nowhere"), "", "gsm8k_strict")
+    with pytest.raises(FileNotFoundError, match=r"nowhere/gsm8k/train.jsonl.*task.data_dir"):
+        task.problems("train")
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    (tmp_path / "gsm8k").mkdir()
+    path = tmp_path / "gsm8k" / "train.jsonl"
+    path.write_text('{"question": "q", "answer": "x #### 1"}\n{"question": "q2", "answer": \n')
+    with pytest.raises(DataFormatError, match=r"train.jsonl:2: not valid JSON"):
+        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+    path.write_text('{"question": "q", "answer": "x #### 1"}\n\n{"question": "", "answer": "y #### 2"}\n')
+    with pytest.raises(DataFormatError, match=r"train.jsonl:3: missing or empty field\(s\) \['question'\]"):
+        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+    path.write_text('{"question": "q", "answer": "no final answer"}\n')
+    with pytest.raises(DataFormatError, match=r"train.jsonl:1: field 'answer' has no '#### <number>'"):
+        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present on this machine")
+def test_gsm8k_reads_the_official_files():
+    task = GSM8KTask(str(SHARED), "", "gsm8k_strict")
+    train, test = task.problems("train"), task.problems("test")
+    assert (len(train), len(test)) == (7473, 1319)
+    assert all(p.answer.lstrip("-").replace(".", "").isdigit() for p in test)
