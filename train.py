@@ -4,7 +4,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
-from tokenrl.train import main  # noqa: E402
+from tokenrl.allocator import reexec_with_tcmalloc  # noqa: E402
 
 if __name__ == "__main__":
+    reexec_with_tcmalloc()
+    from tokenrl.train import main
+
     main()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from typing import Any, Callable, Mapping
@@ -28,6 +29,8 @@ from tokenrl.selectors.base import Selection, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
 
 log = logging.getLogger(__name__)
+# prompts stay on the host on purpose (see transfer_batch_to_device); Lightning warns about the override
+warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
 
 
 class GRPOModule(L.LightningModule):
@@ -52,6 +55,7 @@ class GRPOModule(L.LightningModule):
         self.engine: RolloutEngine | None = None
         self.rollout_step = 0
         self.optimizer_steps = 0
+        self.reward_history: list[float] = []   # mean reward of every rollout step (checkpointed)
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
@@ -110,6 +114,7 @@ class GRPOModule(L.LightningModule):
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
+        self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
         self._log_step(rollouts, rewards, stats, selection, update, ref_logp, timer)
 
     def _statistics(self, rollouts: RolloutBatch) -> TokenStats:
@@ -212,6 +217,7 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenrl"] = {
             "rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
+            "reward_history": self.reward_history,
             "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_state_as_plain_types(),
                     "python": random.getstate()},
         }
@@ -219,6 +225,7 @@ class GRPOModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["tokenrl"]
         self.rollout_step, self.optimizer_steps = state["rollout_step"], state["optimizer_steps"]
+        self.reward_history = list(state["reward_history"])
         torch.set_rng_state(state["rng"]["torch"])
         kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
@@ -51,11 +52,15 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train as configured; returns (and writes to summary.json) the first/last-5-step reward means."""
+    """Train as configured; returns (and writes to summary.json) the final metrics and the mean reward
+    of the first and the last 5 rollout steps (the learning check of the README)."""
     L.seed_everything(cfg.seed, workers=True)
     module, datamodule, trainer = build_components(cfg)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    history = module.reward_history
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
+               "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
+               "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
                **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}}
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
@@ -65,9 +70,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def train(cfg: DictConfig) -> float | None:
     summary = run(cfg)
     return summary.get(cfg.get("optimized_metric") or "", None)
+
+
+def main() -> None:
+    reexec_with_tcmalloc()
+    train()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,6 +20,8 @@ from tokenrl.data.records import Problem
 from tokenrl.data.tasks import Task
 
 log = logging.getLogger(__name__)
+# the schedule's length is exact: it runs in the main process only (num_workers=0)
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined.*")
 
 
 @dataclass
