@@ -59,7 +59,7 @@ def test_three_step_fit_raises_the_objective_and_logs(tiny_cfg):
     assert module.rollout_step == 3 and module.optimizer_steps == 3
     metrics = trainer.callback_metrics
     for key in ("train/reward", "train/entropy", "train/kl", "train/clip_frac", "train/response_len",
-                "time/generate", "time/statistics", "time/update", "time/sync"):
+                "time/generate", "time/statistics", "time/update", "time/sync", "select/fraction"):
         assert torch.isfinite(metrics[key]), key
     assert float(metrics["train/logprob_gap_max"]) < 1e-4
     # Σ_i Â_i · mean_t log π(o_i,t) on the first batch: GRPO's ascent direction must have raised it

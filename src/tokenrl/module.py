@@ -19,13 +19,15 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss
-from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, response_logprobs
+from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.models import build_model
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rewards.verifiers import resolve
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
-from tokenrl.selectors.base import Selection, TokenSelector
+from tokenrl.diagnostics import selection_diagnostics
+from tokenrl.distributed import all_reduce_sum, gather_variable
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
 
 log = logging.getLogger(__name__)
@@ -39,12 +41,18 @@ class GRPOModule(L.LightningModule):
     def __init__(self, model: Mapping[str, Any], algorithm: Mapping[str, Any], rollout: Mapping[str, Any],
                  selector: TokenSelector, tokenizer: PreTrainedTokenizerBase, verifier: str,
                  optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
-                 reward_timeout_s: float = 5.0) -> None:
+                 reward_timeout_s: float = 5.0, js_diagnostics: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.rollout_cfg = dict(model), dict(algorithm), dict(rollout)
         self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
         resolve(verifier)  # unknown verifier names fail here, at start-up
+        self.with_js = "js" in selector.requires or js_diagnostics
+        computed = ALL_STATISTICS if self.with_js else ALL_STATISTICS - {"js"}
+        missing = selector.requires - computed
+        if missing:
+            raise ValueError(f"selector {selector.name!r} needs statistics {sorted(missing)} that the statistics "
+                             f"pass does not compute (it computes {sorted(computed)})")
         self.verifier, self.seed = verifier, seed
         self.sampling = SamplingParams(n=int(algorithm["group_size"]), temperature=float(rollout["temperature"]),
                                        top_p=float(rollout["top_p"]), top_k=int(rollout["top_k"]),
@@ -107,19 +115,30 @@ class GRPOModule(L.LightningModule):
         with timer("statistics"):
             stats = self._statistics(rollouts)
             ref_logp = self._reference_logprobs(rollouts)
-            selection = self.selector.select(stats, advantages, rollouts.response_mask, rollouts.group_ids,
-                                             self.rollout_step)
+        whole = self._selection_batch(stats, advantages, rollouts, torch.arange(len(rollouts.texts)))
         with timer("update"):
-            update = self._update(rollouts, stats.logprobs, advantages, selection, ref_logp)
+            update, mask = self._update(rollouts, whole, ref_logp)
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
-        self._log_step(rollouts, rewards, stats, selection, update, ref_logp, timer)
+        self._log_step(rollouts, rewards, stats, update, ref_logp, timer)
+        self._log_selection(mask, whole)
 
     def _statistics(self, rollouts: RolloutBatch) -> TokenStats:
         return compute_token_stats(self.policy, rollouts, self.sampling.temperature,
-                                   int(self.algo["micro_batch_size"]), int(self.model_cfg["stats_chunk_size"]))
+                                   int(self.algo["micro_batch_size"]), int(self.model_cfg["stats_chunk_size"]),
+                                   with_js=self.with_js)
+
+    def _selection_batch(self, stats: TokenStats, advantages: torch.Tensor, rollouts: RolloutBatch,
+                         rows: torch.Tensor) -> SelectionBatch:
+        """The selector's view of `rows` (sorted), with global row ids and a cross-rank gather."""
+        rows = rows.sort().values
+        offset = self.global_rank * len(rollouts.texts)
+        return SelectionBatch(stats=stats.rows(rows), advantages=advantages[rows],
+                              response_mask=rollouts.response_mask[rows], group_ids=rollouts.group_ids[rows],
+                              row_ids=rows + offset, step=self.rollout_step,
+                              gather=partial(gather_variable, device=self.device), rank=self.global_rank)
 
     @torch.no_grad()
     def _reference_logprobs(self, rollouts: RolloutBatch) -> torch.Tensor | None:
@@ -133,29 +152,38 @@ class GRPOModule(L.LightningModule):
                 out[rows] = response_logprobs(reference, rollouts.rows(rows), self.sampling.temperature).float().cpu()
         return out
 
-    def _update(self, rollouts: RolloutBatch, old_logp: torch.Tensor, advantages: torch.Tensor,
-                selection: Selection, ref_logp: torch.Tensor | None) -> dict[str, float]:
+    def _update(self, rollouts: RolloutBatch, whole: SelectionBatch,
+                ref_logp: torch.Tensor | None) -> tuple[dict[str, float], torch.Tensor]:
+        """ppo_epochs × mini_batches optimizer steps; the selector picks tokens per mini-batch.
+        Returns update metrics and the first epoch's token mask over the whole batch (for diagnostics)."""
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         algo = self.algo
         rows = rollouts.response_ids.shape[0]
         shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", self.rollout_step))
         world = self.trainer.world_size
-        loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=selection.normalizer,
+        loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=self.selector.normalizer,
                           clip_low=float(algo["clip_low"]), clip_high=float(algo["clip_high"]),
                           kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]))
+        first_epoch_mask = torch.zeros(rollouts.response_ids.shape)
         totals = {"loss": 0.0, "clipped": 0.0, "selected": 0.0, "updates": 0}
-        for _ in range(int(algo["ppo_epochs"])):
+        for epoch in range(int(algo["ppo_epochs"])):
             order = torch.randperm(rows, generator=shuffle)
             for minibatch in order.tensor_split(int(algo["mini_batches"])):
-                normalizer = self._global_normalizer(rollouts.response_mask[minibatch], selection.mask[minibatch])
+                minibatch = minibatch.sort().values
+                view = self._selection_batch(whole.stats, whole.advantages, rollouts, minibatch)
+                mask = self.selector.select(view).mask
+                if epoch == 0:
+                    first_epoch_mask[minibatch] = mask
+                normalizer = self._global_normalizer(view.response_mask, mask)
                 optimizer.zero_grad()
-                for micro in minibatch.split(int(algo["micro_batch_size"])):
+                for local in torch.arange(len(minibatch)).split(int(algo["micro_batch_size"])):
+                    micro = minibatch[local]
                     part = rollouts.rows(micro)
                     logp = response_logprobs(self.policy, part, self.sampling.temperature)
                     device = logp.device
-                    out = loss_fn(logp, old_logp[micro].to(device), advantages[micro].to(device),
-                                  part.response_mask.to(device), selection.mask[micro].to(device), normalizer,
+                    out = loss_fn(logp, whole.stats.logprobs[micro].to(device), whole.advantages[micro].to(device),
+                                  part.response_mask.to(device), mask[local].to(device), normalizer,
                                   ref_logp=None if ref_logp is None else ref_logp[micro].to(device))
                     # DDP averages gradients over ranks; the normaliser is already global, so undo the average
                     self.manual_backward(out.loss * world)
@@ -170,20 +198,20 @@ class GRPOModule(L.LightningModule):
                     scheduler.step()
                 self.optimizer_steps += 1
                 totals["updates"] += 1
-        return {"loss": totals["loss"] / max(totals["updates"], 1),
-                "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
+        metrics = {"loss": totals["loss"] / max(totals["updates"], 1),
+                   "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
+        return metrics, first_epoch_mask
 
     def _global_normalizer(self, response_mask: torch.Tensor, token_mask: torch.Tensor) -> LossNormalizer:
         local = LossNormalizer.count(response_mask, token_mask, self.algo["aggregation"],
                                      self.selector.normalizer, bool(self.algo["kl_masked"]))
         if self.trainer.world_size == 1:
             return local
-        counts = self.all_gather(torch.tensor([local.pg, local.kl], dtype=torch.float64, device=self.device))
-        total = counts.reshape(-1, 2).sum(0)
+        total = all_reduce_sum(torch.tensor([local.pg, local.kl], dtype=torch.float64), device=self.device)
         return LossNormalizer(float(total[0]), float(total[1]))
 
     # -------------------------------------------------------------------------------------- logging
-    def _log_step(self, rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats, selection: Selection,
+    def _log_step(self, rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats,
                   update: dict[str, float], ref_logp: torch.Tensor | None, timer: StepTimer) -> None:
         resp = rollouts.response_mask.float()
         tokens = resp.sum().clamp_min(1.0)
@@ -195,7 +223,6 @@ class GRPOModule(L.LightningModule):
             "train/renyi2": ((stats.renyi2 * resp).sum() / tokens).item(),
             "train/response_len": resp.sum(1).mean().item(),
             "train/truncated_frac": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
-            "train/selected_frac": (selection.mask.sum() / tokens).item(),
             "train/clip_frac": update["clip_frac"],
             "train/loss": update["loss"],
             "train/logprob_gap_mean": (gap.sum() / tokens).item(),
@@ -212,6 +239,11 @@ class GRPOModule(L.LightningModule):
         self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=sync, batch_size=len(rollouts.texts))
         self.log_dict({"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}, prog_bar=True,
                       on_step=True, on_epoch=False, logger=False, sync_dist=sync, batch_size=len(rollouts.texts))
+
+    def _log_selection(self, mask: torch.Tensor, whole: SelectionBatch) -> None:
+        metrics = selection_diagnostics(mask, whole)
+        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1,
+                      batch_size=mask.shape[0])
 
     # ----------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

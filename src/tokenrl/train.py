@@ -37,7 +37,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
                         selector=instantiate(cfg.selector), tokenizer=tokenizer, verifier=task.verifier,
                         optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
-                        reward_timeout_s=cfg.reward_timeout_s)
+                        reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js)
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     callbacks = []

@@ -1,18 +1,25 @@
 """Per-response-token statistics and log-probs from the policy, at the sampling temperature.
 
-The no-grad statistics pass is chunked over response tokens, so its peak memory is O(chunk × vocab),
-never O(batch × length × vocab) (the failure users of RLVR frameworks report most with Qwen's 151,936 vocab).
-Formulas (π = softmax(z / T), T = sampling temperature, ALGORITHMS.md §1.5 and §2.2):
-log π(o_t); Shannon H = −Σ π log π; Rényi-2 H₂ = −log Σ π².
+One no-grad pass, chunked so that at most `chunk_size` response tokens have logits at a time: peak memory
+O(chunk × vocab), never O(batch × length × vocab) (the failure users report most with Qwen's 151,936 vocab).
+With π = softmax(z / T), T the sampling temperature (ALGORITHMS.md §1.5, §2.2–2.3):
+  log π(o_t);  Shannon H = −Σ π log π;  Rényi-2 H₂ = −log Σ π²;
+  ICT uniqueness u_{i,t} = JS(π_{i,t} ‖ π̄_t), π̄_t = mean of π_{j,t} over the group's rollouts j still
+  active at position t, JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one
+  rollout of the group is active.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from tokenrl.rollout.base import RolloutBatch
+
+BASE_STATISTICS = frozenset({"logprobs", "entropy", "renyi2"})
+ALL_STATISTICS = BASE_STATISTICS | {"js"}
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -43,39 +50,104 @@ def response_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float)
 
 @dataclass
 class TokenStats:
-    """(B, T) float32 per response token, 0 on padding."""
+    """(B, T) float32 per response token, 0 on padding; `js` is None unless it was asked for."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor
     renyi2: torch.Tensor
+    js: torch.Tensor | None = None
+
+    def rows(self, index: torch.Tensor) -> "TokenStats":
+        return TokenStats(self.logprobs[index], self.entropy[index], self.renyi2[index],
+                          None if self.js is None else self.js[index])
+
+
+# logits_at(rows, positions) -> (N, V) logits of response token `positions[k]` of rollout `rows[k]`
+LogitsAt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def group_statistics(logits_at: LogitsAt, rows: torch.Tensor, response_ids: torch.Tensor,
+                     response_mask: torch.Tensor, temperature: float, chunk_size: int, with_js: bool,
+                     out: dict[str, torch.Tensor]) -> None:
+    """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk.
+
+    A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
+    at most G·C ≤ max(chunk_size, G) rows of V logits (plus C rows for the group mean).
+    """
+    active = response_mask[rows].bool()                                    # (G, T)
+    width = max(1, chunk_size // max(len(rows), 1))
+    for t0 in range(0, active.shape[1], width):
+        block = active[:, t0:t0 + width]
+        if not block.any():
+            break                                                         # masks are prefixes: nothing later
+        local_row, offset = block.nonzero(as_tuple=True)
+        row, pos = rows[local_row], offset + t0
+        logp = torch.log_softmax(logits_at(row, pos).float() / temperature, dim=-1)   # (N, V)
+        p = logp.exp()
+        device = logp.device
+        out["logprobs"][row, pos] = logp.gather(-1, response_ids[row, pos].to(device)[:, None]).squeeze(-1).cpu()
+        out["entropy"][row, pos] = -(p * logp).sum(-1).cpu()
+        out["renyi2"][row, pos] = -torch.log((p * p).sum(-1)).cpu()
+        if not with_js:
+            continue
+        offset = offset.to(device)
+        counts = block.sum(0).to(device)                                  # active rollouts per position
+        mean = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)
+        mean = mean / counts.clamp_min(1)[:, None]
+        mean_at = mean[offset]                                             # (N, V)
+        log_mid = torch.log((0.5 * (p + mean_at)).clamp_min(1e-30))
+        kl_p = (p * (logp - log_mid)).sum(-1)
+        kl_mean = (torch.xlogy(mean_at, mean_at) - mean_at * log_mid).sum(-1)
+        js = (0.5 * (kl_p + kl_mean)).clamp_min(0.0)
+        out["js"][row, pos] = torch.where(counts[offset] > 1, js, torch.zeros_like(js)).cpu()
+
+
+def _empty(shape: torch.Size, with_js: bool) -> dict[str, torch.Tensor]:
+    names = sorted(BASE_STATISTICS | ({"js"} if with_js else set()))
+    return {name: torch.zeros(shape, dtype=torch.float32) for name in names}
+
+
+def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
+    return [(group_ids == g).nonzero().squeeze(1) for g in group_ids.unique(sorted=True)]
 
 
 @torch.no_grad()
 def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: float, micro_batch_size: int,
-                        chunk_size: int) -> TokenStats:
-    """Statistics of every response token, micro-batched over rows and chunked over tokens."""
+                        chunk_size: int, with_js: bool = False) -> TokenStats:
+    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows."""
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
-    shape = batch.response_ids.shape
-    out = {name: torch.zeros(shape, dtype=torch.float32) for name in ("logprobs", "entropy", "renyi2")}
-    for start in range(0, shape[0], micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, shape[0]))
+    out = _empty(batch.response_ids.shape, with_js)
+    local = torch.full((batch.response_ids.shape[0],), -1, dtype=torch.long)
+
+    def flush(pending: list[torch.Tensor]) -> None:
+        rows = torch.cat(pending)
+        local[rows] = torch.arange(len(rows))
         part = batch.rows(rows)
         hidden = response_hidden(model, part.input_ids.to(device), part.attention_mask.to(device),
                                  part.prompt_ids.shape[1])
-        where = part.response_mask.bool()
-        tokens = hidden[where.to(device)]                      # (N, H): only real response tokens
-        targets = part.response_ids[where].to(device)
-        values = {name: torch.empty(tokens.shape[0]) for name in out}
-        for c0 in range(0, tokens.shape[0], chunk_size):
-            c1 = min(c0 + chunk_size, tokens.shape[0])
-            logp = torch.log_softmax(head(tokens[c0:c1]).float() / temperature, dim=-1)   # (C, V)
-            p = logp.exp()
-            values["logprobs"][c0:c1] = logp.gather(-1, targets[c0:c1, None]).squeeze(-1).cpu()
-            values["entropy"][c0:c1] = -(p * logp).sum(-1).cpu()
-            values["renyi2"][c0:c1] = -torch.log((p * p).sum(-1)).cpu()
-        for name, value in values.items():
-            block = out[name][rows]
-            block[where] = value
-            out[name][rows] = block
+        for group_rows in pending:
+            group_statistics(lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]), group_rows,
+                             batch.response_ids, batch.response_mask, temperature, chunk_size, with_js, out)
+
+    pending: list[torch.Tensor] = []
+    for group in _groups(batch.group_ids):
+        if pending and sum(map(len, pending)) + len(group) > max(micro_batch_size, len(group)):
+            flush(pending)
+            pending = []
+        pending.append(group)
+    if pending:
+        flush(pending)
+    return TokenStats(**out)
+
+
+@torch.no_grad()
+def stats_from_logits(logits: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
+                      group_ids: torch.Tensor, temperature: float, chunk_size: int,
+                      with_js: bool = True) -> TokenStats:
+    """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
+    out = _empty(response_ids.shape, with_js)
+    for group in _groups(group_ids):
+        group_statistics(lambda row, pos: logits[row, pos], group, response_ids, response_mask, temperature,
+                         chunk_size, with_js, out)
     return TokenStats(**out)

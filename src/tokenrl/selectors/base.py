@@ -2,12 +2,13 @@
 
 Every strategy of ALGORITHMS.md is (how M is computed) + (which loss normaliser it wants). A subclass
 names itself with `name = "..."` and is registered automatically; its YAML points `_target_` at it.
+Selectors run once per optimizer step on that step's mini-batch (ALGORITHMS.md §7.12).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
 
 import torch
 
@@ -15,6 +16,28 @@ from tokenrl.algorithms.grpo import NORMALIZERS
 from tokenrl.algorithms.token_stats import TokenStats
 
 SELECTORS: dict[str, type["TokenSelector"]] = {}
+
+
+def _single_process(tensor: torch.Tensor) -> list[torch.Tensor]:
+    return [tensor]
+
+
+@dataclass
+class SelectionBatch:
+    """What a selector sees: one mini-batch of b rows (sorted by row id) on this rank.
+
+    row_ids: index of each row in the global rollout batch (seeds row-wise random choices);
+    gather: 1-D tensor -> every rank's tensor in rank order (for `global` scopes); rank: this rank's index.
+    """
+
+    stats: TokenStats
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    group_ids: torch.Tensor
+    row_ids: torch.Tensor
+    step: int
+    gather: Callable[[torch.Tensor], list[torch.Tensor]] = field(default=_single_process)
+    rank: int = 0
 
 
 @dataclass
@@ -42,11 +65,9 @@ class TokenSelector(ABC):
         self.normalizer = normalizer
 
     @abstractmethod
-    def mask(self, stats: TokenStats, advantages: torch.Tensor, response_mask: torch.Tensor,
-             group_ids: torch.Tensor, step: int) -> torch.Tensor:
-        """(B, T) {0, 1} mask of selected response tokens."""
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        """(b, T) {0, 1} mask of selected response tokens."""
 
-    def select(self, stats: TokenStats, advantages: torch.Tensor, response_mask: torch.Tensor,
-               group_ids: torch.Tensor, step: int) -> Selection:
-        chosen = self.mask(stats, advantages, response_mask, group_ids, step).float() * response_mask.float()
+    def select(self, batch: SelectionBatch) -> Selection:
+        chosen = self.mask(batch).float() * batch.response_mask.float()
         return Selection(chosen, self.normalizer)

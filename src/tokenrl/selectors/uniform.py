@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.algorithms.token_stats import TokenStats
-from tokenrl.selectors.base import TokenSelector
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
 
 
 class UniformSelector(TokenSelector):
     name = "uniform"
 
-    def mask(self, stats: TokenStats, advantages: torch.Tensor, response_mask: torch.Tensor,
-             group_ids: torch.Tensor, step: int) -> torch.Tensor:
-        return response_mask.float()
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        return batch.response_mask.float()

@@ -1,0 +1,25 @@
+"""`entropy20`: the top ρ = 20% highest-entropy "forking" tokens ("Beyond the 80/20 Rule", arXiv 2506.01939).
+
+Exact top-⌈ρN⌉ over the mini-batch's response tokens (official code: `get_global_entropy_top_mask`), or
+over the mini-batch of all ranks (`scope=global`, as TRL gathers). Normaliser `selected` is the official
+code (token-mean over selected tokens), `all` the paper's formula (ALGORITHMS.md §3, §7.11–12).
+"""
+from __future__ import annotations
+
+import torch
+
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.selectors.ranking import scoped_top_fraction, validate
+
+
+class Entropy20Selector(TokenSelector):
+    name = "entropy20"
+    requires = frozenset({"entropy"})
+
+    def __init__(self, ratio: float = 0.2, scope: str = "batch", normalizer: str = "selected") -> None:
+        super().__init__(normalizer)
+        validate(ratio, scope, "ratio")
+        self.ratio, self.scope = ratio, scope
+
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        return scoped_top_fraction(batch.stats.entropy, batch, self.ratio, self.scope).float()

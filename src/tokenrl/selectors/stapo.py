@@ -1,0 +1,51 @@
+"""`stapo`: silence spurious tokens (STAPO / S2T, arXiv 2602.15620; ALGORITHMS.md §4, §7.13–14).
+
+Candidates: Â_i > 0 ∧ π(o_t) < τ_p. τ_h = the q-quantile of entropy over the candidates (`candidates`,
+later revision, default) or over all response tokens of the mini-batch (`all_tokens`, v1 reading); the
+candidates with H ≤ τ_h — the ⌈q·n⌉ lowest-entropy ones, ties at τ_h included — are dropped from the loss,
+and the loss is renormalised over the kept tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
+
+QUANTILE_SCOPES = ("candidates", "all_tokens")
+
+
+def kth_smallest(values: torch.Tensor, q: float) -> torch.Tensor:
+    """The ⌈q·n⌉-th smallest value (at least the 1st), avoiding torch.quantile's size limit."""
+    k = max(1, math.ceil(round(q * values.numel(), 9)))
+    return values.kthvalue(min(k, values.numel())).values
+
+
+class STAPOSelector(TokenSelector):
+    name = "stapo"
+    requires = frozenset({"logprobs", "entropy"})
+
+    def __init__(self, tau_p: float = 0.002, q: float = 0.75, quantile_scope: str = "candidates",
+                 normalizer: str = "selected") -> None:
+        super().__init__(normalizer)
+        if not 0.0 < tau_p <= 1.0:
+            raise ValueError(f"selector.tau_p={tau_p} must be in (0, 1]")
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"selector.q={q} must be in (0, 1]")
+        if quantile_scope not in QUANTILE_SCOPES:
+            raise ValueError(f"selector.quantile_scope={quantile_scope!r} is not one of {QUANTILE_SCOPES}")
+        self.tau_p, self.q, self.quantile_scope = tau_p, q, quantile_scope
+
+    def silenced(self, batch: SelectionBatch) -> torch.Tensor:
+        valid = batch.response_mask.bool()
+        probability = batch.stats.logprobs.exp()
+        entropy = batch.stats.entropy
+        candidates = (batch.advantages[:, None] > 0) & (probability < self.tau_p) & valid
+        if not candidates.any():
+            return candidates
+        pool = entropy[candidates] if self.quantile_scope == "candidates" else entropy[valid]
+        return candidates & (entropy <= kth_smallest(pool, self.q))
+
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        return (batch.response_mask.bool() & ~self.silenced(batch)).float()
