@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss
+from tokenrl.algorithms.grpo import group_advantages, policy_loss
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.models import build_model
@@ -26,7 +26,7 @@ from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rewards.verifiers import resolve
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
 from tokenrl.diagnostics import selection_diagnostics
-from tokenrl.distributed import all_reduce_sum, gather_variable
+from tokenrl.distributed import gather_variable, global_loss_normalizer
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
 
@@ -175,7 +175,8 @@ class GRPOModule(L.LightningModule):
                 mask = self.selector.select(view).mask
                 if epoch == 0:
                     first_epoch_mask[minibatch] = mask
-                normalizer = self._global_normalizer(view.response_mask, mask)
+                normalizer = global_loss_normalizer(view.response_mask, mask, algo["aggregation"],
+                                                    self.selector.normalizer, bool(algo["kl_masked"]), self.device)
                 optimizer.zero_grad()
                 for local in torch.arange(len(minibatch)).split(int(algo["micro_batch_size"])):
                     micro = minibatch[local]
@@ -201,14 +202,6 @@ class GRPOModule(L.LightningModule):
         metrics = {"loss": totals["loss"] / max(totals["updates"], 1),
                    "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
         return metrics, first_epoch_mask
-
-    def _global_normalizer(self, response_mask: torch.Tensor, token_mask: torch.Tensor) -> LossNormalizer:
-        local = LossNormalizer.count(response_mask, token_mask, self.algo["aggregation"],
-                                     self.selector.normalizer, bool(self.algo["kl_masked"]))
-        if self.trainer.world_size == 1:
-            return local
-        total = all_reduce_sum(torch.tensor([local.pg, local.kl], dtype=torch.float64), device=self.device)
-        return LossNormalizer(float(total[0]), float(total[1]))
 
     # -------------------------------------------------------------------------------------- logging
     def _log_step(self, rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats,
