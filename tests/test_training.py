@@ -122,8 +122,10 @@ def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, ext
 
 
 def test_run_writes_summary_and_logs(tiny_cfg, tmp_path):
-    summary = run(tiny_cfg("total_steps=2", "logger=default"))
+    summary = run(tiny_cfg("total_steps=2", "logger=default", "checkpoint.enabled=true", "checkpoint.every_n_steps=5"))
     assert summary["rollout_steps"] == 2
     assert (tmp_path / "summary.json").is_file()
     assert (tmp_path / "csv" / "metrics.csv").is_file()
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)   # the final state is kept
+    assert ckpt["tokenrl"]["rollout_step"] == 2
     assert any((tmp_path / "tensorboard").iterdir())

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -27,3 +28,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+class SaveLastOnTrainEnd(L.Callback):
+    """Write `path` (last.ckpt) when training completes, so the final steps after the last periodic save are kept."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.save_checkpoint(self.path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
-from tokenrl.checkpointing import AtomicCheckpointIO
+from tokenrl.checkpointing import AtomicCheckpointIO, SaveLastOnTrainEnd
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
 
 log = logging.getLogger(__name__)
+# checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 os.environ.setdefault("TOKENRL_ROOT", str(Path(CONFIG_DIR).parent))
 
@@ -46,6 +49,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                                          auto_insert_metric_name=False, save_last=True, save_top_k=1,
                                          monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
                                          every_n_train_steps=cfg.checkpoint.every_n_steps))
+        callbacks.append(SaveLastOnTrainEnd(output_dir / "checkpoints" / "last.ckpt"))
     trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
                           enable_checkpointing=bool(callbacks), plugins=[AtomicCheckpointIO()])
     return module, datamodule, trainer
