@@ -37,4 +37,7 @@ class SaveLastOnTrainEnd(L.Callback):
         self.path = Path(path)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        periodic = trainer.checkpoint_callback
+        if getattr(periodic, "_last_global_step_saved", -1) == trainer.global_step and self.path.is_file():
+            return   # the periodic save of this very step already wrote last.ckpt
         trainer.save_checkpoint(self.path)
