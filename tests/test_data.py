@@ -7,7 +7,7 @@ import pytest
 
 from tokenrl.data.datamodule import PromptSchedule
 from tokenrl.data.records import DataFormatError, Problem
-from tokenrl.data.tasks import ArithmeticTask, GSM8KTask
+from tokenrl.data.tasks import ArithmeticTask, BenchmarkTask
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -45,8 +45,8 @@ def test_schedule_shards_prompts_over_ranks():
 
 
 def test_missing_data_dir_names_the_path_and_the_setting(tmp_path):
-    task = GSM8KTask(str(tmp_path / "nowhere"), "", "gsm8k_strict")
-    with pytest.raises(FileNotFoundError, match=r"nowhere/gsm8k/train.jsonl.*task.data_dir"):
+    task = BenchmarkTask(str(tmp_path / "nowhere"), "gsm8k_train", "gsm8k")
+    with pytest.raises(FileNotFoundError, match=r"nowhere/gsm8k/train.jsonl does not exist: set paths.data_dir"):
         task.problems("train")
 
 
@@ -55,18 +55,18 @@ def test_malformed_row_names_file_and_line(tmp_path):
     path = tmp_path / "gsm8k" / "train.jsonl"
     path.write_text('{"question": "q", "answer": "x #### 1"}\n{"question": "q2", "answer": \n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:2: not valid JSON"):
-        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text('{"question": "q", "answer": "x #### 1"}\n\n{"question": "", "answer": "y #### 2"}\n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:3: missing or empty field\(s\) \['question'\]"):
-        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text('{"question": "q", "answer": "no final answer"}\n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:1: field 'answer' has no '#### <number>'"):
-        GSM8KTask(str(tmp_path), "", "gsm8k_strict").problems("train")
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not present on this machine")
 def test_gsm8k_reads_the_official_files():
-    task = GSM8KTask(str(SHARED), "", "gsm8k_strict")
+    task = BenchmarkTask(str(SHARED), "gsm8k_train", "gsm8k")
     train, test = task.problems("train"), task.problems("test")
     assert (len(train), len(test)) == (7473, 1319)
     assert all(p.answer.lstrip("-").replace(".", "").isdigit() for p in test)

@@ -20,7 +20,7 @@ SHRINK = ["model=tiny", "trainer=cpu", "trainer.precision=32-true", "logger=none
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_and_runs_one_tiny_step(name, tmp_path):
     paper = compose_config([f"experiment={name}"], output_dir=tmp_path)
-    assert paper.model.name == "qwen1.5b" and paper.task._target_.endswith("GSM8KTask")
+    assert paper.model.name == "qwen1.5b" and paper.task._target_.endswith("BenchmarkTask")
     summary = run(compose_config([f"experiment={name}", *SHRINK], output_dir=tmp_path))
     assert summary["rollout_steps"] == 1 and summary["optimizer_steps"] == paper.algorithm.mini_batches
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import random
+import time
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -23,9 +24,9 @@ from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_t
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.models import build_model
 from tokenrl.rewards.scorer import SafeScorer
-from tokenrl.rewards.verifiers import resolve
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
 from tokenrl.diagnostics import selection_diagnostics
+from tokenrl.evaluation.runner import Validator
 from tokenrl.distributed import gather_variable, global_loss_normalizer
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
@@ -39,25 +40,26 @@ class GRPOModule(L.LightningModule):
     """GRPO over a causal-LM policy with a pluggable `TokenSelector` (ALGORITHMS.md §1.2–1.4)."""
 
     def __init__(self, model: Mapping[str, Any], algorithm: Mapping[str, Any], rollout: Mapping[str, Any],
-                 selector: TokenSelector, tokenizer: PreTrainedTokenizerBase, verifier: str,
+                 selector: TokenSelector, tokenizer: PreTrainedTokenizerBase,
                  optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
-                 reward_timeout_s: float = 5.0, js_diagnostics: bool = False) -> None:
+                 reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
+                 validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.rollout_cfg = dict(model), dict(algorithm), dict(rollout)
         self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
-        resolve(verifier)  # unknown verifier names fail here, at start-up
         self.with_js = "js" in selector.requires or js_diagnostics
         computed = ALL_STATISTICS if self.with_js else ALL_STATISTICS - {"js"}
         missing = selector.requires - computed
         if missing:
             raise ValueError(f"selector {selector.name!r} needs statistics {sorted(missing)} that the statistics "
                              f"pass does not compute (it computes {sorted(computed)})")
-        self.verifier, self.seed = verifier, seed
+        self.seed = seed
         self.sampling = SamplingParams(n=int(algorithm["group_size"]), temperature=float(rollout["temperature"]),
                                        top_p=float(rollout["top_p"]), top_k=int(rollout["top_k"]),
                                        max_new_tokens=int(rollout["max_new_tokens"]))
         self.scorer = SafeScorer(reward_timeout_s)
+        self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.policy: torch.nn.Module | None = None
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
@@ -95,6 +97,22 @@ class GRPOModule(L.LightningModule):
     def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
         return batch  # prompts stay on the host; rollouts are moved by the engine and the update
 
+    # ----------------------------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        start = time.perf_counter()
+        metrics = {f"val/{key}": value for key, value in self.validator(self.engine, self.scorer).items()}
+        metrics["val/at_step"] = float(self.rollout_step)   # updates applied when validated
+        metrics["time/validate"] = time.perf_counter() - start
+        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1, batch_size=1)
+
+    def on_train_batch_start(self, batch: PromptBatch, batch_idx: int) -> None:
+        if self.validator is not None and self.val_every and self.rollout_step % self.val_every == 0:
+            self._validate()
+
+    def on_train_batch_end(self, outputs: Any, batch: PromptBatch, batch_idx: int) -> None:
+        if self.validator is not None and self.val_every and self.rollout_step == self.total_steps:
+            self._validate()   # after the last update
+
     # ------------------------------------------------------------------------------------- one step
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         if batch.step != self.rollout_step:
@@ -107,9 +125,9 @@ class GRPOModule(L.LightningModule):
             raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
                                f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
         with timer("reward"):
-            answers = [problem.answer for problem in batch.problems for _ in range(self.sampling.n)]
+            problems = [problem for problem in batch.problems for _ in range(self.sampling.n)]
             rewards = torch.tensor(self.scorer.score(
-                [(self.verifier, text, answer) for text, answer in zip(rollouts.texts, answers)]))
+                [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
         advantages = group_advantages(rewards, rollouts.group_ids, eps=float(self.algo["adv_eps"]),
                                       std_normalize=bool(self.algo["adv_std_normalize"]))
         with timer("statistics"):

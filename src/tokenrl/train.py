@@ -18,6 +18,7 @@ from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO, SaveLastOnTrainEnd
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
+from tokenrl.evaluation.runner import EvalSettings, Validator
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
 
@@ -36,11 +37,22 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm.prompts_per_step,
                                    total_steps=cfg.total_steps, seed=cfg.seed,
                                    max_prompt_length=cfg.rollout.max_prompt_length)
-    datamodule.attach_formatter(PromptFormatter(tokenizer, cfg.model.chat_template))
+    formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
+    datamodule.attach_formatter(formatter)
+    validator = None
+    if cfg.validation.every_n_steps:
+        settings = EvalSettings(n_samples=cfg.validation.n_samples, ks=tuple(cfg.validation.ks),
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                                max_new_tokens=cfg.rollout.max_new_tokens,
+                                max_prompt_length=cfg.rollout.max_prompt_length,
+                                batch_prompts=cfg.validation.batch_prompts, seed=cfg.seed)
+        validator = Validator(task.problems("test")[: cfg.validation.limit], task.instruction, formatter, settings)
     module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
-                        selector=instantiate(cfg.selector), tokenizer=tokenizer, verifier=task.verifier,
+                        selector=instantiate(cfg.selector), tokenizer=tokenizer,
                         optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
-                        reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js)
+                        reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
+                        validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
+                        total_steps=cfg.total_steps)
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     callbacks = []
@@ -65,7 +77,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
                "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
                "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
-               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/"))}}
+               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "val/"))}}
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.records import Problem
 from tokenrl.data.tasks import Task
+from tokenrl.rewards.verifiers import resolve
 
 log = logging.getLogger(__name__)
 # the schedule's length is exact: it runs in the main process only (num_workers=0)
@@ -103,6 +104,8 @@ class RolloutDataModule(L.LightningDataModule):
                         dropped, self.max_prompt_length)
         if not kept:
             raise ValueError("no train problem fits rollout.max_prompt_length; raise it")
+        for name in sorted({problem.verifier for problem in kept}):
+            resolve(name)   # an unknown verifier fails here, at start-up, listing the valid ones
         self.train_problems, self.train_prompt_ids = kept, ids
 
     def train_dataloader(self) -> DataLoader:

@@ -4,6 +4,11 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 
+def with_instruction(question: str, instruction: str) -> str:
+    """The user turn: question, a space, the answer-format instruction (verl's GSM8K layout)."""
+    return f"{question} {instruction}".strip()
+
+
 class PromptFormatter:
     """`use_chat_template`: 'auto' (if the tokenizer has one), True or False; plain prompts end with a newline."""
 

@@ -1,20 +1,24 @@
 """Training tasks: where problems come from, the instruction appended to each question, and the verifier.
 
-`arithmetic` is the offline default (procedural, seeded); `gsm8k` reads the official JSONL files.
+`arithmetic` is the offline default (procedural, seeded); `BenchmarkTask` trains on a benchmark split
+(GSM8K, MATH) read from the local data folder.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from tokenrl.data.records import DataFormatError, Problem, read_jsonl
+from tokenrl.data.benchmarks import benchmark
+from tokenrl.data.prompts import with_instruction
+from tokenrl.data.records import Problem
 
 
 class Task(ABC):
     """A source of train/test problems with one answer format."""
 
-    def __init__(self, instruction: str, verifier: str, max_new_tokens: int) -> None:
+    def __init__(self, instruction: str, verifier: str | None, max_new_tokens: int) -> None:
         self.instruction = instruction
         self.verifier = verifier
         self.max_new_tokens = max_new_tokens
@@ -24,7 +28,7 @@ class Task(ABC):
         """All problems of `split` ('train' or 'test')."""
 
     def question_text(self, problem: Problem) -> str:
-        return f"{problem.question} {self.instruction}".strip()
+        return with_instruction(problem.question, self.instruction)
 
 
 class ArithmeticTask(Task):
@@ -53,23 +57,19 @@ class ArithmeticTask(Task):
         return out
 
 
-class GSM8KTask(Task):
-    """GSM8K from `data_dir/gsm8k/{train,test}.jsonl`; the answer is the text after '#### ' (commas removed)."""
+class BenchmarkTask(Task):
+    """Train on one benchmark split and validate on another, read from `data_dir` (see data/benchmarks.py):
+    gsm8k = gsm8k_train / gsm8k, math = math_train / math500. `instruction`/`verifier` null keep the benchmark's."""
 
-    def __init__(self, data_dir: str, instruction: str, verifier: str, max_new_tokens: int = 1024,
-                 limit: int | None = None) -> None:
-        super().__init__(instruction, verifier, max_new_tokens)
+    def __init__(self, data_dir: str, train: str, test: str, instruction: str | None = None,
+                 verifier: str | None = None, max_new_tokens: int = 1024, limit: int | None = None) -> None:
+        self.splits = {"train": benchmark(train), "test": benchmark(test)}
+        super().__init__(instruction or self.splits["train"].instruction, verifier, max_new_tokens)
         self.data_dir = Path(data_dir).expanduser()
         self.limit = limit
 
     def problems(self, split: str) -> list[Problem]:
-        path = self.data_dir / "gsm8k" / f"{split}.jsonl"
-        out = []
-        for lineno, row in read_jsonl(path, ("question", "answer")):
-            if "####" not in row["answer"]:
-                raise DataFormatError(f"{path}:{lineno}: field 'answer' has no '#### <number>' final answer")
-            final = row["answer"].rsplit("####", 1)[1].strip().replace(",", "")
-            out.append(Problem(f"gsm8k-{split}-{lineno}", row["question"], final, self.verifier))
-            if self.limit and len(out) >= self.limit:
-                break
-        return out
+        problems = self.splits[split].load(self.data_dir)[: self.limit or None]
+        if self.verifier:
+            problems = [replace(p, verifier=self.verifier) for p in problems]
+        return problems

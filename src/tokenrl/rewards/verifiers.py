@@ -3,6 +3,7 @@
 - `gsm8k_strict`: the last `#### <number>` in the response equals the answer (verl's GSM8K reward).
 - `gsm8k_flexible`: the last number anywhere in the response equals the answer (verl's "flexible" mode).
 - `math`: the last `\\boxed{...}` is symbolically equal to the answer (math-verify's parser; no eval).
+- `choice`: the chosen letter (last `\\boxed{X}`, else the last "answer is X" / "Answer: X") equals the answer.
 A verifier may also be named as `package.module:function`.
 """
 from __future__ import annotations
@@ -43,21 +44,25 @@ def gsm8k_flexible(response: str, answer: str) -> float:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (or \\fbox{...}) with balanced braces, else None."""
+    """Content of the last \\boxed{...} / \\fbox{...} (balanced braces) or `\\boxed 2` (no braces), else None."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
-    brace = text.find("{", start)
-    if brace < 0:
+    pos = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    if pos < len(text) and text[pos] == " ":
+        rest = text[pos:].lstrip(" ")
+        token = re.match(r"[^\s$]+", rest)
+        return token.group(0) if token else None
+    if pos >= len(text) or text[pos] != "{":
         return None
     depth = 0
-    for pos in range(brace, len(text)):
-        if text[pos] == "{":
+    for end in range(pos, len(text)):
+        if text[end] == "{":
             depth += 1
-        elif text[pos] == "}":
+        elif text[end] == "}":
             depth -= 1
             if depth == 0:
-                return text[brace + 1:pos]
+                return text[pos + 1:end]
     return None
 
 
@@ -72,10 +77,30 @@ def math_boxed(response: str, answer: str) -> float:
     return float(bool(gold) and bool(pred) and verify(gold, pred))
 
 
+_LETTER = r"\(?\s*([A-D])\s*\)?"
+_BOXED_LETTER = re.compile(r"^\s*(?:\\text\{|\\mathrm\{)?" + _LETTER + r"\}?\s*$")
+_STATED_LETTER = re.compile(r"answer\s*(?:is|:)\s*(?:option\s*)?" + _LETTER + r"(?![A-Za-z])", re.IGNORECASE)
+
+
+def extract_choice(response: str) -> str | None:
+    """The option letter a response commits to, or None."""
+    boxed = last_boxed(response)
+    if boxed is not None:
+        found = _BOXED_LETTER.match(boxed)
+        return found.group(1) if found else None
+    stated = _STATED_LETTER.findall(response)
+    return stated[-1].upper() if stated else None
+
+
+def choice(response: str, answer: str) -> float:
+    return float(extract_choice(response) == answer.strip().upper())
+
+
 VERIFIERS: dict[str, Verifier] = {
     "gsm8k_strict": gsm8k_strict,
     "gsm8k_flexible": gsm8k_flexible,
     "math": math_boxed,
+    "choice": choice,
 }
 
 

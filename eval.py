@@ -1,0 +1,13 @@
+"""Root entry point: `python eval.py model=... ckpt_path=... benchmark=[gsm8k,math500] eval.n_samples=8`."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
+
+from tokenrl.allocator import reexec_with_tcmalloc  # noqa: E402
+
+if __name__ == "__main__":
+    reexec_with_tcmalloc()
+    from tokenrl.eval import evaluate_main
+
+    evaluate_main()

@@ -1,0 +1,1 @@
+"""Evaluation: the unbiased pass@k estimator and the benchmark runner."""

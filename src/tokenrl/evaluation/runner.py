@@ -1,0 +1,105 @@
+"""Sample n completions per problem with a rollout engine, score them (time-limited) and compute pass@k."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from tokenrl.data.prompts import PromptFormatter, with_instruction
+from tokenrl.data.records import Problem
+from tokenrl.evaluation.passk import PassAtK
+from tokenrl.rewards.scorer import SafeScorer
+from tokenrl.rollout.base import RolloutEngine, SamplingParams
+from tokenrl.utils import derived_seed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    n_samples: int
+    ks: tuple[int, ...]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 1024
+    max_prompt_length: int = 2048
+    batch_prompts: int = 8
+    seed: int = 0
+
+
+def evaluate(name: str, problems: list[Problem], instruction: str, engine: RolloutEngine,
+             formatter: PromptFormatter, scorer: SafeScorer, settings: EvalSettings,
+             samples_path: Path | None = None, progress: bool = True) -> dict:
+    """pass@k for k in settings.ks, avg@n and counts; one JSON line per sample in `samples_path` (no question text).
+
+    Prompts longer than `max_prompt_length` tokens are skipped (counted in `skipped_long_prompts`)."""
+    if any(k > settings.n_samples for k in settings.ks):
+        raise ValueError(f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} "
+                         f"(got {settings.n_samples})")
+    prompts, kept = [], []
+    for problem in problems:
+        ids = formatter.token_ids(with_instruction(problem.question, instruction))
+        if len(ids) <= settings.max_prompt_length:
+            prompts.append(ids)
+            kept.append(problem)
+    skipped = len(problems) - len(kept)
+    if skipped:
+        log.warning("%s: skipped %d prompts longer than %d tokens", name, skipped, settings.max_prompt_length)
+    params = SamplingParams(n=settings.n_samples, temperature=settings.temperature, top_p=settings.top_p,
+                            top_k=settings.top_k, max_new_tokens=settings.max_new_tokens)
+    metrics = {k: PassAtK(k) for k in settings.ks}
+    correct_total, tokens, start = 0.0, 0, time.perf_counter()
+    handle = samples_path.open("w") if samples_path else None
+    try:
+        batches = range(0, len(kept), settings.batch_prompts)
+        for first in tqdm(batches, desc=name, disable=not progress, unit="batch"):
+            chunk = kept[first:first + settings.batch_prompts]
+            rollouts = engine.generate(prompts[first:first + settings.batch_prompts], params,
+                                       seed=derived_seed(settings.seed, "eval", name, first))
+            answers = [p for p in chunk for _ in range(settings.n_samples)]
+            scores = scorer.score([(p.verifier, text, p.answer) for p, text in zip(answers, rollouts.texts)])
+            per_problem = torch.tensor(scores).reshape(len(chunk), settings.n_samples)
+            correct = (per_problem >= 1.0).sum(1)
+            for metric in metrics.values():
+                metric.update(correct, settings.n_samples)
+            correct_total += float(per_problem.sum())
+            tokens += int(rollouts.response_mask.sum())
+            if handle:
+                for row, (problem, text, score, reason) in enumerate(
+                        zip(answers, rollouts.texts, scores, rollouts.finish_reasons)):
+                    handle.write(json.dumps({"id": problem.id, "sample": row % settings.n_samples, "score": score,
+                                             "answer": problem.answer, "finish_reason": reason,
+                                             "response": text}) + "\n")
+    finally:
+        if handle:
+            handle.close()
+    seconds = time.perf_counter() - start
+    n_problems = len(kept)
+    result = {"benchmark": name, "problems": n_problems, "skipped_long_prompts": skipped,
+              "n_samples": settings.n_samples, "temperature": settings.temperature, "top_p": settings.top_p,
+              "max_new_tokens": settings.max_new_tokens,
+              f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
+              **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
+              "generated_tokens": tokens, "seconds": seconds}
+    return result
+
+
+class Validator:
+    """Periodic validation during training: pass@k on held-out problems with the training prompt format."""
+
+    def __init__(self, problems: list[Problem], instruction: str, formatter: PromptFormatter,
+                 settings: EvalSettings) -> None:
+        if not problems:
+            raise ValueError("validation has no problems: raise validation.limit or set validation.every_n_steps=0")
+        self.problems, self.instruction, self.formatter, self.settings = problems, instruction, formatter, settings
+
+    def __call__(self, engine: RolloutEngine, scorer: SafeScorer) -> dict[str, float]:
+        result = evaluate("val", self.problems, self.instruction, engine, self.formatter, scorer, self.settings,
+                          progress=False)
+        return {key: float(value) for key, value in result.items() if key.startswith(("pass@", "avg@"))}
