@@ -28,7 +28,7 @@ def compose_config(overrides: list[str] | None = None, output_dir: Path | None =
 
 
 TINY = ["model=tiny", "logger=none", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=12",
-        "checkpoint.enabled=false", "reward_timeout_s=20"]
+        "checkpoint.enabled=false", "reward_timeout_s=20", "validation.every_n_steps=0"]
 
 
 @pytest.fixture

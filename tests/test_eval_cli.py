@@ -1,0 +1,54 @@
+"""`python eval.py` end to end (tiny model, real engine, real files), checkpoints loaded, and validation in training."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import ROOT
+from tokenrl.train import run
+
+
+def test_eval_cli_writes_results_samples_and_table(tmp_path):
+    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "benchmark=[gsm8k,aime24]", "eval.limit=3",
+                           "eval.n_samples=4", "eval.max_new_tokens=6", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["benchmark"] for r in results] == ["gsm8k", "aime24"]
+    for r in results:
+        assert r["problems"] == 3 and r["n_samples"] == 4 and 0 <= r["pass@1"] <= r["pass@4"] <= 1
+        lines = (tmp_path / f"{r['benchmark']}.samples.jsonl").read_text().splitlines()
+        assert len(lines) == 12 and {"id", "sample", "score", "response"} <= set(json.loads(lines[0]))
+    assert "| gsm8k | 3 | 4 |" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("override,message", [("benchmark=nope", "unknown benchmark 'nope'; valid:"),
+                                              ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
+                                              ("eval.n_samples=2", "eval.ks=[1, 4] needs eval.n_samples >= 4")])
+def test_eval_bad_input_is_named(override, message, tmp_path):
+    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "eval.limit=2", override,
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and message in done.stderr
+
+
+def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
+    from tests.helpers.tiny import tiny_policy
+    from tokenrl.eval import load_policy_weights
+
+    run(tiny_cfg("total_steps=1", "checkpoint.enabled=true", "validation.every_n_steps=0",
+                 "task.verifier=tests.helpers.rewards:length_reward"))
+    model, _ = tiny_policy()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    load_policy_weights(model, str(tmp_path / "checkpoints" / "last.ckpt"))
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_validation_is_logged_during_training(tiny_cfg):
+    summary = run(tiny_cfg("total_steps=2", "validation.every_n_steps=1", "validation.limit=3",
+                           "validation.n_samples=4"))
+    assert 0.0 <= summary["val/pass@1"] <= summary["val/pass@4"] <= 1.0
+    assert summary["val/at_step"] == 2.0   # the last validation runs after the final update
