@@ -22,12 +22,12 @@ from transformers import PreTrainedTokenizerBase
 from tokenrl.algorithms.grpo import group_advantages, policy_loss
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
+from tokenrl.diagnostics import selection_diagnostics
+from tokenrl.distributed import gather_variable, global_loss_normalizer
+from tokenrl.evaluation.runner import Validator
 from tokenrl.models import build_model
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
-from tokenrl.diagnostics import selection_diagnostics
-from tokenrl.evaluation.runner import Validator
-from tokenrl.distributed import gather_variable, global_loss_normalizer
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
 
