@@ -129,3 +129,34 @@ def test_run_writes_summary_and_logs(tiny_cfg, tmp_path):
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)   # the final state is kept
     assert ckpt["tokenrl"]["rollout_step"] == 2
     assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_a_raising_verifier_scores_zero_and_the_run_goes_on(tiny_cfg, caplog):
+    summary = run(tiny_cfg("total_steps=2", "task.verifier=tests.helpers.rewards:raising"))
+    assert summary["rollout_steps"] == 2 and summary["train/reward"] == 0.0
+    assert "RuntimeError: this verifier always fails" in caplog.text
+
+
+def test_lora_policy_trains_with_adapter_free_reference(tiny_cfg):
+    summary = run(tiny_cfg("total_steps=2", "model.lora={r:4,lora_alpha:8,target_modules:all-linear}",
+                           "algorithm.kl_coef=0.05", "task.verifier=tests.helpers.rewards:length_reward"))
+    assert summary["optimizer_steps"] == 2 and summary["train/kl"] > 0.0
+
+
+def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    from tokenrl.module import GRPOModule
+    from tokenrl.selectors.base import TokenSelector
+
+    class NeedsFoo(TokenSelector):
+        requires = frozenset({"foo"})
+
+        def mask(self, batch):
+            return batch.response_mask
+
+    cfg = tiny_cfg()
+    with pytest.raises(ValueError, match=r"needs statistics \['foo'\] that the statistics pass does not compute"):
+        GRPOModule(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.algorithm, resolve=True),
+                   OmegaConf.to_container(cfg.rollout, resolve=True), NeedsFoo(), tokenizer=None,
+                   optimizer=torch.optim.SGD)

@@ -52,7 +52,7 @@ class GRPOModule(L.LightningModule):
         computed = ALL_STATISTICS if self.with_js else ALL_STATISTICS - {"js"}
         missing = selector.requires - computed
         if missing:
-            raise ValueError(f"selector {selector.name!r} needs statistics {sorted(missing)} that the statistics "
+            raise ValueError(f"selector {type(selector).__name__} needs statistics {sorted(missing)} that the statistics "
                              f"pass does not compute (it computes {sorted(computed)})")
         self.seed = seed
         self.sampling = SamplingParams(n=int(algorithm["group_size"]), temperature=float(rollout["temperature"]),
