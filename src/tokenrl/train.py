@@ -10,6 +10,7 @@ from typing import Any
 
 import hydra
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
@@ -82,6 +83,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("run finished: %s", json.dumps(summary))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown
     return summary
 
 

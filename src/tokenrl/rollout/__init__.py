@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
 def build_engine(cfg: Mapping[str, Any], model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
@@ -16,6 +16,10 @@ def build_engine(cfg: Mapping[str, Any], model: nn.Module, tokenizer: PreTrained
         from tokenrl.rollout.hf import HFEngine
 
         return HFEngine(model, tokenizer)
+    if cfg["engine"] == "vllm":
+        from tokenrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, cfg)
     raise ValueError(f"rollout.engine={cfg['engine']!r} is not one of {ENGINES}")
 
 

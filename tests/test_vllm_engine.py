@@ -1,0 +1,113 @@
+"""The `vllm` engine on a real model. Needs vLLM (`bash scripts/setup.sh --vllm-cpu` on CPU machines) and the
+prepared SmolLM2-135M-Instruct; the install-hint test runs everywhere."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.conftest import ROOT, compose_config
+
+MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+
+
+def test_missing_vllm_gives_an_install_hint(monkeypatch):
+    from tokenrl.rollout import build_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)   # as if it were not installed
+    cfg = OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True)
+    with pytest.raises(ImportError, match=r"rollout=vllm needs vLLM: .*setup.sh --vllm-cpu"):
+        build_engine(cfg, torch.nn.Linear(1, 1), tokenizer=None)
+
+
+@pytest.fixture(scope="module")
+def engine_and_policy():
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
+    from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.rollout import build_engine
+
+    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=16"])
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
+    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]
+               for q in ("What is 2 + 3?", "Name a colour.")]
+    yield engine, policy, tokenizer, prompts
+    engine.close()
+
+
+def engine_completion_logprobs(engine, prompt, completion):
+    """vLLM's log-probs of a fixed completion (prompt log-probs; they are unprocessed, so T = 1)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)],
+                              SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(completion)])
+
+
+def trainer_completion_logprobs(policy, prompt, completion):
+    with torch.no_grad():
+        logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_engine_follows_the_trained_weights(engine_and_policy):
+    from tokenrl.rollout.base import SamplingParams
+
+    engine, policy, _, prompts = engine_and_policy
+    params = SamplingParams(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=16)
+    batch = engine.generate(prompts, params, seed=3)
+    prompt, completion = prompts[0], batch.response_ids[0][batch.response_mask[0].bool()].tolist()
+    before = engine_completion_logprobs(engine, prompt, completion)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    for step in range(2):                     # k = 2 real optimizer steps: raise the completion's likelihood
+        logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+        loss = -torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        engine.sync_weights(policy, step + 1)
+    after = engine_completion_logprobs(engine, prompt, completion)
+    trainer = trainer_completion_logprobs(policy, prompt, completion)
+    assert (after - trainer).abs().max() < 1e-3          # stated tolerance: float32 engine vs trainer
+    assert (after - before).abs().max() > 0.1            # and it really moved with the weights
+    resampled = engine.generate(prompts, params, seed=3)
+    assert resampled.weights_version == 2
+    gap = (resampled.sampling_logprobs - trainer_rollout_logprobs(policy, resampled)).abs()
+    assert gap[resampled.response_mask.bool()].max() < 1e-3
+
+
+def trainer_rollout_logprobs(policy, batch):
+    from tokenrl.algorithms.token_stats import response_logprobs
+
+    return response_logprobs(policy, batch, 1.0).detach() * batch.response_mask
+
+
+def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
+    from tokenrl.rollout.base import SamplingParams
+
+    engine, _, _, prompts = engine_and_policy
+    params = SamplingParams(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12)
+    first, again = engine.generate(prompts, params, seed=9), engine.generate(prompts, params, seed=9)
+    assert torch.equal(first.response_ids, again.response_ids) and first.texts == again.texts
+    assert first.group_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"prompt 0 has 5000 tokens, more than rollout.max_model_len"):
+        engine.generate([[1] * 5000], params, seed=0)
+
+
+def test_train_with_vllm_end_to_end(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
+    done = subprocess.run([sys.executable, "train.py", "rollout=vllm", "total_steps=2", "validation.every_n_steps=1",
+                           "validation.limit=4", "checkpoint.enabled=false", "logger=csv",
+                           "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
