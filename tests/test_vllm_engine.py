@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -54,8 +53,8 @@ def engine_completion_logprobs(engine, prompt, completion):
 
 
 def trainer_completion_logprobs(policy, prompt, completion):
-    with torch.no_grad():
-        logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+    """The trainer's log-probs of a fixed completion (with gradient), T = 1."""
+    logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
@@ -69,14 +68,13 @@ def test_engine_follows_the_trained_weights(engine_and_policy):
     before = engine_completion_logprobs(engine, prompt, completion)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     for step in range(2):                     # k = 2 real optimizer steps: raise the completion's likelihood
-        logits = policy(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
-        loss = -torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).sum()
+        loss = -trainer_completion_logprobs(policy, prompt, completion).sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         engine.sync_weights(policy, step + 1)
     after = engine_completion_logprobs(engine, prompt, completion)
-    trainer = trainer_completion_logprobs(policy, prompt, completion)
+    trainer = trainer_completion_logprobs(policy, prompt, completion).detach()
     assert (after - trainer).abs().max() < 1e-3          # stated tolerance: float32 engine vs trainer
     assert (after - before).abs().max() > 0.1            # and it really moved with the weights
     resampled = engine.generate(prompts, params, seed=3)
