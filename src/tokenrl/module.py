@@ -28,6 +28,7 @@ from tokenrl.evaluation.runner import Validator
 from tokenrl.models import build_model
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
+from tokenrl.samples import SampleWriter
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
 
@@ -43,7 +44,8 @@ class GRPOModule(L.LightningModule):
                  selector: TokenSelector, tokenizer: PreTrainedTokenizerBase,
                  optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
                  reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
-                 validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0) -> None:
+                 validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0,
+                 sample_writer: SampleWriter | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.algo, self.rollout_cfg = dict(model), dict(algorithm), dict(rollout)
@@ -60,6 +62,7 @@ class GRPOModule(L.LightningModule):
                                        max_new_tokens=int(rollout["max_new_tokens"]))
         self.scorer = SafeScorer(reward_timeout_s)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
+        self.sample_writer = sample_writer
         self.policy: torch.nn.Module | None = None
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
@@ -142,6 +145,8 @@ class GRPOModule(L.LightningModule):
         self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
         self._log_step(rollouts, rewards, stats, update, ref_logp, timer)
         self._log_selection(mask, whole)
+        if self.sample_writer is not None and self.global_rank == 0 and self.sample_writer.due(whole.step):
+            self.sample_writer.write(whole.step, rollouts, rewards, whole, mask)
 
     def _statistics(self, rollouts: RolloutBatch) -> TokenStats:
         return compute_token_stats(self.policy, rollouts, self.sampling.temperature,

@@ -22,6 +22,7 @@ from tokenrl.data.prompts import PromptFormatter
 from tokenrl.evaluation.runner import EvalSettings, Validator
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
+from tokenrl.samples import SampleWriter
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
@@ -48,12 +49,15 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                                 max_prompt_length=cfg.rollout.max_prompt_length,
                                 batch_prompts=cfg.validation.batch_prompts, seed=cfg.seed)
         validator = Validator(task.problems("test")[: cfg.validation.limit], task.instruction, formatter, settings)
+    selector = instantiate(cfg.selector)
+    sample_writer = SampleWriter(Path(cfg.paths.output_dir) / "samples", cfg.samples.every_n_steps, cfg.samples.rows,
+                                 tokenizer, selector_name=selector.name)
     module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
-                        selector=instantiate(cfg.selector), tokenizer=tokenizer,
+                        selector=selector, tokenizer=tokenizer,
                         optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
                         reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
                         validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
-                        total_steps=cfg.total_steps)
+                        total_steps=cfg.total_steps, sample_writer=sample_writer)
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     callbacks = []

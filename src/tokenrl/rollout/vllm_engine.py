@@ -57,6 +57,7 @@ class VLLMEngine(RolloutEngine):
         self.llm = LLM(model=self.folder, dtype=str(cfg["dtype"]), seed=int(cfg.get("seed", 0)),
                        max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
                        enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                       enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
                        gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:

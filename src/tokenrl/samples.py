@@ -1,0 +1,73 @@
+"""Rollout samples with per-token statistics and token choices, for the report's "branching tokens" view.
+
+Every `every_n_steps` rollout steps, the first `rows` responses of the batch (the first group(s), so the
+rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, one JSON object per response:
+the decoded prompt and token pieces, reward, advantage, per-token entropy (and JS when computed), the mask this
+run's selector actually updated (`updated`), and what each reference selector would choose on the same tokens
+(`would_select`: ICT top-10% per response without warm-up when JS is there, 20-Entropy, STAPO).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tokenrl.rollout.base import RolloutBatch
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.selectors.entropy import Entropy20Selector
+from tokenrl.selectors.ict import ICTSelector
+from tokenrl.selectors.stapo import STAPOSelector
+
+
+def reference_selectors(with_js: bool) -> dict[str, TokenSelector]:
+    """The selectors whose choices every sample records (paper defaults, warm-up off so the choice is visible)."""
+    chosen: dict[str, TokenSelector] = {"entropy20": Entropy20Selector(), "stapo": STAPOSelector()}
+    if with_js:
+        chosen = {"ict": ICTSelector(warmup_steps=0), **chosen}
+    return chosen
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(float(v), 5) for v in values]
+
+
+class SampleWriter:
+    """Writes the first `rows` responses of every `every_n_steps`-th rollout step (0 turns it off)."""
+
+    def __init__(self, folder: Path, every_n_steps: int, rows: int, tokenizer: PreTrainedTokenizerBase,
+                 selector_name: str) -> None:
+        if every_n_steps < 0 or rows < 0:
+            raise ValueError(f"samples.every_n_steps={every_n_steps} and samples.rows={rows} must be >= 0")
+        self.folder, self.every, self.rows = Path(folder), every_n_steps, rows
+        self.tokenizer, self.selector_name = tokenizer, selector_name
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and self.rows > 0 and step % self.every == 0
+
+    def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
+              updated: torch.Tensor) -> Path:
+        """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch."""
+        would = {name: selector.select(batch).mask for name, selector in
+                 reference_selectors(batch.stats.js is not None).items()}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"step_{step:04d}.jsonl"
+        prompt_texts = self.tokenizer.batch_decode(rollouts.prompt_ids[: self.rows], skip_special_tokens=True)
+        with path.open("w") as handle:
+            for row in range(min(self.rows, len(rollouts.texts))):
+                length = int(rollouts.response_mask[row].sum())
+                ids = rollouts.response_ids[row, :length].tolist()
+                record = {
+                    "step": step, "row": row, "group": int(rollouts.group_ids[row]),
+                    "selector": self.selector_name, "prompt": prompt_texts[row],
+                    "tokens": [self.tokenizer.decode([token]) for token in ids],
+                    "reward": float(rewards[row]), "advantage": round(float(batch.advantages[row]), 5),
+                    "finish_reason": rollouts.finish_reasons[row],
+                    "entropy": _rounded(batch.stats.entropy[row, :length]),
+                    "js": None if batch.stats.js is None else _rounded(batch.stats.js[row, :length]),
+                    "updated": [int(v) for v in updated[row, :length]],
+                    "would_select": {name: [int(v) for v in mask[row, :length]] for name, mask in would.items()},
+                }
+                handle.write(json.dumps(record) + "\n")
+        return path
