@@ -8,21 +8,79 @@ from pathlib import Path
 
 import pytest
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
 from tests.conftest import CONFIG_DIR, ROOT, compose_config
 from tokenrl.train import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
-SHRINK = ["model=tiny", "trainer=cpu", "trainer.precision=32-true", "logger=none", "total_steps=1",
+SHRINK = ["model=tiny", "rollout=hf", "trainer=cpu", "trainer.precision=32-true", "logger=none", "total_steps=1",
           "rollout.max_new_tokens=8", "rollout.max_prompt_length=2048", "checkpoint.enabled=false",
-          "trainer.enable_progress_bar=false", "algorithm.prompts_per_step=2", "task.limit=16"]
+          "trainer.enable_progress_bar=false", "algorithm.prompts_per_step=2",
+          "validation.every_n_steps=0", "samples.every_n_steps=1"]
+# what each paper setting must pin: model, training data, selector class
+SETTINGS = {
+    "cpu_study": ("smollm2_135m", "ArithmeticTask", "UniformSelector"),
+    "entropy20_dapo": ("qwen1.5b", "BenchmarkTask", "Entropy20Selector"),
+    "stapo_dapo": ("qwen1.5b", "BenchmarkTask", "STAPOSelector"),
+    "ict_paper": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_gsm8k_qwen0.5b": ("qwen0.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_gsm8k_qwen1.5b": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_gsm8k_qwen7b": ("qwen7b", "BenchmarkTask", "ICTSelector"),
+    "selector_comparison": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_ratio_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_warmup_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "ict_complement_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+}
+SWEEPS = {
+    "cpu_study": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2"},
+    "selector_comparison": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2,3,4"},
+    "ict_ratio_ablation": {"selector.ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
+    "ict_warmup_ablation": {"warmup_steps": "10,20,40", "seed": "0,1,2"},
+    "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
+}
+
+
+def sweep_params(name: str) -> dict[str, str]:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=True)
+    return {key: str(value) for key, value in (cfg.hydra.sweeper.params or {}).items()}
+
+
+def test_every_experiment_file_is_listed():
+    assert sorted(SETTINGS) == EXPERIMENTS
+    readme = (ROOT / "README.md").read_text()
+    for name in EXPERIMENTS:
+        assert f"`{name}`" in readme, f"experiment {name} is missing from the README table"
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_and_runs_one_tiny_step(name, tmp_path):
     paper = compose_config([f"experiment={name}"], output_dir=tmp_path)
-    assert paper.model.name == "qwen1.5b" and paper.task._target_.endswith("BenchmarkTask")
-    summary = run(compose_config([f"experiment={name}", *SHRINK], output_dir=tmp_path))
+    model, task, selector = SETTINGS[name]
+    assert (paper.model.name, paper.task._target_.rsplit(".", 1)[-1]) == (model, task)
+    assert paper.selector._target_.endswith(selector)
+    assert sweep_params(name) == SWEEPS.get(name, {})
+    smaller_task = "task.limit=16" if task == "BenchmarkTask" else "task.train_size=16"
+    summary = run(compose_config([f"experiment={name}", *SHRINK, smaller_task], output_dir=tmp_path))
     assert summary["rollout_steps"] == 1 and summary["optimizer_steps"] == paper.algorithm.mini_batches
+    assert (tmp_path / "samples" / "step_0000.jsonl").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_every_swept_value_composes(name):
+    for key, values in SWEEPS[name].items():
+        for value in values.split(","):
+            cfg = compose_config([f"experiment={name}", f"{key}={value}"])
+            if key == "selector":
+                assert cfg.selector._target_ == compose_config([f"selector={value}"]).selector._target_
+            elif key == "warmup_steps":
+                assert cfg.selector.warmup_steps == int(value)       # reaches the selector through ${warmup_steps}
+            else:
+                assert str(OmegaConf.select(cfg, key)) == value
 
 
 def test_native_bases_of_the_baselines():

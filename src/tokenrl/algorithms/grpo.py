@@ -76,11 +76,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 response_mask: torch.Tensor, token_mask: torch.Tensor, normalizer: LossNormalizer, *,
                 aggregation: str, norm: str, clip_low: float, clip_high: float,
                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                kl_masked: bool = True) -> LossOutput:
+                kl_masked: bool = True, is_weights: torch.Tensor | None = None) -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
-    pg_t = −min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to ±20);
-    kl_t = exp(ref − logp) − (ref − logp) − 1 (k3). Shapes: logp, old_logp, masks (b, T); advantages (b,).
+    pg_t = −w_t · min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to
+    ±20), w_t = `is_weights` (1 when None; see `truncated_is_weights`); kl_t = exp(ref − logp) − (ref − logp) − 1
+    (k3). Shapes: logp, old_logp, masks, is_weights (b, T); advantages (b,).
     """
     resp = response_mask.float()
     w_pg = resp * token_mask.float()
@@ -92,6 +93,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     pg = -torch.minimum(unclipped, clipped)
+    if is_weights is not None:
+        pg = pg * is_weights.to(pg.dtype).detach()
     use_kl = ref_logp is not None and kl_coef > 0
     kl = (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1.0) if use_kl else torch.zeros_like(logp)
     if aggregation == "token-mean":
@@ -108,3 +111,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
     is_clipped = (clipped < unclipped).float()  # the clipped branch is the active minimum
     return LossOutput(loss, (is_clipped * w_pg).sum().detach(), (kl * resp).sum().detach(), w_pg.sum().detach())
+
+
+def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Token-level truncated importance sampling for a rollout engine that disagrees with the trainer:
+    w_t = min(π_trainer(o_t) / π_engine(o_t), C) (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
+    You Off-Policy RL Training"; verl's rollout TIS), computed in log space with the ratio clamped to e^±20."""
+    if cap <= 0:
+        raise ValueError(f"algorithm.tis_cap={cap} must be > 0 (or null to turn the correction off)")
+    return torch.exp(torch.clamp(trainer_logp - engine_logp, -20.0, 20.0)).clamp(max=cap)

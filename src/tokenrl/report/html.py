@@ -1,0 +1,112 @@
+"""The "branching tokens" page: sample rollouts with each selector's chosen tokens highlighted side by side.
+
+Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed)
+— once per selector: ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) and
+what each run actually updated. Part 2 shows, for a later step, what every run updated on its own rollouts.
+Hovering a token shows its entropy H and JS score u.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+from tokenrl.report.runs import Run
+
+COLOURS = {"ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a"}
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
+.resp{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px}
+.row{display:flex;gap:8px;margin:3px 0;align-items:baseline}
+.who{width:170px;flex:none;font-size:12px;color:#555}
+.toks{font-family:ui-monospace,monospace;font-size:13px;white-space:pre-wrap;word-break:break-word}
+.toks span{border-radius:3px}
+.meta{font-size:12px;color:#666}
+code{background:#f3f3f3;padding:1px 4px}
+"""
+
+
+def read_samples(run: Run, step: int) -> list[dict]:
+    path = run.folder / "samples" / f"step_{step:04d}.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _tokens(record: dict, mask: list[int], colour: str) -> str:
+    spans = []
+    js = record.get("js") or [None] * len(record["tokens"])
+    for token, chosen, entropy, score in zip(record["tokens"], mask, record["entropy"], js):
+        title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}")
+        style = f' style="background:{colour}"' if chosen else ""
+        spans.append(f'<span title="{title}"{style}>{html.escape(token)}</span>')
+    return "".join(spans)
+
+
+def _row(who: str, record: dict, mask: list[int], colour: str) -> str:
+    share = sum(mask) / max(len(mask), 1)
+    return (f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
+            f'<div class="toks">{_tokens(record, mask, colour)}</div></div>')
+
+
+def _meta(record: dict) -> str:
+    return (f'<div class="meta">response {record["row"]} · reward {record["reward"]:g} · advantage '
+            f'{record["advantage"]:+.3f} · {len(record["tokens"])} tokens · {record["finish_reason"]}</div>')
+
+
+def step_zero_section(runs: list[Run], rows: int) -> str:
+    """One group of step-0 rollouts of the first seed, highlighted by every selector."""
+    seed = min(run.seed for run in runs)
+    same_seed = [run for run in runs if run.seed == seed and read_samples(run, 0)]
+    if not same_seed:
+        return "<p>No step-0 samples were recorded (samples.every_n_steps = 0?).</p>"
+    records = {run.label: read_samples(run, 0) for run in same_seed}
+    first = next(iter(records.values()))
+    identical = all([r["tokens"] for r in recs] == [r["tokens"] for r in first] for recs in records.values())
+    note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
+            f"they differ between runs of seed {seed}, so the rows below come from run {same_seed[0].job} only")
+    parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
+             f"<code>{html.escape(first[0]['prompt'].strip().splitlines()[-1] if first[0]['prompt'].strip() else '')}</code>; "
+             f"the rollouts are {note}. Rows: what ICT (top-10% JS per response), 20-Entropy (top-20% entropy of the "
+             f"batch) and STAPO (silenced spurious tokens removed) would update, then what each run updated at this "
+             f"step (warm-up steps update every token).</p>"]
+    for index, record in enumerate(first[:rows]):
+        lines = [_meta(record)]
+        for name, mask in record["would_select"].items():
+            lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name, "#ddd")))
+        if identical:
+            for label, recs in records.items():
+                lines.append(_row(f"run {label}: updated", recs[index], recs[index]["updated"], COLOURS["updated"]))
+        parts.append(f'<div class="resp">{"".join(lines)}</div>')
+    return "".join(parts)
+
+
+def later_step_section(runs: list[Run], rows: int) -> str:
+    """For the last step every run of the first seed recorded, what each run updated on its own rollouts."""
+    seed = min(run.seed for run in runs)
+    same_seed = [run for run in runs if run.seed == seed]
+    recorded = [{int(p.stem.split("_")[1]) for p in (run.folder / "samples").glob("step_*.jsonl")} for run in same_seed]
+    common = set.intersection(*recorded) - {0} if recorded else set()
+    if not common:
+        return ""
+    step = max(common)
+    parts = [f"<h2>Step {step}: what each run updated on its own rollouts (seed {seed})</h2>"
+             "<p>The policies have diverged, so each run shows its own rollouts of the same prompt.</p>"]
+    for run in same_seed:
+        records = read_samples(run, step)[:rows]
+        body = "".join(_meta(r) + _row(f"{run.label}: updated", r, r["updated"], COLOURS["updated"]) for r in records)
+        parts.append(f'<h3>{html.escape(run.label)} (job {run.job})</h3><div class="resp">{body}</div>')
+    return "".join(parts)
+
+
+def write_samples_page(runs: list[Run], path: Path, title: str, rows: int = 8) -> Path:
+    complete = [run for run in runs if run.complete]
+    body = step_zero_section(complete, rows) + later_step_section(complete, min(rows, 4)) if complete else \
+        "<p>No complete runs.</p>"
+    legend = " ".join(f'<span style="background:{c};padding:1px 6px;border-radius:3px">{n}</span>'
+                      for n, c in COLOURS.items())
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                    f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}: sample rollouts</h1>"
+                    f"<p>Highlight colours: {legend}. Hover a token for its entropy H and JS score u.</p>{body}"
+                    f"</body></html>")
+    return path

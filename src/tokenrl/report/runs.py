@@ -1,0 +1,143 @@
+"""Read a Hydra multirun folder: one `Run` per job, with its status, swept overrides and logged curves.
+
+A job folder `<sweep>/<n>/` holds `.hydra/{config,overrides}.yaml`, `csv/metrics.csv`, `samples/` and, once training
+finished, `summary.json`. Status: `complete` (summary with every rollout step), `failed` (a traceback in the job log,
+or nothing logged), `incomplete` (stopped or still running). Runs the sweep asked for but never started are listed
+by `missing_runs`.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class Run:
+    job: str
+    folder: Path
+    overrides: dict[str, str]
+    seed: int
+    total_steps: int
+    status: str = "incomplete"
+    reason: str = ""
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)        # rollout step → train/select/time metrics
+    validation: dict[int, dict[str, float]] = field(default_factory=dict)   # updates applied → val metrics
+    label: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+
+def _overrides(folder: Path) -> dict[str, str]:
+    lines = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()) or []
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """Train metrics keyed by rollout step (0-based) and validation metrics keyed by `val/at_step`."""
+    steps: dict[int, dict[str, float]] = {}
+    validation: dict[int, dict[str, float]] = {}
+    if not path.is_file():
+        return steps, validation
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            values = {k: float(v) for k, v in row.items() if v not in ("", None) and k not in ("epoch", "step")}
+            if "train/rollout_step" in values:
+                steps[int(values["train/rollout_step"]) - 1] = {
+                    k: v for k, v in values.items() if k.startswith(("train/", "select/", "time/")) and k != "time/validate"}
+            if "val/at_step" in values:
+                validation.setdefault(int(values["val/at_step"]), {k: v for k, v in values.items() if k.startswith("val/")})
+    return steps, validation
+
+
+def _failure(folder: Path) -> str:
+    """The last line of a traceback in the job's log files, or ''."""
+    for log in sorted(folder.glob("*.log")):
+        text = log.read_text(errors="replace")
+        if "Traceback" in text or "Error executing job" in text:
+            lines = [line for line in text.splitlines() if line.strip()]
+            return lines[-1][:300] if lines else "traceback"
+    return ""
+
+
+def load_run(folder: Path) -> Run:
+    config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    run = Run(job=folder.name, folder=folder, overrides=_overrides(folder), seed=int(config["seed"]),
+              total_steps=int(config["total_steps"]))
+    run.steps, run.validation = _read_metrics(folder / "csv" / "metrics.csv")
+    summary_path = folder / "summary.json"
+    failure = _failure(folder)
+    if summary_path.is_file():
+        done = json.loads(summary_path.read_text()).get("rollout_steps", 0)
+        if done >= run.total_steps:
+            run.status = "complete"
+        else:
+            run.status, run.reason = "incomplete", f"summary.json after {done} of {run.total_steps} steps"
+    elif failure:
+        run.status, run.reason = "failed", failure
+    elif not run.steps:
+        run.status, run.reason = "failed", "nothing logged (csv/metrics.csv missing or empty)"
+    else:
+        run.status, run.reason = "incomplete", f"{len(run.steps)} of {run.total_steps} steps logged, no summary.json"
+    return run
+
+
+def load_sweep(folder: Path) -> list[Run]:
+    """Every job folder (a numbered folder with `.hydra/`) under a multirun folder, labelled by its swept overrides."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"multirun folder {folder} does not exist")
+    jobs = sorted((p for p in folder.iterdir() if p.is_dir() and (p / ".hydra" / "config.yaml").is_file()),
+                  key=lambda p: (len(p.name), p.name))
+    if not jobs:
+        raise ValueError(f"{folder} has no job folders (<n>/.hydra/config.yaml): is it a Hydra multirun folder?")
+    runs = [load_run(job) for job in jobs]
+    varying = sorted(set(sweep_grid(folder)) - {"seed"}) or sorted(
+        {k for run in runs for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1} - {"seed"})
+    for run in runs:
+        parts = [run.overrides.get(k, "default") for k in varying]
+        run.label = ",".join(parts) if len(varying) == 1 else ",".join(f"{k}={v}" for k, v in zip(varying, parts)) or "all"
+    return runs
+
+
+def sweep_grid(folder: Path) -> dict[str, list[str]]:
+    """The swept keys and values of the multirun (sweeper params, overridden by comma lists on the command line)."""
+    path = Path(folder) / "multirun.yaml"
+    if not path.is_file():
+        return {}
+    config = yaml.safe_load(path.read_text())
+    hydra = config.get("hydra", {})
+    grid = {k: str(v).split(",") for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
+    for line in (hydra.get("overrides") or {}).get("task") or []:
+        key, _, value = line.partition("=")
+        if "," in value and "(" not in value and "[" not in value:
+            grid[key] = value.split(",")
+    return grid
+
+
+def missing_runs(folder: Path, runs: list[Run]) -> list[dict[str, str]]:
+    """Combinations of the sweep grid that no job folder holds (runs that never started)."""
+    grid = sweep_grid(folder)
+    if not grid:
+        return []
+    present = [{k: run.overrides.get(k) for k in grid} for run in runs]
+    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return [combo for combo in combos if combo not in present]
+
+
+def last_mean(run: Run, key: str, last: int = 3) -> float:
+    """Mean of `key` over the run's last `last` logged rollout steps (nan if never logged)."""
+    values = [run.steps[s][key] for s in sorted(run.steps)[-last:] if key in run.steps[s]]
+    return sum(values) / len(values) if values else math.nan
+
+
+def final_validation(run: Run) -> dict[str, float]:
+    """The validation after the last update (`val/at_step` = total_steps), or {}."""
+    return run.validation.get(run.total_steps, {})

@@ -1,0 +1,113 @@
+"""scripts/report.py on a synthetic multirun folder: known numbers in, known tables out; bad runs are named."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tokenrl.report.stats import mean_ci, paired_difference, t975
+
+TOTAL_STEPS = 4
+# held-out pass@1 after training per (selector, seed); pass@4 = pass@1 + 0.2
+PASS1 = {("uniform", 0): 0.5, ("uniform", 1): 0.6, ("uniform", 2): 0.7,
+         ("ict", 0): 0.6, ("ict", 1): 0.8, ("ict", 2): 0.7}
+
+
+def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, traceback=False):
+    run = folder / str(job)
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "total_steps": TOTAL_STEPS}))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"selector={selector}", f"seed={seed}"]))
+    (run / "csv").mkdir()
+    final = PASS1.get((selector, seed), 0.0)
+    with (run / "csv" / "metrics.csv").open("w", newline="") as handle:
+        fields = ["epoch", "step", "train/rollout_step", "train/reward", "train/entropy", "train/renyi2",
+                  "select/fraction", "time/step", "val/at_step", "val/pass@1", "val/pass@4"]
+        writer = csv.DictWriter(handle, fields)
+        writer.writeheader()
+        for step in range(steps):
+            row = {"epoch": 0, "step": step, "train/rollout_step": step + 1, "train/reward": 0.1 * step + seed,
+                   "train/entropy": 2.0 - 0.1 * step, "train/renyi2": 1.0, "time/step": 10.0,
+                   "select/fraction": 1.0 if selector == "uniform" else 0.1}
+            if step == 0:
+                row.update({"val/at_step": 0, "val/pass@1": 0.2, "val/pass@4": 0.4})
+            if step == TOTAL_STEPS - 1:
+                row.update({"val/at_step": TOTAL_STEPS, "val/pass@1": final, "val/pass@4": final + 0.2})
+            writer.writerow(row)
+    (run / "train.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n" if traceback else "ok\n")
+    if finished:
+        (run / "summary.json").write_text(json.dumps({"rollout_steps": steps}))
+    (run / "samples").mkdir()
+    record = {"step": 0, "row": 0, "group": 0, "selector": selector, "prompt": "user\nWhat is 1 + 1?\n",
+              "tokens": ["2", "<eos>"], "reward": 1.0, "advantage": 0.5, "finish_reason": "stop",
+              "entropy": [0.5, 0.1], "js": [0.2, 0.0], "updated": [1, 1],
+              "would_select": {"ict": [1, 0], "entropy20": [1, 0], "stapo": [1, 1]}}
+    (run / "samples" / "step_0000.jsonl").write_text(json.dumps(record) + "\n")
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    folder = tmp_path / "multirun"
+    folder.mkdir()
+    (folder / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweeper": {"params": {"selector": "uniform,ict,random", "seed": "0,1,2"}},
+        "overrides": {"task": ["experiment=cpu_study"]}}}, sort_keys=False))
+    job = 0
+    for selector in ("uniform", "ict"):
+        for seed in (0, 1, 2):
+            write_job(folder, job, selector, seed)
+            job += 1
+    write_job(folder, job, "random", 0, steps=2, finished=False, traceback=True)      # crashed
+    write_job(folder, job + 1, "random", 1, steps=3, finished=False)                  # stopped / still running
+    return folder                                                                     # random seed 2: never started
+
+
+def test_student_t_quantiles():
+    assert t975(2) == 4.303 and t975(30) == 2.042
+    assert t975(35) == pytest.approx(2.030, abs=2e-3)      # tables: t_{0.975,35} = 2.030
+    assert t975(1000) == pytest.approx(1.962, abs=2e-3)
+    interval = mean_ci([1.0, 2.0, 3.0])
+    assert (interval.n, interval.mean) == (3, 2.0) and interval.half_width == pytest.approx(4.303 / 3 ** 0.5)
+    paired = paired_difference({0: 0.6, 1: 0.8, 2: 0.7, 3: 9.9}, {0: 0.5, 1: 0.6, 2: 0.7})
+    assert paired.n == 3 and paired.mean == pytest.approx(0.1) and paired.half_width == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
+
+
+def test_report_tables_from_known_numbers(sweep, tmp_path):
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "scripts/report.py", str(sweep), "--out", str(out), "--title", "Synthetic"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    # uniform: 0.5, 0.6, 0.7 → 0.600 ± 4.303·0.1/√3 = 0.248; ict: 0.6, 0.8, 0.7 → 0.700; paired Δ 0.1, 0.2, 0.0 → 0.100 ± 0.248
+    assert "| uniform | 3 | 0.600 ± 0.248 | — | s0: 0.500, s1: 0.600, s2: 0.700 |" in report
+    assert "| ict | 3 | 0.700 ± 0.248 | 0.100 ± 0.248 (n=3) | s0: 0.600, s1: 0.800, s2: 0.700 |" in report
+    pass4 = report.split("### held-out pass@4 after training")[1].split("###")[0]
+    assert "| ict | 3 | 0.900 ± 0.248 | 0.100 ± 0.248 (n=3) |" in pass4
+    before = report.split("### held-out pass@1 before training")[1].split("###")[0]
+    assert "| ict | 3 | 0.200 ± 0.000 | 0.000 ± 0.000 (n=3) |" in before
+    reward = report.split("### training reward, last 3 steps")[1].split("###")[0]
+    assert "| uniform | 3 | 1.200 ± 2.484 |" in reward     # (0.1+0.2+0.3)/3 + seed → 0.2, 1.2, 2.2
+    # failed / incomplete / never started are named and kept out of every mean
+    assert "6 complete, 1 failed, 1 incomplete, 1 never started" in report
+    assert "job 6 (random, seed 0) failed: RuntimeError: boom" in report
+    assert "job 7 (random, seed 1) incomplete: 3 of 4 steps logged, no summary.json" in report
+    assert "selector=random, seed=2 never started" in report
+    assert "| random |" not in report.split("## Results")[1]
+    assert "python train.py -m experiment=cpu_study" in report
+    payload = json.loads((out / "report.json").read_text())
+    assert payload["metrics"]["held-out pass@1 after training"]["ict"]["interval"]["mean"] == pytest.approx(0.7)
+    for name in ("curves.png", "passk.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "samples.html").read_text()
+    assert "identical in all 2 runs of seed 0" in page and "would select: ict" in page and "run ict: updated" in page
+
+
+def test_report_on_a_folder_without_runs_says_so(tmp_path):
+    done = subprocess.run([sys.executable, "scripts/report.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "has no job folders" in done.stderr
