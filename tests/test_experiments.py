@@ -118,3 +118,26 @@ def test_ict_after_warmup_trains_on_about_ten_percent(tiny_cfg):
                            "task.verifier=tests.helpers.rewards:length_reward"))
     assert 0.09 <= summary["select/fraction"] <= 0.2   # ⌈0.1·T_i⌉ per response
     assert summary["select/jaccard_entropy20"] < 1.0
+
+
+def test_local_launcher_runs_the_sweep_in_parallel_processes(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "train.py", "-m", "launcher=local", "selector=uniform,ict", "model=tiny", "logger=csv",
+         "total_steps=1", "rollout.max_new_tokens=6", "checkpoint.enabled=false", "validation.every_n_steps=0",
+         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Joblib.Parallel(n_jobs=2" in done.stdout + done.stderr
+    for job in ("0", "1"):
+        assert (tmp_path / job / "summary.json").is_file()
+
+
+def test_slurm_launcher_config_composes():
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["experiment=selector_comparison", "launcher=slurm",
+                                                       "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 1, 1)
+    assert cfg.hydra.sweeper.params.seed == "0,1,2,3,4"

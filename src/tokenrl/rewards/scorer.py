@@ -48,6 +48,9 @@ class SafeScorer:
         self._conn: Connection | None = None
 
     def _start(self) -> None:
+        if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
+            # in a loky worker (launcher=local) the global start method is 'loky', which a spawned child cannot set
+            mp.set_start_method("spawn", force=True)
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_worker, args=(child, list(sys.path)), daemon=True)
         self._proc.start()
