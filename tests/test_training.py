@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import math
 
 import lightning as L
+
 import pytest
 import torch
 
@@ -160,3 +162,31 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
         GRPOModule(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.algorithm, resolve=True),
                    OmegaConf.to_container(cfg.rollout, resolve=True), NeedsFoo(), tokenizer=None,
                    optimizer=torch.optim.SGD)
+
+
+def test_truncated_importance_sampling_is_plumbed_and_neutral_when_engines_agree(tiny_cfg):
+    overrides = ("total_steps=1", "task.verifier=tests.helpers.rewards:length_reward")
+    plain = run(tiny_cfg(*overrides))
+    corrected = run(tiny_cfg(*overrides, "algorithm.tis_cap=2.0"))
+    # the hf engine samples from the trainer's own weights: w = π_trainer / π_engine ≈ 1, never capped
+    assert corrected["train/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert corrected["train/tis_capped_frac"] == 0.0
+    assert corrected["train/loss"] == pytest.approx(plain["train/loss"], rel=1e-3, abs=1e-7)
+    assert "train/tis_weight_mean" not in plain
+
+
+def test_samples_record_tokens_statistics_and_each_selectors_choice(tiny_cfg, tmp_path):
+    import json
+
+    run(tiny_cfg("total_steps=2", "selector=ict", "warmup_steps=0", "samples.every_n_steps=1", "samples.rows=4",
+                 "rollout.max_new_tokens=30", "task.verifier=tests.helpers.rewards:length_reward"))
+    for step in (0, 1):
+        records = [json.loads(line) for line in (tmp_path / "samples" / f"step_{step:04d}.jsonl").read_text().splitlines()]
+        assert [r["row"] for r in records] == [0, 1, 2, 3] and {r["step"] for r in records} == {step}
+        for record in records:
+            n = len(record["tokens"])
+            assert n == len(record["entropy"]) == len(record["js"]) == len(record["updated"]) > 0
+            assert set(record["would_select"]) == {"ict", "entropy20", "stapo"}
+            # this run's selector is ICT with the paper defaults: what it updated is what the reference ICT picks
+            assert record["updated"] == record["would_select"]["ict"]
+            assert sum(record["updated"]) == math.ceil(0.1 * n)
