@@ -5,7 +5,6 @@ import hashlib
 import math
 
 import lightning as L
-
 import pytest
 import torch
 

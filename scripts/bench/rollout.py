@@ -1,10 +1,11 @@
 """Generated tokens/s of the `vllm` engine vs the `hf` engine, and the vLLM weight-sync time.
 
-    python scripts/bench/rollout.py [--prompts 4 --n 8 --max-new-tokens 64 --repeats 3]
+    python scripts/bench/rollout.py [--prompts 4 --n 8 --max-new-tokens 64 --repeats 3 --bucket-mb 16 256 4096]
 
 SmolLM2-135M-Instruct (the prepared offline model), chat-formatted arithmetic prompts of the default task, n samples
 per prompt at T = 1.0, `max_new_tokens` each (sequences stop at EOS, so both engines are measured on what they
-generate). Each engine is timed after one warm-up call; sync = pushing the full state dict into vLLM.
+generate). Each engine is timed after one warm-up call; sync = streaming the full state dict into vLLM in
+layer-aligned buckets of each --bucket-mb size (one `reload_weights` call each time).
 Prints a table; writes benchmarks/rollout.json (machine, date, versions, allocator).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, nargs="+", default=[16, 256, 4096])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "rollout.json")
     args = parser.parse_args()
 
@@ -69,12 +71,17 @@ def main() -> None:
         seconds = sum(r["seconds"] for r in runs)
         results[name] = {"init_seconds": init, "tokens_per_second": tokens / seconds, "runs": runs}
         if name == "vllm":
-            syncs = []
-            for version in range(1, args.repeats + 1):
-                start = time.perf_counter()
-                engine.sync_weights(policy, version)
-                syncs.append(time.perf_counter() - start)
-            results[name]["sync_seconds"] = syncs
+            sync, version = {}, 0
+            for bucket_mb in args.bucket_mb:
+                engine.bucket_bytes = int(bucket_mb * 2**20)
+                seconds_each = []
+                for _ in range(args.repeats):
+                    version += 1
+                    start = time.perf_counter()
+                    engine.sync_weights(policy, version)
+                    seconds_each.append(time.perf_counter() - start)
+                sync[f"{bucket_mb:g}"] = {"buckets": engine.last_sync_buckets, "seconds": seconds_each}
+            results[name]["sync"] = sync
         engine.close()
     speedup = results["vllm"]["tokens_per_second"] / results["hf"]["tokens_per_second"]
     import vllm
@@ -93,7 +100,10 @@ def main() -> None:
     print(f"\n{'engine':<8}{'init s':>9}{'tokens/s':>11}")
     for name in ("hf", "vllm"):
         print(f"{name:<8}{results[name]['init_seconds']:>9.1f}{results[name]['tokens_per_second']:>11.1f}")
-    print(f"vllm / hf = {speedup:.2f}x   weight sync: {', '.join(f'{s:.2f}' for s in results['vllm']['sync_seconds'])} s")
+    print(f"vllm / hf = {speedup:.2f}x")
+    print(f"\n{'bucket MiB':>10}{'buckets':>9}{'sync s (mean)':>15}")
+    for bucket_mb, row in results["vllm"]["sync"].items():
+        print(f"{bucket_mb:>10}{row['buckets']:>9}{sum(row['seconds']) / len(row['seconds']):>15.2f}")
     print(f"wrote {args.out}")
 
 
