@@ -1,7 +1,7 @@
 """The "branching tokens" page: sample rollouts with each selector's chosen tokens highlighted side by side.
 
-Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed)
-— once per selector: ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) and
+Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed);
+the first seed whose group has a learning signal — once per selector: ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) and
 what each run actually updated. Part 2 shows, for a later step, what every run updated on its own rollouts.
 Hovering a token shows its entropy H and JS score u.
 """
@@ -54,9 +54,25 @@ def _meta(record: dict) -> str:
             f'{record["advantage"]:+.3f} · {len(record["tokens"])} tokens · {record["finish_reason"]}</div>')
 
 
+def question(record: dict) -> str:
+    """The user's line of a decoded chat prompt (the last line that is not the assistant header)."""
+    lines = [line for line in record["prompt"].strip().splitlines() if line.strip() and line.strip() != "assistant"]
+    return lines[-1] if lines else ""
+
+
+def signal_seed(runs: list[Run]) -> int:
+    """The first seed whose step-0 samples carry a learning signal (some advantage ≠ 0), else the first seed."""
+    seeds = sorted({run.seed for run in runs})
+    for seed in seeds:
+        records = [r for run in runs if run.seed == seed for r in read_samples(run, 0)]
+        if any(abs(r["advantage"]) > 0 for r in records):
+            return seed
+    return seeds[0]
+
+
 def step_zero_section(runs: list[Run], rows: int) -> str:
-    """One group of step-0 rollouts of the first seed, highlighted by every selector."""
-    seed = min(run.seed for run in runs)
+    """One group of step-0 rollouts of one seed, highlighted by every selector."""
+    seed = signal_seed(runs)
     same_seed = [run for run in runs if run.seed == seed and read_samples(run, 0)]
     if not same_seed:
         return "<p>No step-0 samples were recorded (samples.every_n_steps = 0?).</p>"
@@ -66,7 +82,7 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
             f"they differ between runs of seed {seed}, so the rows below come from run {same_seed[0].job} only")
     parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
-             f"<code>{html.escape(first[0]['prompt'].strip().splitlines()[-1] if first[0]['prompt'].strip() else '')}</code>; "
+             f"<code>{html.escape(question(first[0]))}</code>; "
              f"the rollouts are {note}. Rows: what ICT (top-10% JS per response), 20-Entropy (top-20% entropy of the "
              f"batch) and STAPO (silenced spurious tokens removed) would update, then what each run updated at this "
              f"step (warm-up steps update every token).</p>"]
@@ -82,8 +98,8 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
 
 
 def later_step_section(runs: list[Run], rows: int) -> str:
-    """For the last step every run of the first seed recorded, what each run updated on its own rollouts."""
-    seed = min(run.seed for run in runs)
+    """For the last step every run of the seed recorded, what each run updated on its own rollouts."""
+    seed = signal_seed(runs)
     same_seed = [run for run in runs if run.seed == seed]
     recorded = [{int(p.stem.split("_")[1]) for p in (run.folder / "samples").glob("step_*.jsonl")} for run in same_seed]
     common = set.intersection(*recorded) - {0} if recorded else set()
@@ -95,7 +111,9 @@ def later_step_section(runs: list[Run], rows: int) -> str:
     for run in same_seed:
         records = read_samples(run, step)[:rows]
         body = "".join(_meta(r) + _row(f"{run.label}: updated", r, r["updated"], COLOURS["updated"]) for r in records)
-        parts.append(f'<h3>{html.escape(run.label)} (job {run.job})</h3><div class="resp">{body}</div>')
+        prompt = html.escape(question(records[0])) if records else ""
+        parts.append(f'<h3>{html.escape(run.label)} (job {run.job}): <code>{prompt}</code></h3>'
+                     f'<div class="resp">{body}</div>')
     return "".join(parts)
 
 
