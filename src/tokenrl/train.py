@@ -82,7 +82,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
                "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
                "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
-               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "val/"))}}
+               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/"))},
+               **{k: v for k, v in module.last_validation.items() if k.startswith("val/")}}
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
