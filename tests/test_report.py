@@ -86,6 +86,11 @@ def test_report_tables_from_known_numbers(sweep, tmp_path):
     # uniform: 0.5, 0.6, 0.7 → 0.600 ± 4.303·0.1/√3 = 0.248; ict: 0.6, 0.8, 0.7 → 0.700; paired Δ 0.1, 0.2, 0.0 → 0.100 ± 0.248
     assert "| uniform | 3 | 0.600 ± 0.248 | — | s0: 0.500, s1: 0.600, s2: 0.700 |" in report
     assert "| ict | 3 | 0.700 ± 0.248 | 0.100 ± 0.248 (n=3) | s0: 0.600, s1: 0.800, s2: 0.700 |" in report
+    glance = report.split("## At a glance")[1].split("## Runs")[0]      # headline: same numbers, one row per group
+    assert "| group | n | pass@1 after training | Δ vs uniform | pass@4 after training | Δ vs uniform |" in glance
+    assert "| uniform | 3 | 0.600 ± 0.248 | — | 0.800 ± 0.248 | — | 1.800 ± 0.000 | 1.000 ± 0.000 |" in glance
+    assert "| ict | 3 | 0.700 ± 0.248 | 0.100 ± 0.248 | 0.900 ± 0.248 | 0.100 ± 0.248 | 1.800 ± 0.000 | 0.100 ± 0.000 |" in glance
+    assert "random" not in glance
     pass4 = report.split("### held-out pass@4 after training")[1].split("###")[0]
     assert "| ict | 3 | 0.900 ± 0.248 | 0.100 ± 0.248 (n=3) |" in pass4
     before = report.split("### held-out pass@1 before training")[1].split("###")[0]

@@ -76,6 +76,31 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], basel
     return "\n".join(lines), record
 
 
+def glance_table(records: dict[str, dict], groups: dict[str, list[Run]], ks: list[str], baseline: str | None) -> str:
+    """One row per group: held-out pass@k after training (with the paired Δ against the baseline), final entropy
+    and updated fraction — the headline of the per-metric tables below, from the same numbers."""
+    def cell(record: dict | None) -> str:
+        return "–" if not record else Interval(**record).format()
+
+    columns = [(f"held-out {k} after training", True) for k in ks] + [
+        ("token entropy, last 3 steps (nats)", False), ("fraction of tokens updated, last 3 steps", False)]
+    header = ["group", "n"]
+    for title, paired in columns:
+        header.append(title.replace("held-out ", "").replace(", last 3 steps", " (last 3 steps)"))
+        if paired and baseline:
+            header.append(f"Δ vs {baseline}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, members in groups.items():
+        row = [label, str(len(members))]
+        for title, paired in columns:
+            record = records[title][label]
+            row.append(cell(record["interval"]))
+            if paired and baseline:
+                row.append("—" if label == baseline else cell(record.get("delta")))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def reproduce_command(folder: Path) -> str:
     path = folder / "multirun.yaml"
     if not path.is_file():
@@ -131,6 +156,11 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
               f"python scripts/report.py {folder} --out {out}" + (f" --reading {reading}" if reading else ""), "```", ""]
     if reading:
         report += [Path(reading).read_text().strip(), ""]
+    if groups:
+        report += ["## At a glance", "", "Mean ± 95% CI over seeds; Δ = paired difference against "
+                   f"`{baseline}` (details and per-seed values under Results)." if baseline else
+                   "Mean ± 95% CI over seeds (details and per-seed values under Results).", "",
+                   glance_table(records, groups, ks, baseline), ""]
     report += [runs_section(runs, missing), "", "## Results", "",
                "Mean ± 95% CI over seeds (Student t, n − 1 degrees of freedom); Δ = paired difference against "
                f"`{baseline}` over the seeds both completed." if baseline else "Mean ± 95% CI over seeds.", ""]
