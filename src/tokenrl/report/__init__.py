@@ -86,7 +86,7 @@ def glance_table(records: dict[str, dict], groups: dict[str, list[Run]], ks: lis
         ("token entropy, last 3 steps (nats)", False), ("fraction of tokens updated, last 3 steps", False)]
     header = ["group", "n"]
     for title, paired in columns:
-        header.append(title.replace("held-out ", "").replace(", last 3 steps", " (last 3 steps)"))
+        header.append(title.replace("held-out ", ""))
         if paired and baseline:
             header.append(f"Δ vs {baseline}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
