@@ -137,6 +137,7 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
     groups = group_runs(runs)
     if baseline not in groups:
         baseline = None
+    title_option = f' --title "{title}"' if title else ""
     title = title or f"Sweep {folder.name}"
     ks = passk_names([run for members in groups.values() for run in members])
     sections, records = [], {}
@@ -153,7 +154,8 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
     write_samples_page(runs, out / "samples.html", title)
     command = reproduce_command(folder)
     report = [f"# {title}", "", "Reproduce:", "", "```bash", command,
-              f"python scripts/report.py {folder} --out {out}" + (f" --reading {reading}" if reading else ""), "```", ""]
+              f"python scripts/report.py {folder} --out {out}{title_option}" + (f" --reading {reading}" if reading else ""),
+              "```", ""]
     if reading:
         report += [Path(reading).read_text().strip(), ""]
     if groups:
