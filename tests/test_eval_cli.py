@@ -62,4 +62,3 @@ def test_each_validation_is_one_csv_row(tiny_cfg, tmp_path):
     validations = [row for row in rows if row.get("val/pass@1")]
     assert [float(row["val/at_step"]) for row in validations] == [0.0, 2.0, 3.0]   # before 0 and 2, after the last
     assert len([row for row in rows if row.get("train/rollout_step")]) == 3
-
