@@ -6,7 +6,7 @@ Workload: a random 2-layer Qwen2 body (hidden 64) with the real Qwen2.5 vocabula
 16 responses (2 prompts × G = 8) of 512 tokens (ragged: each rollout stops at a random length ≥ 384).
 Both variants compute log π, Shannon, Rényi-2 and ICT's JS and must agree (checked). Each variant runs in
 its own process; peak memory is that process's max RSS minus a baseline process that builds the same model
-and inputs. Prints a table; writes benchmarks/token_stats.json (machine, date, versions, allocator).
+and inputs. Prints a table; writes benchmarks/token_stats.json (machine with CPU model and vector ISA, date, versions, allocator).
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
@@ -151,9 +153,7 @@ def main() -> None:
     import transformers
 
     record = {"benchmark": "token_stats", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                          "cpus": os.cpu_count(), "threads": args.threads},
-              "allocator": "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc malloc",
+              "machine": {**machine_info(), "threads": args.threads},
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__},
               "workload": {"rows": args.rows, "group_size": args.group_size, "length": args.length,
