@@ -1,7 +1,8 @@
 """`entropy20`: the top ρ = 20% highest-entropy "forking" tokens ("Beyond the 80/20 Rule", arXiv 2506.01939).
 
-Exact top-⌈ρN⌉ over the mini-batch's response tokens (official code: `get_global_entropy_top_mask`), or
-over the mini-batch of all ranks (`scope=global`, as TRL gathers). Normaliser `selected` is the official
+Exact top-⌈ρN⌉ over the response tokens of the PPO mini-batch of all ranks (`scope=global`, the project's choice
+for results independent of the micro-batch size and world size, as TRL gathers; ALGORITHMS.md §7.12), or of this
+rank's mini-batch (`batch`; the official code's `get_global_entropy_top_mask` ranks per micro-batch per GPU). Normaliser `selected` is the official
 code (token-mean over selected tokens), `all` the paper's formula (ALGORITHMS.md §3, §7.11–12).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ class Entropy20Selector(TokenSelector):
     name = "entropy20"
     requires = frozenset({"entropy"})
 
-    def __init__(self, ratio: float = 0.2, scope: str = "batch", normalizer: str = "selected") -> None:
+    def __init__(self, ratio: float = 0.2, scope: str = "global", normalizer: str = "selected") -> None:
         super().__init__(normalizer)
         validate(ratio, scope, "ratio")
         self.ratio, self.scope = ratio, scope
