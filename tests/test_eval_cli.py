@@ -55,6 +55,16 @@ def test_validation_is_logged_during_training(tiny_cfg):
     assert summary["val/at_step"] == 2.0   # the last validation runs after the final update
 
 
+def test_validation_samples_with_its_own_temperature_and_top_p(tiny_cfg):
+    from tokenrl.train import build_components
+
+    module, _, _ = build_components(tiny_cfg("validation.every_n_steps=1", "validation.top_p=0.7",
+                                             "rollout.temperature=0.9"))
+    settings = module.validator.settings
+    assert (settings.temperature, settings.top_p) == (0.9, 0.7)   # follows the rollout unless set
+    assert module.sampling.top_p == 1.0                            # training rollouts keep theirs
+
+
 def test_each_validation_is_one_csv_row(tiny_cfg, tmp_path):
     run(tiny_cfg("total_steps=3", "validation.every_n_steps=2", "validation.limit=2", "validation.n_samples=4",
                  "logger=csv"))

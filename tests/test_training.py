@@ -27,6 +27,7 @@ class Recorder(L.Callback):
         self.at_generate: list[tuple[int, str]] = []
         self.after_step: list[str] = []
         self.losses: list[float] = []
+        self.lrs: list[float] = []
         self.first = None
 
     def on_train_start(self, trainer, module) -> None:
@@ -44,6 +45,7 @@ class Recorder(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self.after_step.append(fingerprint(module.policy))
         self.losses.append(float(trainer.callback_metrics["train/loss"]))
+        self.lrs.append(float(trainer.callback_metrics["train/lr"]))
 
 
 def fit(cfg, *callbacks, ckpt_path=None):
@@ -87,6 +89,49 @@ def test_rollouts_at_step_k_come_from_the_weights_after_update_k_minus_1(tiny_cf
     assert len(set(expected)) == 3   # the weights really changed between steps
 
 
+def test_lr_warms_up_linearly_over_rollout_steps(tiny_cfg):
+    cfg = tiny_cfg(*LEARNABLE, "algorithm.lr_warmup_steps=2", "algorithm.mini_batches=2")
+    recorder = Recorder()
+    module, _ = fit(cfg, recorder)
+    lr = float(cfg.algorithm.optimizer.lr)
+    assert recorder.lrs == pytest.approx([0.0, lr / 2, lr], rel=1e-6)   # lr · min(1, s / W), logged as float32
+    assert module.optimizer_steps == 6                                  # the schedule steps per rollout, not per update
+    assert recorder.after_step[0] == recorder.initial                   # lr 0 (weight decay 0): nothing moved
+    assert recorder.after_step[1] != recorder.after_step[0]
+
+
+def test_overlong_shaping_lowers_the_reward_by_the_length_penalty(tiny_cfg):
+    from tokenrl.algorithms.dapo import overlong_penalty
+
+    seen = []
+
+    class FirstStep(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            seen.append({key: float(trainer.callback_metrics[key])
+                         for key in ("train/reward", "train/score", "train/overlong_penalty")})
+
+    recorder = Recorder()
+    fit(tiny_cfg(*LEARNABLE, "total_steps=1", "algorithm.overlong_buffer=12", "algorithm.overlong_penalty_factor=0.5"),
+        recorder, FirstStep())
+    lengths = recorder.first.response_mask.sum(1)
+    expected = float(overlong_penalty(lengths, 12, 12, 0.5).mean())   # buffer = budget: −0.5 · |y| / 12
+    assert expected < 0
+    assert seen[0]["train/overlong_penalty"] == pytest.approx(expected, abs=1e-6)
+    assert seen[0]["train/reward"] == pytest.approx(seen[0]["train/score"] + expected, abs=1e-6)
+
+
+def test_bad_overlong_buffer_fails_at_start_up(tiny_cfg):
+    from tokenrl.train import build_components
+
+    with pytest.raises(ValueError, match=r"algorithm.overlong_buffer=13 must lie in \[0, rollout.max_new_tokens=12\]"):
+        build_components(tiny_cfg("algorithm.overlong_buffer=13"))
+
+
+def test_negative_warmup_is_named(tiny_cfg):
+    with pytest.raises(ValueError, match=r"algorithm.lr_warmup_steps=-1 must be >= 0"):
+        fit(tiny_cfg(*LEARNABLE, "algorithm.lr_warmup_steps=-1"))
+
+
 class Crash(RuntimeError):
     pass
 
@@ -102,7 +147,8 @@ class CrashAfter(L.Callback):
             raise Crash(f"stopped after step {self.steps}")
 
 
-@pytest.mark.parametrize("extra", [[], ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"]])
+@pytest.mark.parametrize("extra", [[], ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"],
+                                   ["algorithm.lr_warmup_steps=4"]])
 def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, extra):
     overrides = LEARNABLE + ["checkpoint.enabled=true", "checkpoint.every_n_steps=1"] + extra
     straight = Recorder()

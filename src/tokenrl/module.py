@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from tokenrl.algorithms.dapo import check_overlong_buffer, overlong_penalty
 from tokenrl.algorithms.grpo import group_advantages, policy_loss, truncated_is_weights
+from tokenrl.algorithms.schedule import constant_after_linear_warmup
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
@@ -60,6 +62,7 @@ class GRPOModule(L.LightningModule):
         self.sampling = SamplingParams(n=int(algorithm["group_size"]), temperature=float(rollout["temperature"]),
                                        top_p=float(rollout["top_p"]), top_k=int(rollout["top_k"]),
                                        max_new_tokens=int(rollout["max_new_tokens"]))
+        check_overlong_buffer(int(algorithm["overlong_buffer"]), self.sampling.max_new_tokens)
         self.scorer = SafeScorer(reward_timeout_s)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.sample_writer = sample_writer
@@ -94,9 +97,18 @@ class GRPOModule(L.LightningModule):
         if self.engine is not None:
             self.engine.close()
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return self.optimizer_factory(params)
+    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+        """The optimizer, with a linear lr warm-up over `algorithm.lr_warmup_steps` rollout steps when set (stepped
+        once per rollout step in `_update`; Lightning checkpoints its state)."""
+        optimizer = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
+        warmup = int(self.algo["lr_warmup_steps"])
+        if warmup < 0:
+            raise ValueError(f"algorithm.lr_warmup_steps={warmup} must be >= 0 (0 = constant lr)")
+        if warmup == 0:
+            return optimizer
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(constant_after_linear_warmup,
+                                                                        warmup_steps=warmup))
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
     def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
         return batch  # prompts stay on the host; rollouts are moved by the engine and the update
@@ -139,8 +151,12 @@ class GRPOModule(L.LightningModule):
                                f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
         with timer("reward"):
             problems = [problem for problem in batch.problems for _ in range(self.sampling.n)]
-            rewards = torch.tensor(self.scorer.score(
+            scores = torch.tensor(self.scorer.score(
                 [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
+            length_penalty = overlong_penalty(rollouts.response_mask.sum(1), self.sampling.max_new_tokens,
+                                              int(self.algo["overlong_buffer"]),
+                                              float(self.algo["overlong_penalty_factor"]))
+            rewards = scores + length_penalty
         advantages = group_advantages(rewards, rollouts.group_ids, eps=float(self.algo["adv_eps"]),
                                       std_normalize=bool(self.algo["adv_std_normalize"]))
         with timer("statistics"):
@@ -153,7 +169,7 @@ class GRPOModule(L.LightningModule):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
-        self._log_step(rollouts, rewards, stats, update, ref_logp, timer)
+        self._log_step(rollouts, scores, rewards, stats, update, ref_logp, timer)
         self._log_selection(mask, whole)
         if self.sample_writer is not None and self.global_rank == 0 and self.sample_writer.due(whole.step):
             self.sample_writer.write(whole.step, rollouts, rewards, whole, mask)
@@ -202,6 +218,7 @@ class GRPOModule(L.LightningModule):
         is_weights = None if tis_cap is None else truncated_is_weights(whole.stats.logprobs, rollouts.sampling_logprobs,
                                                                         float(tis_cap))
         first_epoch_mask = torch.zeros(rollouts.response_ids.shape)
+        lr = optimizer.param_groups[0]["lr"]
         totals = {"loss": 0.0, "clipped": 0.0, "selected": 0.0, "updates": 0}
         for epoch in range(int(algo["ppo_epochs"])):
             order = torch.randperm(rows, generator=shuffle)
@@ -232,11 +249,11 @@ class GRPOModule(L.LightningModule):
                     self.clip_gradients(optimizer, gradient_clip_val=float(algo["grad_clip"]),
                                         gradient_clip_algorithm="norm")
                 optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
                 self.optimizer_steps += 1
                 totals["updates"] += 1
-        metrics = {"loss": totals["loss"] / max(totals["updates"], 1),
+        if scheduler is not None:
+            scheduler.step()   # once per rollout step, as verl
+        metrics = {"lr": lr, "loss": totals["loss"] / max(totals["updates"], 1),
                    "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
         if is_weights is not None:
             valid = rollouts.response_mask.bool()
@@ -245,14 +262,15 @@ class GRPOModule(L.LightningModule):
         return metrics, first_epoch_mask
 
     # -------------------------------------------------------------------------------------- logging
-    def _log_step(self, rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats,
+    def _log_step(self, rollouts: RolloutBatch, scores: torch.Tensor, rewards: torch.Tensor, stats: TokenStats,
                   update: dict[str, float], ref_logp: torch.Tensor | None, timer: StepTimer) -> None:
         resp = rollouts.response_mask.float()
         tokens = resp.sum().clamp_min(1.0)
         gap = (rollouts.sampling_logprobs - stats.logprobs).abs() * resp
         metrics = {
-            "train/reward": rewards.mean().item(),
-            "train/accuracy": (rewards >= 1.0).float().mean().item(),
+            "train/reward": rewards.mean().item(),          # what the advantages see (after overlong shaping)
+            "train/score": scores.mean().item(),            # the verifier's
+            "train/accuracy": (scores >= 1.0).float().mean().item(),
             "train/entropy": ((stats.entropy * resp).sum() / tokens).item(),
             "train/renyi2": ((stats.renyi2 * resp).sum() / tokens).item(),
             "train/response_len": resp.sum(1).mean().item(),
@@ -262,9 +280,11 @@ class GRPOModule(L.LightningModule):
             **{f"train/{key}": update[key] for key in ("tis_weight_mean", "tis_capped_frac") if key in update},
             "train/logprob_gap_mean": (gap.sum() / tokens).item(),
             "train/logprob_gap_max": gap.max().item(),
-            "train/lr": self.optimizers().param_groups[0]["lr"],
+            "train/lr": update["lr"],   # the lr this step's update used
             "train/rollout_step": float(self.rollout_step),
         }
+        if int(self.algo["overlong_buffer"]):
+            metrics["train/overlong_penalty"] = (rewards - scores).mean().item()
         if ref_logp is not None:
             log_ratio = ref_logp - stats.logprobs
             metrics["train/kl"] = (((log_ratio.exp() - log_ratio - 1.0) * resp).sum() / tokens).item()

@@ -44,7 +44,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     validator = None
     if cfg.validation.every_n_steps:
         settings = EvalSettings(n_samples=cfg.validation.n_samples, ks=tuple(cfg.validation.ks),
-                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+                                temperature=cfg.validation.temperature, top_p=cfg.validation.top_p,
+                                top_k=cfg.rollout.top_k,
                                 max_new_tokens=cfg.rollout.max_new_tokens,
                                 max_prompt_length=cfg.rollout.max_prompt_length,
                                 batch_prompts=cfg.validation.batch_prompts, seed=cfg.seed)
