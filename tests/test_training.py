@@ -127,6 +127,58 @@ def test_bad_overlong_buffer_fails_at_start_up(tiny_cfg):
         build_components(tiny_cfg("algorithm.overlong_buffer=13"))
 
 
+@pytest.mark.parametrize("stats_policy", ["current", "old"])
+def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats_policy):
+    """Two mini-batches: the second is ranked by π_θ after the first update (`current`) or by π_old (`old`)."""
+    import copy
+
+    from tokenrl.algorithms.token_stats import compute_token_stats
+
+    calls = []
+
+    class SpyOnSelection(L.Callback):
+        def on_train_start(self, trainer, module) -> None:
+            select = module.selector.select
+
+            def spy(view):
+                calls.append((copy.deepcopy(module.policy.state_dict()), view.row_ids.clone(), view.stats))
+                return select(view)
+            module.selector.select = spy
+
+    recorder = Recorder()
+    module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=stapo", f"selector.stats_policy={stats_policy}",
+                             "algorithm.mini_batches=2", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
+    assert len(calls) == 2
+    policy = copy.deepcopy(module.policy)
+
+    def stats_under(weights, rows):
+        policy.load_state_dict(weights)
+        return compute_token_stats(policy, recorder.first.rows(rows), 1.0, 4, 64)
+
+    old_weights = calls[0][0]
+    for weights, rows, seen in calls:
+        expected = stats_under(weights if stats_policy == "current" else old_weights, rows)
+        assert torch.allclose(seen.entropy, expected.entropy, atol=1e-5)
+        assert torch.allclose(seen.logprobs, expected.logprobs, atol=1e-5)
+    moved = stats_under(calls[1][0], calls[1][1]).entropy - stats_under(old_weights, calls[1][1]).entropy
+    assert moved.abs().max() > 1e-4                      # the first update really changed the second batch's entropy
+
+
+def test_current_policy_statistics_cannot_rank_by_js():
+    from tokenrl.selectors.base import TokenSelector
+
+    class RanksByJS(TokenSelector):
+        requires = frozenset({"js"})
+
+        def mask(self, batch):
+            return batch.response_mask
+
+    with pytest.raises(ValueError, match="stats_policy=current cannot rank by JS"):
+        RanksByJS(stats_policy="current")
+    with pytest.raises(ValueError, match=r"selector.stats_policy='newest' is not one of \('old', 'current'\)"):
+        RanksByJS(stats_policy="newest")
+
+
 def test_negative_warmup_is_named(tiny_cfg):
     with pytest.raises(ValueError, match=r"algorithm.lr_warmup_steps=-1 must be >= 0"):
         fit(tiny_cfg(*LEARNABLE, "algorithm.lr_warmup_steps=-1"))

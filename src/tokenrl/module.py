@@ -171,13 +171,15 @@ class GRPOModule(L.LightningModule):
         self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
         self._log_step(rollouts, scores, rewards, stats, update, ref_logp, timer)
         self._log_selection(mask, whole)
-        if self.sample_writer is not None and self.global_rank == 0 and self.sample_writer.due(whole.step):
-            self.sample_writer.write(whole.step, rollouts, rewards, whole, mask)
+        if self.sample_writer is not None and self.sample_writer.due(whole.step):
+            would = self.sample_writer.reference_masks(whole)
+            if self.global_rank == 0:
+                self.sample_writer.write(whole.step, rollouts, rewards, whole, mask, would)
 
-    def _statistics(self, rollouts: RolloutBatch) -> TokenStats:
+    def _statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
         return compute_token_stats(self.policy, rollouts, self.sampling.temperature,
                                    int(self.algo["micro_batch_size"]), int(self.model_cfg["stats_chunk_size"]),
-                                   with_js=self.with_js)
+                                   with_js=self.with_js if with_js is None else with_js)
 
     def _selection_batch(self, stats: TokenStats, advantages: torch.Tensor, rollouts: RolloutBatch,
                          rows: torch.Tensor) -> SelectionBatch:
@@ -225,6 +227,8 @@ class GRPOModule(L.LightningModule):
             for minibatch in order.tensor_split(int(algo["mini_batches"])):
                 minibatch = minibatch.sort().values
                 view = self._selection_batch(whole.stats, whole.advantages, rollouts, minibatch)
+                if self.selector.stats_policy == "current" and totals["updates"] > 0:
+                    view.stats = self._statistics(rollouts.rows(minibatch), with_js=False)   # π_θ has moved
                 mask = self.selector.select(view).mask
                 if epoch == 0:
                     first_epoch_mask[minibatch] = mask

@@ -46,11 +46,17 @@ class SampleWriter:
     def due(self, step: int) -> bool:
         return self.every > 0 and self.rows > 0 and step % self.every == 0
 
+    @staticmethod
+    def reference_masks(batch: SelectionBatch) -> dict[str, torch.Tensor]:
+        """What each reference selector would update in `batch`. Call it on every rank: a `global` scope
+        gathers across ranks, so a rank-0-only call would wait forever under DDP."""
+        return {name: selector.select(batch).mask for name, selector in
+                reference_selectors(batch.stats.js is not None).items()}
+
     def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
-              updated: torch.Tensor) -> Path:
-        """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch."""
-        would = {name: selector.select(batch).mask for name, selector in
-                 reference_selectors(batch.stats.js is not None).items()}
+              updated: torch.Tensor, would: dict[str, torch.Tensor]) -> Path:
+        """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch,
+        `would` its `reference_masks`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"step_{step:04d}.jsonl"
         prompt_texts = self.tokenizer.batch_decode(rollouts.prompt_ids[: self.rows], skip_special_tokens=True)

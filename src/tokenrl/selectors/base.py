@@ -16,6 +16,7 @@ from tokenrl.algorithms.grpo import NORMALIZERS
 from tokenrl.algorithms.token_stats import TokenStats
 
 SELECTORS: dict[str, type["TokenSelector"]] = {}
+STATS_POLICIES = ("old", "current")
 
 
 def _single_process(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -49,7 +50,12 @@ class Selection:
 
 
 class TokenSelector(ABC):
-    """Chooses the tokens that the policy-gradient loss is applied to."""
+    """Chooses the tokens that the policy-gradient loss is applied to.
+
+    stats_policy: which policy's statistics a mini-batch is ranked by: `old` (the rollout step's pass under π_old)
+    or `current` (π_θ just before that mini-batch's update, detached: recomputed for every mini-batch after the
+    first, where the two coincide; ALGORITHMS.md §3.1, §7.14).
+    """
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()   # TokenStats fields the selector reads
@@ -59,10 +65,15 @@ class TokenSelector(ABC):
         if "name" in cls.__dict__:
             SELECTORS[cls.name] = cls
 
-    def __init__(self, normalizer: str = "selected") -> None:
+    def __init__(self, normalizer: str = "selected", stats_policy: str = "old") -> None:
         if normalizer not in NORMALIZERS:
             raise ValueError(f"selector.normalizer={normalizer!r} is not one of {NORMALIZERS}")
-        self.normalizer = normalizer
+        if stats_policy not in STATS_POLICIES:
+            raise ValueError(f"selector.stats_policy={stats_policy!r} is not one of {STATS_POLICIES}")
+        if stats_policy == "current" and "js" in self.requires:
+            raise ValueError("selector.stats_policy=current cannot rank by JS: JS compares whole groups, which a "
+                             "mini-batch may split; use stats_policy=old")
+        self.normalizer, self.stats_policy = normalizer, stats_policy
 
     @abstractmethod
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Candidates: Â_i > 0 ∧ π(o_t) < τ_p. τ_h = the q-quantile of entropy over the candidates (`candidates`,
 later revision, default) or over all response tokens of the mini-batch (`all_tokens`, v1 reading); the
 candidates with H ≤ τ_h — the ⌈q·n⌉ lowest-entropy ones, ties at τ_h included — are dropped from the loss,
-and the loss is renormalised over the kept tokens.
+and the loss is renormalised over the kept tokens. p and H are the current policy's (`stats_policy=current`,
+Algorithm 1 takes them at update time; ALGORITHMS.md §7.14).
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ class STAPOSelector(TokenSelector):
     requires = frozenset({"logprobs", "entropy"})
 
     def __init__(self, tau_p: float = 0.002, q: float = 0.75, quantile_scope: str = "candidates",
-                 normalizer: str = "selected") -> None:
-        super().__init__(normalizer)
+                 normalizer: str = "selected", stats_policy: str = "current") -> None:
+        super().__init__(normalizer, stats_policy)
         if not 0.0 < tau_p <= 1.0:
             raise ValueError(f"selector.tau_p={tau_p} must be in (0, 1]")
         if not 0.0 < q <= 1.0:
