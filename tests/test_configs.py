@@ -41,7 +41,9 @@ def test_qwen_presets_carry_real_architecture_numbers(tmp_path):
 
 def test_dapo_overrides_grpo(tmp_path):
     algo = compose_config(["algorithm=dapo"], output_dir=tmp_path).algorithm
-    assert (algo.aggregation, algo.clip_high, algo.kl_coef, algo.group_size) == ("token-mean", 0.28, 0.0, 8)
+    assert (algo.aggregation, algo.clip_high, algo.kl_coef, algo.group_size, algo.dual_clip) == \
+        ("token-mean", 0.28, 0.0, 8, 10.0)
+    assert compose_config([], output_dir=tmp_path).algorithm.dual_clip is None   # GRPO as written: no dual clip
 
 
 @pytest.mark.parametrize("group", ["selector", "model"])

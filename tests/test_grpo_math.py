@@ -22,7 +22,7 @@ def reference_advantages(rewards, groups, eps=1e-6):
     return out
 
 
-def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, kl_masked, weights=None):
+def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, kl_masked, weights=None, dual=None):
     """ALGORITHMS.md §1.4 written as explicit loops over sequences and tokens, in float64."""
     B, T = len(logp), len(logp[0])
     pg = [[0.0] * T for _ in range(B)]
@@ -31,6 +31,8 @@ def reference_loss(logp, old, adv, resp, sel, ref, *, agg, norm, lo, hi, beta, k
         for t in range(T):
             ratio = math.exp(max(-20.0, min(20.0, logp[i][t] - old[i][t])))
             pg[i][t] = -min(ratio * adv[i], min(max(ratio, 1 - lo), 1 + hi) * adv[i])
+            if dual is not None and adv[i] < 0:
+                pg[i][t] = min(pg[i][t], -dual * adv[i])
             if weights is not None:
                 pg[i][t] *= weights[i][t]
             if beta > 0:
@@ -153,6 +155,33 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     assert float(got) == pytest.approx(expected, abs=1e-9)
     plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
     assert float(plain) != pytest.approx(expected, abs=1e-6)             # the weights really enter the loss
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+@pytest.mark.parametrize("seed", range(3))
+def test_dual_clip_matches_float64_loop(agg, seed):
+    logp, old, adv, resp, sel, ref = random_case(seed)
+    old = old - 0.5                                   # ratios around e^0.5: many exceed c = 1.4
+    c = 1.4
+    kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_masked=True)
+    normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
+    out = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, dual_clip=c, **kwargs)
+    expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
+                              agg=agg, norm="selected", lo=0.2, hi=0.28, beta=0.01, kl_masked=True, dual=c)
+    assert float(out.loss) == pytest.approx(expected, abs=1e-9)
+    ratio = (logp - old).clamp(-20, 20).exp()
+    capped = (adv[:, None] < 0) & (ratio > c) & (resp * sel).bool()
+    assert float(out.dual_clipped_tokens) == float(capped.sum()) > 0      # counted where the cap binds, and it does
+    plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs)
+    assert float(plain.loss) != pytest.approx(expected, abs=1e-6) and float(plain.dual_clipped_tokens) == 0
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_dual_clip_must_exceed_one(c):
+    with pytest.raises(ValueError, match=rf"algorithm.dual_clip={c} must be > 1"):
+        policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), -torch.ones(1), torch.ones(1, 2), torch.ones(1, 2),
+                    LossNormalizer(2.0, 2.0), aggregation="token-mean", norm="selected", clip_low=0.2, clip_high=0.2,
+                    dual_clip=c)
 
 
 def test_truncated_importance_sampling_rejects_a_bad_cap():

@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.dapo import check_overlong_buffer, overlong_penalty
-from tokenrl.algorithms.grpo import group_advantages, policy_loss, truncated_is_weights
+from tokenrl.algorithms.grpo import check_dual_clip, group_advantages, policy_loss, truncated_is_weights
 from tokenrl.algorithms.schedule import constant_after_linear_warmup
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
@@ -63,6 +63,7 @@ class GRPOModule(L.LightningModule):
                                        top_p=float(rollout["top_p"]), top_k=int(rollout["top_k"]),
                                        max_new_tokens=int(rollout["max_new_tokens"]))
         check_overlong_buffer(int(algorithm["overlong_buffer"]), self.sampling.max_new_tokens)
+        check_dual_clip(algorithm["dual_clip"])
         self.scorer = SafeScorer(reward_timeout_s)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.sample_writer = sample_writer
@@ -215,13 +216,14 @@ class GRPOModule(L.LightningModule):
         world = self.trainer.world_size
         loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=self.selector.normalizer,
                           clip_low=float(algo["clip_low"]), clip_high=float(algo["clip_high"]),
-                          kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]))
+                          kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]),
+                          dual_clip=algo["dual_clip"])
         tis_cap = algo.get("tis_cap")
         is_weights = None if tis_cap is None else truncated_is_weights(whole.stats.logprobs, rollouts.sampling_logprobs,
                                                                         float(tis_cap))
         first_epoch_mask = torch.zeros(rollouts.response_ids.shape)
         lr = optimizer.param_groups[0]["lr"]
-        totals = {"loss": 0.0, "clipped": 0.0, "selected": 0.0, "updates": 0}
+        totals = {"loss": 0.0, "clipped": 0.0, "dual_clipped": 0.0, "selected": 0.0, "updates": 0}
         for epoch in range(int(algo["ppo_epochs"])):
             order = torch.randperm(rows, generator=shuffle)
             for minibatch in order.tensor_split(int(algo["mini_batches"])):
@@ -248,6 +250,7 @@ class GRPOModule(L.LightningModule):
                     self.manual_backward(out.loss * world)
                     totals["loss"] += float(out.loss.detach())
                     totals["clipped"] += float(out.clipped_tokens)
+                    totals["dual_clipped"] += float(out.dual_clipped_tokens)
                     totals["selected"] += float(out.selected_tokens)
                 if algo.get("grad_clip"):
                     self.clip_gradients(optimizer, gradient_clip_val=float(algo["grad_clip"]),
@@ -259,6 +262,8 @@ class GRPOModule(L.LightningModule):
             scheduler.step()   # once per rollout step, as verl
         metrics = {"lr": lr, "loss": totals["loss"] / max(totals["updates"], 1),
                    "clip_frac": totals["clipped"] / max(totals["selected"], 1.0)}
+        if algo["dual_clip"] is not None:
+            metrics["dual_clip_frac"] = totals["dual_clipped"] / max(totals["selected"], 1.0)
         if is_weights is not None:
             valid = rollouts.response_mask.bool()
             metrics["tis_weight_mean"] = float(is_weights[valid].mean()) if valid.any() else 1.0
@@ -281,7 +286,8 @@ class GRPOModule(L.LightningModule):
             "train/truncated_frac": float(np.mean([r == "length" for r in rollouts.finish_reasons])),
             "train/clip_frac": update["clip_frac"],
             "train/loss": update["loss"],
-            **{f"train/{key}": update[key] for key in ("tis_weight_mean", "tis_capped_frac") if key in update},
+            **{f"train/{key}": update[key] for key in ("dual_clip_frac", "tis_weight_mean", "tis_capped_frac")
+               if key in update},
             "train/logprob_gap_mean": (gap.sum() / tokens).item(),
             "train/logprob_gap_max": gap.max().item(),
             "train/lr": update["lr"],   # the lr this step's update used

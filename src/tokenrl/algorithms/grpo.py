@@ -70,18 +70,22 @@ class LossOutput:
     clipped_tokens: torch.Tensor
     kl_sum: torch.Tensor
     selected_tokens: torch.Tensor
+    dual_clipped_tokens: torch.Tensor
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, token_mask: torch.Tensor, normalizer: LossNormalizer, *,
                 aggregation: str, norm: str, clip_low: float, clip_high: float,
                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                kl_masked: bool = True, is_weights: torch.Tensor | None = None) -> LossOutput:
+                kl_masked: bool = True, is_weights: torch.Tensor | None = None,
+                dual_clip: float | None = None) -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
     pg_t = −w_t · min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to
     ±20), w_t = `is_weights` (1 when None; see `truncated_is_weights`); kl_t = exp(ref − logp) − (ref − logp) − 1
-    (k3). Shapes: logp, old_logp, masks, is_weights (b, T); advantages (b,).
+    (k3). Dual-clip c (Ye et al. 2020, arXiv 1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted
+    pg_t is capped at −c·Â, so a huge ratio on a negative-advantage token cannot dominate the step.
+    Shapes: logp, old_logp, masks, is_weights (b, T); advantages (b,).
     """
     resp = response_mask.float()
     w_pg = resp * token_mask.float()
@@ -93,6 +97,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
     pg = -torch.minimum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(pg)
+    if dual_clip is not None:
+        check_dual_clip(dual_clip)
+        bound = -adv * dual_clip
+        dual_clipped = ((adv < 0) & (pg > bound)).to(pg.dtype)
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
     if is_weights is not None:
         pg = pg * is_weights.to(pg.dtype).detach()
     use_kl = ref_logp is not None and kl_coef > 0
@@ -110,7 +120,13 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     else:
         raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
     is_clipped = (clipped < unclipped).float()  # the clipped branch is the active minimum
-    return LossOutput(loss, (is_clipped * w_pg).sum().detach(), (kl * resp).sum().detach(), w_pg.sum().detach())
+    return LossOutput(loss, (is_clipped * w_pg).sum().detach(), (kl * resp).sum().detach(), w_pg.sum().detach(),
+                      (dual_clipped * w_pg).sum().detach())
+
+
+def check_dual_clip(c: float | None) -> None:
+    if c is not None and not c > 1.0:
+        raise ValueError(f"algorithm.dual_clip={c} must be > 1 (verl's clip_ratio_c; 3 or 10 typical) or null for off")
 
 
 def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
