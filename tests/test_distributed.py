@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT
@@ -30,11 +31,17 @@ def test_global_scope_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_pat
         assert not torch.equal(torch.cat([halves[0][name], halves[1][name]]), single[name]), name
 
 
-def test_ddp_preset_trains_on_two_cpu_processes(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",
+                                        "task.verifier=tests.helpers.rewards:odd_answers_unsolvable"]],
+                         ids=["plain", "dynamic_sampling"])
+def test_ddp_preset_trains_on_two_cpu_processes(tmp_path, extra):
+    """Two ranks train; with dynamic sampling they run the same number of generation rounds (or the run hangs)."""
     done = subprocess.run([sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu",
                            "trainer.devices=2", "trainer.precision=32-true", "model=tiny", "selector=ict",
                            "selector.scope=global", "selector.warmup_steps=0", "total_steps=2", "logger=csv",
                            "checkpoint.enabled=false", "trainer.enable_progress_bar=false",
-                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                           f"hydra.run.dir={tmp_path}", *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
+    if extra:
+        assert '"train/filled_groups": 0.0' in (tmp_path / "train.log").read_text()

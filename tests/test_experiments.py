@@ -66,6 +66,8 @@ def test_experiment_composes_and_runs_one_tiny_step(name, tmp_path):
     assert sweep_params(name) == SWEEPS.get(name, {})
     smaller_task = "task.limit=16" if task == "BenchmarkTask" else "task.train_size=16"
     shaping = ["algorithm.overlong_buffer=4"] if paper.algorithm.overlong_buffer else []   # within the 8 tokens
+    if paper.algorithm.filter_groups:   # one round of as many prompts as the step trains on
+        shaping += ["algorithm.gen_prompts_per_step=2", "algorithm.max_gen_rounds=1"]
     summary = run(compose_config([f"experiment={name}", *SHRINK, smaller_task, *shaping], output_dir=tmp_path))
     assert summary["rollout_steps"] == 1 and summary["optimizer_steps"] == paper.algorithm.mini_batches
     assert (tmp_path / "samples" / "step_0000.jsonl").is_file()
@@ -94,6 +96,9 @@ def test_native_bases_of_the_baselines():
     for cfg in (e20, stapo):   # both recipes: lr 1e-6 after 10 warm-up steps, grad clip 1.0 (ALGORITHMS.md §3.2, §4.5)
         assert (cfg.algorithm.optimizer.lr, cfg.algorithm.lr_warmup_steps, cfg.algorithm.grad_clip) == (1e-6, 10, 1.0)
     assert (e20.algorithm.prompts_per_step, e20.algorithm.group_size, e20.algorithm.mini_batches) == (512, 16, 16)
+    assert (e20.algorithm.filter_groups, e20.algorithm.gen_prompts_per_step, e20.algorithm.max_gen_rounds,
+            e20.algorithm.dual_clip) == ("acc", 3 * 512, 10, 10.0)
+    assert stapo.algorithm.filter_groups is None          # STAPO's base runs without dynamic sampling (§4.5)
     assert (e20.algorithm.optimizer.weight_decay, e20.validation.top_p, e20.selector.ratio) == (0.1, 0.7, 0.2)
     assert e20.algorithm.overlong_buffer / e20.rollout.max_new_tokens == pytest.approx(4096 / 20480, abs=1e-3)
     assert (stapo.algorithm.prompts_per_step, stapo.algorithm.group_size, stapo.algorithm.mini_batches) == (256, 8, 4)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.algorithms.dapo import check_overlong_buffer, overlong_penalty
+from tokenrl.algorithms.dapo import check_dynamic_sampling, check_overlong_buffer, overlong_penalty
 from tokenrl.algorithms.grpo import check_dual_clip, group_advantages, policy_loss, truncated_is_weights
 from tokenrl.algorithms.schedule import constant_after_linear_warmup
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
@@ -30,6 +30,7 @@ from tokenrl.evaluation.runner import Validator
 from tokenrl.models import build_model
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutBatch, RolloutEngine, SamplingParams, build_engine
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups
 from tokenrl.samples import SampleWriter
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.utils import StepTimer, derived_seed
@@ -64,6 +65,8 @@ class GRPOModule(L.LightningModule):
                                        max_new_tokens=int(rollout["max_new_tokens"]))
         check_overlong_buffer(int(algorithm["overlong_buffer"]), self.sampling.max_new_tokens)
         check_dual_clip(algorithm["dual_clip"])
+        check_dynamic_sampling(algorithm["filter_groups"], int(algorithm["gen_prompts_per_step"]),
+                               int(algorithm["max_gen_rounds"]))
         self.scorer = SafeScorer(reward_timeout_s)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.sample_writer = sample_writer
@@ -72,6 +75,7 @@ class GRPOModule(L.LightningModule):
         self.engine: RolloutEngine | None = None
         self.rollout_step = 0
         self.optimizer_steps = 0
+        self.refill_position = 0   # prompts drawn so far from the data module's refill stream (dynamic sampling)
         self.reward_history: list[float] = []   # mean reward of every rollout step (checkpointed)
         self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
 
@@ -88,6 +92,8 @@ class GRPOModule(L.LightningModule):
         self.configure_model()
 
     def on_fit_start(self) -> None:
+        if self.algo["filter_groups"] is not None:
+            self._check_dynamic_sampling_sizes()
         for reference in self._reference:
             reference.to(self.device)
         self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer)
@@ -143,21 +149,13 @@ class GRPOModule(L.LightningModule):
         if batch.step != self.rollout_step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {self.rollout_step}")
         timer = StepTimer()
+        if self.algo["filter_groups"] is None:
+            scored, sampling_metrics = self._generate(batch, 0, timer), {}
+        else:
+            scored, sampling_metrics = self._dynamic_sampling(batch, timer)
         with timer("generate"):
-            rollouts = self.engine.generate(batch.prompt_ids, self.sampling,
-                                            seed=derived_seed(self.seed, "rollout", self.rollout_step, self.global_rank))
             self.engine.sleep()   # GPU + vLLM: the update gets the engine's memory until the next sync
-        if rollouts.weights_version != self.optimizer_steps:
-            raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
-                               f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
-        with timer("reward"):
-            problems = [problem for problem in batch.problems for _ in range(self.sampling.n)]
-            scores = torch.tensor(self.scorer.score(
-                [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
-            length_penalty = overlong_penalty(rollouts.response_mask.sum(1), self.sampling.max_new_tokens,
-                                              int(self.algo["overlong_buffer"]),
-                                              float(self.algo["overlong_penalty_factor"]))
-            rewards = scores + length_penalty
+        rollouts, scores, rewards = scored.rollouts, scored.scores, scored.rewards
         advantages = group_advantages(rewards, rollouts.group_ids, eps=float(self.algo["adv_eps"]),
                                       std_normalize=bool(self.algo["adv_std_normalize"]))
         with timer("statistics"):
@@ -170,12 +168,65 @@ class GRPOModule(L.LightningModule):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(rewards.mean()).mean()))
-        self._log_step(rollouts, scores, rewards, stats, update, ref_logp, timer)
+        self._log_step(rollouts, scores, rewards, stats, update, ref_logp, timer, sampling_metrics)
         self._log_selection(mask, whole)
         if self.sample_writer is not None and self.sample_writer.due(whole.step):
             would = self.sample_writer.reference_masks(whole)
             if self.global_rank == 0:
                 self.sample_writer.write(whole.step, rollouts, rewards, whole, mask, would)
+
+    def _generate(self, batch: PromptBatch, round_index: int, timer: StepTimer) -> ScoredRollouts:
+        """One generation round: G rollouts per prompt, scored, with the overlong penalty added to the reward."""
+        seed = derived_seed(self.seed, "rollout", self.rollout_step, self.global_rank,
+                            *((round_index,) if round_index else ()))
+        with timer("generate"):
+            rollouts = self.engine.generate(batch.prompt_ids, self.sampling, seed=seed)
+        if rollouts.weights_version != self.optimizer_steps:
+            raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
+                               f"the policy is at {self.optimizer_steps}: the engine missed a weight sync")
+        with timer("reward"):
+            problems = [problem for problem in batch.problems for _ in range(self.sampling.n)]
+            scores = torch.tensor(self.scorer.score(
+                [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
+            length_penalty = overlong_penalty(rollouts.response_mask.sum(1), self.sampling.max_new_tokens,
+                                              int(self.algo["overlong_buffer"]),
+                                              float(self.algo["overlong_penalty_factor"]))
+        return ScoredRollouts(rollouts, scores, scores + length_penalty)
+
+    def _check_dynamic_sampling_sizes(self) -> None:
+        wanted, per_round = int(self.algo["prompts_per_step"]), int(self.algo["gen_prompts_per_step"])
+        world, rounds = self.trainer.world_size, int(self.algo["max_gen_rounds"])
+        if wanted % world:
+            raise ValueError(f"algorithm.prompts_per_step={wanted} must be divisible by the {world} training processes")
+        if per_round * rounds < wanted:
+            raise ValueError(f"algorithm.gen_prompts_per_step={per_round} × max_gen_rounds={rounds} cannot supply "
+                             f"prompts_per_step={wanted} groups; raise one of them")
+
+    def _dynamic_sampling(self, batch: PromptBatch, timer: StepTimer) -> tuple[ScoredRollouts, dict[str, float]]:
+        """Rounds of `gen_prompts_per_step` prompts until `prompts_per_step` groups with a varying `filter_groups`
+        metric are kept over all ranks (rollout/dynamic_sampling.py)."""
+        world, per_round = self.trainer.world_size, int(self.algo["gen_prompts_per_step"])
+
+        def refill() -> PromptBatch:
+            prompts = self.trainer.datamodule.refill_prompts(self.rollout_step, self.refill_position, per_round,
+                                                             self.global_rank, world)
+            self.refill_position += per_round
+            return prompts
+
+        def everyone_done(mine: bool) -> bool:
+            return bool(self.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)
+
+        scored, metrics = collect_varied_groups(
+            batch, int(self.algo["prompts_per_step"]) // world, str(self.algo["filter_groups"]),
+            int(self.algo["max_gen_rounds"]), partial(self._generate, timer=timer), refill, everyone_done,
+            pad_id=self.tokenizer.pad_token_id)
+        if metrics["filled_groups"]:
+            log.warning("dynamic sampling: %d of this rank's %d groups at step %d have the same %s for every response "
+                        "after algorithm.max_gen_rounds=%d rounds; they give no gradient. Raise max_gen_rounds or "
+                        "gen_prompts_per_step, or use data the policy solves sometimes", metrics["filled_groups"],
+                        int(self.algo["prompts_per_step"]) // world, self.rollout_step, self.algo["filter_groups"],
+                        int(self.algo["max_gen_rounds"]))
+        return scored, metrics
 
     def _statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
         return compute_token_stats(self.policy, rollouts, self.sampling.temperature,
@@ -272,7 +323,8 @@ class GRPOModule(L.LightningModule):
 
     # -------------------------------------------------------------------------------------- logging
     def _log_step(self, rollouts: RolloutBatch, scores: torch.Tensor, rewards: torch.Tensor, stats: TokenStats,
-                  update: dict[str, float], ref_logp: torch.Tensor | None, timer: StepTimer) -> None:
+                  update: dict[str, float], ref_logp: torch.Tensor | None, timer: StepTimer,
+                  sampling_metrics: dict[str, float]) -> None:
         resp = rollouts.response_mask.float()
         tokens = resp.sum().clamp_min(1.0)
         gap = (rollouts.sampling_logprobs - stats.logprobs).abs() * resp
@@ -293,6 +345,7 @@ class GRPOModule(L.LightningModule):
             "train/lr": update["lr"],   # the lr this step's update used
             "train/rollout_step": float(self.rollout_step),
         }
+        metrics.update({f"train/{key}": value for key, value in sampling_metrics.items()})
         if int(self.algo["overlong_buffer"]):
             metrics["train/overlong_penalty"] = (rewards - scores).mean().item()
         if ref_logp is not None:
@@ -314,7 +367,7 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenrl"] = {
             "rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
-            "reward_history": self.reward_history,
+            "reward_history": self.reward_history, "refill_position": self.refill_position,
             "rng": {"torch": torch.get_rng_state(), "numpy": _numpy_state_as_plain_types(),
                     "python": random.getstate()},
         }
@@ -323,6 +376,7 @@ class GRPOModule(L.LightningModule):
         state = checkpoint["tokenrl"]
         self.rollout_step, self.optimizer_steps = state["rollout_step"], state["optimizer_steps"]
         self.reward_history = list(state["reward_history"])
+        self.refill_position = int(state.get("refill_position", 0))   # absent in checkpoints before dynamic sampling
         torch.set_rng_state(state["rng"]["torch"])
         kind, keys, pos, has_gauss, cached = state["rng"]["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

@@ -36,9 +36,11 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     container = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")}
     tokenizer = build_tokenizer(container["model"])
     task = instantiate(cfg.task)
-    datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm.prompts_per_step,
+    first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"   # dynamic sampling
+    datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm[first_round],
                                    total_steps=cfg.total_steps, seed=cfg.seed,
-                                   max_prompt_length=cfg.rollout.max_prompt_length)
+                                   max_prompt_length=cfg.rollout.max_prompt_length,
+                                   size_field=f"algorithm.{first_round}")
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     datamodule.attach_formatter(formatter)
     validator = None

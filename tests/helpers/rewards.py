@@ -15,3 +15,11 @@ def hanging(response: str, answer: str) -> float:
     if "hang" in response:
         time.sleep(3600)
     return 1.0
+
+
+def odd_answers_unsolvable(response: str, answer: str) -> float:
+    """0 for every response to an odd answer (a group dynamic sampling must drop); otherwise 1 when the response
+    starts with an even character code, which a random model's group almost always mixes."""
+    if int(answer) % 2:
+        return 0.0
+    return float(bool(response) and ord(response[0]) % 2 == 0)

@@ -10,6 +10,7 @@ import logging
 import random
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator
 
 import lightning as L
@@ -34,6 +35,26 @@ class PromptBatch:
     prompt_ids: list[list[int]]
 
 
+@lru_cache(maxsize=8)
+def _epoch_order(n: int, label: str, epoch: int) -> tuple[int, ...]:
+    order = list(range(n))
+    random.Random(f"{label}-epoch-{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def stream_indices(n: int, label: str, start: int, count: int) -> list[int]:
+    """Problem indices at positions start..start+count-1 of an endless stream that visits all n problems once per
+    epoch, epoch e in the permutation seeded by `{label}-epoch-{e}`."""
+    return [_epoch_order(n, label, epoch)[pos] for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))]
+
+
+def rank_shard(count: int, rank: int, world_size: int, field: str) -> slice:
+    """Rank r's contiguous slice of a global batch of `count` prompts."""
+    if count % world_size:
+        raise ValueError(f"{field}={count} must be divisible by the {world_size} training processes")
+    return slice(rank * count // world_size, (rank + 1) * count // world_size)
+
+
 class PromptSchedule(IterableDataset):
     """Yields PromptBatch for steps start..stop-1; epoch e visits problems in permutation(seed, e).
 
@@ -41,22 +62,14 @@ class PromptSchedule(IterableDataset):
     """
 
     def __init__(self, problems: list[Problem], prompt_ids: list[list[int]], batch_size: int, seed: int,
-                 start: int, stop: int, rank: int = 0, world_size: int = 1) -> None:
-        if batch_size % world_size:
-            raise ValueError(f"algorithm.prompts_per_step={batch_size} must be divisible by the "
-                             f"{world_size} training processes")
+                 start: int, stop: int, rank: int = 0, world_size: int = 1,
+                 size_field: str = "algorithm.prompts_per_step") -> None:
+        self.shard = rank_shard(batch_size, rank, world_size, size_field)
         self.problems, self.prompt_ids = problems, prompt_ids
         self.batch_size, self.seed, self.start, self.stop = batch_size, seed, start, stop
-        self.shard = slice(rank * batch_size // world_size, (rank + 1) * batch_size // world_size)
 
     def indices(self, step: int) -> list[int]:
-        n, out = len(self.problems), []
-        for flat in range(step * self.batch_size, (step + 1) * self.batch_size):
-            epoch, pos = divmod(flat, n)
-            order = list(range(n))
-            random.Random(f"{self.seed}-epoch-{epoch}").shuffle(order)
-            out.append(order[pos])
-        return out
+        return stream_indices(len(self.problems), str(self.seed), step * self.batch_size, self.batch_size)
 
     def __iter__(self) -> Iterator[PromptBatch]:
         for step in range(self.start, self.stop):
@@ -68,14 +81,15 @@ class PromptSchedule(IterableDataset):
 
 
 class RolloutDataModule(L.LightningDataModule):
-    """Prompts of `task` for `total_steps` rollout steps of `prompts_per_step` prompts each."""
+    """Prompts of `task` for `total_steps` rollout steps of `prompts_per_step` prompts each (`size_field` names
+    the option that set it), and `refill_prompts` for generation rounds beyond a step's batch."""
 
     def __init__(self, task: Task, prompts_per_step: int, total_steps: int, seed: int,
-                 max_prompt_length: int) -> None:
+                 max_prompt_length: int, size_field: str = "algorithm.prompts_per_step") -> None:
         super().__init__()
         if prompts_per_step < 1:
-            raise ValueError(f"algorithm.prompts_per_step={prompts_per_step} must be >= 1")
-        self.task = task
+            raise ValueError(f"{size_field}={prompts_per_step} must be >= 1")
+        self.task, self.size_field = task, size_field
         self.prompts_per_step, self.total_steps, self.seed = prompts_per_step, total_steps, seed
         self.max_prompt_length = max_prompt_length
         self.next_step = 0
@@ -112,8 +126,17 @@ class RolloutDataModule(L.LightningDataModule):
         schedule = PromptSchedule(self.train_problems, self.train_prompt_ids, self.prompts_per_step,
                                   self.seed, self.next_step, self.total_steps,
                                   rank=self.trainer.global_rank if self.trainer else 0,
-                                  world_size=self.trainer.world_size if self.trainer else 1)
+                                  world_size=self.trainer.world_size if self.trainer else 1,
+                                  size_field=self.size_field)
         return DataLoader(schedule, batch_size=None, collate_fn=lambda batch: batch, num_workers=0)
+
+    def refill_prompts(self, step: int, start: int, count: int, rank: int, world_size: int) -> PromptBatch:
+        """This rank's slice of positions start..start+count-1 of a second seeded stream over the train problems.
+        The module's generation rounds past a step's batch (dynamic sampling) draw from it, so the step batches
+        stay a pure function of (seed, step) and the module checkpoints the position."""
+        shard = rank_shard(count, rank, world_size, self.size_field)
+        idx = stream_indices(len(self.train_problems), f"{self.seed}-refill", start, count)[shard]
+        return PromptBatch(step, [self.train_problems[i] for i in idx], [self.train_prompt_ids[i] for i in idx])
 
     def state_dict(self) -> dict[str, int]:
         return {"next_step": self.trainer.lightning_module.rollout_step if self.trainer else self.next_step}

@@ -45,6 +45,34 @@ class RolloutBatch:
                             self.weights_version)
 
 
+def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """The rows of `parts` in order, prompts re-padded on the left and responses on the right with `pad_id`,
+    groups renumbered 0, 1, … in order of appearance. All parts must come from the same weights."""
+    versions = {part.weights_version for part in parts}
+    if len(versions) != 1:
+        raise ValueError(f"cannot concatenate rollouts of different weights versions {sorted(versions)}")
+    prompt_width = max(part.prompt_ids.shape[1] for part in parts)
+    response_width = max(part.response_ids.shape[1] for part in parts)
+
+    def padded(tensor: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+        extra = width - tensor.shape[1]
+        return torch.nn.functional.pad(tensor, (extra, 0) if left else (0, extra), value=value)
+
+    groups, offset = [], 0
+    for part in parts:
+        local = torch.unique(part.group_ids, return_inverse=True)[1]
+        groups.append(local + offset)
+        offset += int(local.max()) + 1 if local.numel() else 0
+    return RolloutBatch(
+        prompt_ids=torch.cat([padded(p.prompt_ids, prompt_width, pad_id, True) for p in parts]),
+        prompt_mask=torch.cat([padded(p.prompt_mask, prompt_width, 0, True) for p in parts]),
+        response_ids=torch.cat([padded(p.response_ids, response_width, pad_id, False) for p in parts]),
+        response_mask=torch.cat([padded(p.response_mask, response_width, 0, False) for p in parts]),
+        sampling_logprobs=torch.cat([padded(p.sampling_logprobs, response_width, 0.0, False) for p in parts]),
+        group_ids=torch.cat(groups), finish_reasons=[r for p in parts for r in p.finish_reasons],
+        texts=[t for p in parts for t in p.texts], weights_version=versions.pop())
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     n: int

@@ -1,0 +1,84 @@
+"""DAPO dynamic sampling (arXiv 2503.14476 §3.2, Eq. 11; verl's `filter_groups`; ALGORITHMS.md §1.3).
+
+Generate rounds of prompts, keep the groups whose filter metric varies (0 < #correct < G for `acc`: the others
+have zero advantage and give no gradient), until `quota` groups are kept; train on the first `quota` of them.
+After `max_rounds` rounds a short batch is topped up with the earliest filtered groups and the caller warns
+(verl raises instead; a long run should not die on one hard step).
+
+Every rank runs the same number of rounds (`everyone_done` is an all-ranks AND) and draws every round's prompts,
+even when it already has its quota and skips generating, so the prompt stream's position stays one number
+shared by all ranks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from tokenrl.algorithms.dapo import varied_groups
+from tokenrl.data.datamodule import PromptBatch
+from tokenrl.rollout.base import RolloutBatch, concat_rollouts
+
+
+@dataclass
+class ScoredRollouts:
+    """Rollouts with the verifier's score and the shaped reward (score + overlong penalty) of every row."""
+
+    rollouts: RolloutBatch
+    scores: torch.Tensor
+    rewards: torch.Tensor
+
+    def rows(self, index: torch.Tensor) -> "ScoredRollouts":
+        return ScoredRollouts(self.rollouts.rows(index), self.scores[index], self.rewards[index])
+
+    def groups(self) -> int:
+        return int(self.rollouts.group_ids.unique().numel())
+
+    def first_groups(self, count: int) -> "ScoredRollouts":
+        """The rows of the first `count` groups in order of appearance."""
+        order = list(dict.fromkeys(self.rollouts.group_ids.tolist()))[:count]
+        return self.rows(torch.isin(self.rollouts.group_ids, torch.tensor(order, dtype=torch.long)).nonzero().squeeze(1))
+
+
+def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
+    return ScoredRollouts(concat_rollouts([p.rollouts for p in parts], pad_id),
+                          torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]))
+
+
+def filter_metric(scored: ScoredRollouts, metric: str) -> torch.Tensor:
+    """`acc`: 1 where the verifier says correct (score ≥ 1); `reward`: the shaped reward."""
+    return (scored.scores >= 1.0).float() if metric == "acc" else scored.rewards
+
+
+def collect_varied_groups(first: PromptBatch, quota: int, metric: str, max_rounds: int,
+                          generate: Callable[[PromptBatch, int], ScoredRollouts],
+                          refill: Callable[[], PromptBatch], everyone_done: Callable[[bool], bool],
+                          pad_id: int) -> tuple[ScoredRollouts, dict[str, float]]:
+    """`quota` groups for this rank's update and the round's metrics: `gen_rounds` (rounds this rank generated),
+    `kept_group_frac` (varied groups / generated groups), `filled_groups` (filtered groups used to top up).
+
+    generate(prompts, round) scores one round; refill() draws the next round's prompts (called on every rank);
+    everyone_done(mine) is True when every rank reports True."""
+    kept: list[ScoredRollouts] = []
+    spare: list[ScoredRollouts] = []
+    n_kept = n_spare = generated = rounds = 0
+    prompts = first
+    for round_index in range(max_rounds):
+        if round_index:
+            prompts = refill()
+        if n_kept < quota:
+            scored = generate(prompts, round_index)
+            varied = varied_groups(filter_metric(scored, metric), scored.rollouts.group_ids)
+            good, bad = scored.rows(varied.nonzero().squeeze(1)), scored.rows((~varied).nonzero().squeeze(1))
+            kept.append(good)
+            spare.append(bad.first_groups(quota - n_spare))
+            n_kept, n_spare = n_kept + good.groups(), n_spare + spare[-1].groups()
+            generated += scored.groups()
+            rounds += 1
+        if everyone_done(n_kept >= quota):
+            break
+    filled = max(0, quota - n_kept)
+    batch = concat_scored([part for part in kept + spare if part.rollouts.group_ids.numel()], pad_id).first_groups(quota)
+    return batch, {"gen_rounds": float(rounds), "kept_group_frac": n_kept / max(generated, 1),
+                   "filled_groups": float(filled)}
