@@ -21,8 +21,8 @@ def k_of(fraction, n):
     return 0 if n == 0 else max(1, math.ceil(round(fraction * n, 9)))
 
 
-def reference_stats(logits, response_ids, lengths, groups, temperature):
-    """float64, loops over groups, positions and vocabulary entries."""
+def reference_stats(logits, response_ids, lengths, groups, temperature, js_peers="all"):
+    """float64, loops over groups, positions and vocabulary entries; `others` averages the peers j ≠ i."""
     B, T, V = logits.shape
     out = {k: [[0.0] * T for _ in range(B)] for k in ("logprobs", "entropy", "renyi2", "js")}
     probs = {}
@@ -43,8 +43,9 @@ def reference_stats(logits, response_ids, lengths, groups, temperature):
             active = [i for i in members if lengths[i] > t]
             if len(active) < 2:
                 continue
-            mean = [sum(probs[i, t][v] for i in active) / len(active) for v in range(V)]
             for i in active:
+                peers = active if js_peers == "all" else [j for j in active if j != i]
+                mean = [sum(probs[j, t][v] for j in peers) / len(peers) for v in range(V)]
                 p = probs[i, t]
                 mid = [(p[v] + mean[v]) / 2 for v in range(V)]
                 kl_p = sum(p[v] * math.log(p[v] / mid[v]) for v in range(V) if p[v] > 0)
@@ -114,15 +115,27 @@ CASES = [dict(seed=s) for s in range(3)] + [dict(seed=7, group_size=1, groups=5)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1, 5, 1000])
-def test_statistics_equal_brute_force(case, temperature, chunk):
+@pytest.mark.parametrize("js_peers", ["all", "others"])
+def test_statistics_equal_brute_force(case, temperature, chunk, js_peers):
     logits, ids, resp, lengths, groups, _ = make_case(**case)
-    stats = stats_from_logits(logits.float(), ids, resp, groups, temperature, chunk_size=chunk, with_js=True)
-    ref = reference_stats(logits, ids, lengths, groups.tolist(), temperature)
+    stats = stats_from_logits(logits.float(), ids, resp, groups, temperature, chunk_size=chunk, with_js=True,
+                              js_peers=js_peers)
+    ref = reference_stats(logits, ids, lengths, groups.tolist(), temperature, js_peers)
     for name in ("logprobs", "entropy", "renyi2", "js"):
         # float32 accumulation: 1e-6 absolute, plus 1e-6 relative for large |log π|
         assert torch.allclose(getattr(stats, name).double(), ref[name], atol=1e-6, rtol=1e-6), name
     if case.get("group_size") == 1:
         assert torch.equal(stats.js, torch.zeros_like(stats.js))
+
+
+def test_leave_one_out_js_differs_and_is_symmetric_for_two_rollouts():
+    logits, ids, resp, lengths, groups, _ = make_case(1, group_size=2, groups=2, T=6, ties=False)
+    both = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="all").js
+    others = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="others").js
+    active = (resp[0::2] * resp[1::2]).bool()
+    assert torch.allclose(others[0::2][active], others[1::2][active], atol=1e-6)   # JS(p_a ‖ p_b) = JS(p_b ‖ p_a)
+    paired = torch.stack([active, active], 1).reshape(resp.shape)                   # rows whose partner is active
+    assert (others[paired] > both[paired]).all()                                    # p is farther from the others
 
 
 def test_single_active_rollout_has_zero_js():
@@ -222,6 +235,7 @@ def test_random_keeps_ict_counts_seeded_and_uniform():
     ("selector=entropy20 selector.scope=rank", "selector.scope='rank' is not one of"),
     ("selector=stapo selector.quantile_scope=x", "quantile_scope='x'"),
     ("selector=random selector.ratio=-1", "selector.ratio=-1"),
+    ("selector=ict selector.js_peers=mine", "selector.js_peers='mine' is not one of ('all', 'others')"),
 ])
 def test_bad_selector_settings_fail_with_the_setting_named(override, message):
     cfg = compose_config(override.split())

@@ -164,6 +164,35 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
     assert moved.abs().max() > 1e-4                      # the first update really changed the second batch's entropy
 
 
+def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
+    """`selector.js_peers=others` reaches the statistics pass: ICT ranks by the leave-one-out JS."""
+    import copy
+
+    from tokenrl.algorithms.token_stats import compute_token_stats
+
+    seen = []
+
+    class SpyOnSelection(L.Callback):
+        def on_train_start(self, trainer, module) -> None:
+            select = module.selector.select
+
+            def spy(view):
+                seen.append((copy.deepcopy(module.policy.state_dict()), view.stats.js.clone()))
+                return select(view)
+            module.selector.select = spy
+
+    recorder = Recorder()
+    module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=ict", "warmup_steps=0",
+                             "selector.js_peers=others", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
+    (weights, js), = seen
+    policy = copy.deepcopy(module.policy)
+    policy.load_state_dict(weights)
+    expected = {peers: compute_token_stats(policy, recorder.first, 1.0, 4, 64, with_js=True, js_peers=peers).js
+                for peers in ("others", "all")}
+    assert torch.allclose(js, expected["others"], atol=1e-6)
+    assert not torch.allclose(js, expected["all"], atol=1e-3)
+
+
 def test_current_policy_statistics_cannot_rank_by_js():
     from tokenrl.selectors.base import TokenSelector
 

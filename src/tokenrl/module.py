@@ -231,7 +231,8 @@ class GRPOModule(L.LightningModule):
     def _statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
         return compute_token_stats(self.policy, rollouts, self.sampling.temperature,
                                    int(self.algo["micro_batch_size"]), int(self.model_cfg["stats_chunk_size"]),
-                                   with_js=self.with_js if with_js is None else with_js)
+                                   with_js=self.with_js if with_js is None else with_js,
+                                   js_peers=self.selector.js_peers)
 
     def _selection_batch(self, stats: TokenStats, advantages: torch.Tensor, rollouts: RolloutBatch,
                          rows: torch.Tensor) -> SelectionBatch:

@@ -5,8 +5,9 @@ O(chunk × vocab), never O(batch × length × vocab) (the failure users report m
 With π = softmax(z / T), T the sampling temperature (ALGORITHMS.md §1.5, §2.2–2.3):
   log π(o_t);  Shannon H = −Σ π log π;  Rényi-2 H₂ = −log Σ π²;
   ICT uniqueness u_{i,t} = JS(π_{i,t} ‖ π̄_t), π̄_t = mean of π_{j,t} over the group's rollouts j still
-  active at position t, JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one
-  rollout of the group is active.
+  active at position t (`js_peers=all`, j = i included, ALGORITHMS.md §2.3/§7.4) or over the others only
+  (`others`, j ≠ i: "the mean distribution of the same prompt's other rollouts"), JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M),
+  M = ½(P+Q), natural log; u = 0 where only one rollout of the group is active.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tokenrl.rollout.base import RolloutBatch
 
 BASE_STATISTICS = frozenset({"logprobs", "entropy", "renyi2"})
 ALL_STATISTICS = BASE_STATISTICS | {"js"}
+JS_PEERS = ("all", "others")
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -68,7 +70,7 @@ LogitsAt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def group_statistics(logits_at: LogitsAt, rows: torch.Tensor, response_ids: torch.Tensor,
                      response_mask: torch.Tensor, temperature: float, chunk_size: int, with_js: bool,
-                     out: dict[str, torch.Tensor]) -> None:
+                     out: dict[str, torch.Tensor], js_peers: str = "all") -> None:
     """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk.
 
     A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
@@ -92,14 +94,22 @@ def group_statistics(logits_at: LogitsAt, rows: torch.Tensor, response_ids: torc
             continue
         offset = offset.to(device)
         counts = block.sum(0).to(device)                                  # active rollouts per position
-        mean = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)
-        mean = mean / counts.clamp_min(1)[:, None]
-        mean_at = mean[offset]                                             # (N, V)
+        total_at = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)[offset]  # (N, V)
+        count_at = counts[offset][:, None]
+        if js_peers == "all":
+            mean_at = total_at / count_at
+        else:   # leave-one-out; clamped because the subtraction can leave −1e-8 where π_i holds all the mass
+            mean_at = ((total_at - p) / (count_at - 1).clamp_min(1)).clamp_min(0.0)
         log_mid = torch.log((0.5 * (p + mean_at)).clamp_min(1e-30))
         kl_p = (p * (logp - log_mid)).sum(-1)
         kl_mean = (torch.xlogy(mean_at, mean_at) - mean_at * log_mid).sum(-1)
         js = (0.5 * (kl_p + kl_mean)).clamp_min(0.0)
         out["js"][row, pos] = torch.where(counts[offset] > 1, js, torch.zeros_like(js)).cpu()
+
+
+def check_js_peers(js_peers: str) -> None:
+    if js_peers not in JS_PEERS:
+        raise ValueError(f"selector.js_peers={js_peers!r} is not one of {JS_PEERS}")
 
 
 def _empty(shape: torch.Size, with_js: bool) -> dict[str, torch.Tensor]:
@@ -113,8 +123,9 @@ def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: float, micro_batch_size: int,
-                        chunk_size: int, with_js: bool = False) -> TokenStats:
+                        chunk_size: int, with_js: bool = False, js_peers: str = "all") -> TokenStats:
     """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows."""
+    check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
     out = _empty(batch.response_ids.shape, with_js)
@@ -128,7 +139,8 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
                                  part.prompt_ids.shape[1])
         for group_rows in pending:
             group_statistics(lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]), group_rows,
-                             batch.response_ids, batch.response_mask, temperature, chunk_size, with_js, out)
+                             batch.response_ids, batch.response_mask, temperature, chunk_size, with_js, out,
+                             js_peers)
 
     pending: list[torch.Tensor] = []
     for group in _groups(batch.group_ids):
@@ -144,10 +156,11 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
 @torch.no_grad()
 def stats_from_logits(logits: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
                       group_ids: torch.Tensor, temperature: float, chunk_size: int,
-                      with_js: bool = True) -> TokenStats:
+                      with_js: bool = True, js_peers: str = "all") -> TokenStats:
     """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
+    check_js_peers(js_peers)
     out = _empty(response_ids.shape, with_js)
     for group in _groups(group_ids):
         group_statistics(lambda row, pos: logits[row, pos], group, response_ids, response_mask, temperature,
-                         chunk_size, with_js, out)
+                         chunk_size, with_js, out, js_peers)
     return TokenStats(**out)

@@ -1,6 +1,7 @@
 """`ict`: Independent Combinatorial Tokens ("Beyond Entropy", arXiv 2606.19771; ALGORITHMS.md §2).
 
-u_{i,t} = JS(π_{i,t} ‖ π̄_t) against the mean distribution of the group's active rollouts at position t;
+u_{i,t} = JS(π_{i,t} ‖ π̄_t) against the mean distribution of the group's active rollouts at position t (itself
+included, `js_peers=all`, ALGORITHMS.md §7.4; or the others only, `others`);
 after Θ warm-up steps with every token, each response keeps its top ⌈ratio · T_i⌉ positions by u
 (`scope=sequence`, the paper's reading) and the Sparse-GRPO loss averages over the selected tokens.
 `ict_complement` keeps the other (1 − ratio) "frequent" tokens: the paper's 90%-frequent ablation.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenrl.algorithms.token_stats import check_js_peers
 from tokenrl.selectors.base import SelectionBatch, TokenSelector
 from tokenrl.selectors.ranking import scoped_top_fraction, validate
 
@@ -18,12 +20,13 @@ class ICTSelector(TokenSelector):
     requires = frozenset({"js"})
 
     def __init__(self, ratio: float = 0.10, scope: str = "sequence", warmup_steps: int = 20,
-                 normalizer: str = "selected") -> None:
+                 normalizer: str = "selected", js_peers: str = "all") -> None:
         super().__init__(normalizer)
         validate(ratio, scope, "ratio")
         if warmup_steps < 0:
             raise ValueError(f"selector.warmup_steps={warmup_steps} must be >= 0")
-        self.ratio, self.scope, self.warmup_steps = ratio, scope, warmup_steps
+        check_js_peers(js_peers)
+        self.ratio, self.scope, self.warmup_steps, self.js_peers = ratio, scope, warmup_steps, js_peers
 
     def unique_tokens(self, batch: SelectionBatch) -> torch.Tensor:
         return scoped_top_fraction(batch.stats.js, batch, self.ratio, self.scope)
