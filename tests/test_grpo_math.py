@@ -184,6 +184,39 @@ def test_dual_clip_must_exceed_one(c):
                     dual_clip=c)
 
 
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
+def test_low_var_kl_clamps_like_verl(agg):
+    """low_var_kl = k3 with d = ref − logp clamped to ±20 and the value to [−10, 10]; equal to k3 where it is small."""
+    logp, old, adv, resp, sel, ref = random_case(7)
+    ref = ref.clone()
+    ref[0, :3] = logp[0, :3] + torch.tensor([4.0, 30.0, -25.0], dtype=torch.float64)   # k3 = 49.6, e^30, 24
+    resp[0, :3], sel[0, :3] = 1.0, 1.0                                              # all three count in the loss
+    got = policy_loss(logp, old, adv, resp, sel, LossNormalizer.count(resp, sel, agg, "selected", True),
+                      ref_logp=ref, aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01,
+                      kl_masked=True, kl_estimator="low_var_kl").loss
+
+    def low_var(r, lp):
+        d = max(-20.0, min(20.0, r - lp))
+        return max(-10.0, min(10.0, math.exp(d) - d - 1))
+    kl = [[low_var(r, lp) for r, lp in zip(rr, lr)] for rr, lr in zip(ref.tolist(), logp.tolist())]
+    pg_only = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
+                             agg=agg, norm="selected", lo=0.2, hi=0.2, beta=0.0, kl_masked=True)
+    w = (resp * sel).tolist()
+    if agg == "token-mean":
+        expected = pg_only + 0.01 * sum(k * m for kr, mr in zip(kl, w) for k, m in zip(kr, mr)) / max(sum(map(sum, w)), 1)
+    else:
+        rows = [i for i in range(len(w)) if sum(w[i]) > 0]
+        expected = pg_only + 0.01 * sum(sum(k * m for k, m in zip(kl[i], w[i])) / sum(w[i]) for i in rows) / len(rows)
+    assert float(got) == pytest.approx(expected, abs=1e-9)
+    k3 = policy_loss(logp, old, adv, resp, sel, LossNormalizer.count(resp, sel, agg, "selected", True),
+                     ref_logp=ref, aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01,
+                     kl_masked=True, kl_estimator="k3").loss
+    assert float(k3) > float(got) + 1.0                                  # the clamp really bound
+    with pytest.raises(ValueError, match=r"algorithm.kl_estimator='k2' is not one of \('k3', 'low_var_kl'\)"):
+        policy_loss(logp, old, adv, resp, sel, LossNormalizer(1.0, 1.0), ref_logp=ref, aggregation=agg,
+                    norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_estimator="k2")
+
+
 def test_truncated_importance_sampling_rejects_a_bad_cap():
     with pytest.raises(ValueError, match="algorithm.tis_cap"):
         truncated_is_weights(torch.zeros(2), torch.zeros(2), 0.0)

@@ -20,7 +20,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.dapo import check_dynamic_sampling, check_overlong_buffer, overlong_penalty
-from tokenrl.algorithms.grpo import check_dual_clip, group_advantages, policy_loss, truncated_is_weights
+from tokenrl.algorithms.grpo import (check_dual_clip, check_kl_estimator, group_advantages, k3_kl,
+                                    policy_loss, truncated_is_weights)
 from tokenrl.algorithms.schedule import constant_after_linear_warmup
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
 from tokenrl.data.datamodule import PromptBatch
@@ -65,6 +66,7 @@ class GRPOModule(L.LightningModule):
                                        max_new_tokens=int(rollout["max_new_tokens"]))
         check_overlong_buffer(int(algorithm["overlong_buffer"]), self.sampling.max_new_tokens)
         check_dual_clip(algorithm["dual_clip"])
+        check_kl_estimator(algorithm["kl_estimator"])
         check_dynamic_sampling(algorithm["filter_groups"], int(algorithm["gen_prompts_per_step"]),
                                int(algorithm["max_gen_rounds"]))
         self.scorer = SafeScorer(reward_timeout_s)
@@ -269,7 +271,7 @@ class GRPOModule(L.LightningModule):
         loss_fn = partial(policy_loss, aggregation=algo["aggregation"], norm=self.selector.normalizer,
                           clip_low=float(algo["clip_low"]), clip_high=float(algo["clip_high"]),
                           kl_coef=float(algo["kl_coef"]), kl_masked=bool(algo["kl_masked"]),
-                          dual_clip=algo["dual_clip"])
+                          dual_clip=algo["dual_clip"], kl_estimator=algo["kl_estimator"])
         tis_cap = algo.get("tis_cap")
         is_weights = None if tis_cap is None else truncated_is_weights(whole.stats.logprobs, rollouts.sampling_logprobs,
                                                                         float(tis_cap))
@@ -350,8 +352,8 @@ class GRPOModule(L.LightningModule):
         if int(self.algo["overlong_buffer"]):
             metrics["train/overlong_penalty"] = (rewards - scores).mean().item()
         if ref_logp is not None:
-            log_ratio = ref_logp - stats.logprobs
-            metrics["train/kl"] = (((log_ratio.exp() - log_ratio - 1.0) * resp).sum() / tokens).item()
+            metrics["train/kl"] = ((k3_kl(stats.logprobs, ref_logp, self.algo["kl_estimator"]) * resp).sum()
+                                   / tokens).item()
         metrics.update({f"time/{phase}": seconds for phase, seconds in timer.seconds.items()})
         metrics["time/step"] = sum(timer.seconds.values())
         sync = self.trainer.world_size > 1

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
+KL_ESTIMATORS = ("k3", "low_var_kl")
 NORMALIZERS = ("selected", "all")
 
 
@@ -78,12 +79,12 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 aggregation: str, norm: str, clip_low: float, clip_high: float,
                 ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
                 kl_masked: bool = True, is_weights: torch.Tensor | None = None,
-                dual_clip: float | None = None) -> LossOutput:
+                dual_clip: float | None = None, kl_estimator: str = "k3") -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
     pg_t = −w_t · min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to
     ±20), w_t = `is_weights` (1 when None; see `truncated_is_weights`); kl_t = exp(ref − logp) − (ref − logp) − 1
-    (k3). Dual-clip c (Ye et al. 2020, arXiv 1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted
+    (k3; `low_var_kl`, verl's: the log-ratio clamped to ±20 and kl_t to [−10, 10]). Dual-clip c (Ye et al. 2020, arXiv 1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted
     pg_t is capped at −c·Â, so a huge ratio on a negative-advantage token cannot dominate the step.
     Shapes: logp, old_logp, masks, is_weights (b, T); advantages (b,).
     """
@@ -106,7 +107,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if is_weights is not None:
         pg = pg * is_weights.to(pg.dtype).detach()
     use_kl = ref_logp is not None and kl_coef > 0
-    kl = (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1.0) if use_kl else torch.zeros_like(logp)
+    kl = k3_kl(logp, ref_logp, kl_estimator) if use_kl else torch.zeros_like(logp)
     if aggregation == "token-mean":
         loss = (pg * w_pg).sum() / max(normalizer.pg, 1.0)
         if use_kl:
@@ -122,6 +123,22 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     is_clipped = (clipped < unclipped).float()  # the clipped branch is the active minimum
     return LossOutput(loss, (is_clipped * w_pg).sum().detach(), (kl * resp).sum().detach(), w_pg.sum().detach(),
                       (dual_clipped * w_pg).sum().detach())
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token k3 estimate of KL(π_θ ‖ π_ref) at the sampled token: exp(d) − d − 1 with d = ref − logp
+    (Schulman 2020, "Approximating KL divergence"); `low_var_kl` clamps d to ±20 and the result to [−10, 10]."""
+    check_kl_estimator(estimator)
+    d = ref_logp - logp
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    d = d.clamp(-20.0, 20.0)
+    return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
+
+
+def check_kl_estimator(estimator: str) -> None:
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"algorithm.kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
 
 
 def check_dual_clip(c: float | None) -> None:
