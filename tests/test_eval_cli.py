@@ -5,6 +5,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +54,25 @@ def test_validation_is_logged_during_training(tiny_cfg):
                            "validation.n_samples=4"))
     assert 0.0 <= summary["val/pass@1"] <= summary["val/pass@4"] <= 1.0
     assert summary["val/at_step"] == 2.0   # the last validation runs after the final update
+
+
+def test_validation_on_extra_benchmarks_uses_their_prompts_and_verifiers(tiny_cfg):
+    from tokenrl.data.benchmarks import benchmark
+    from tokenrl.train import build_components
+
+    cfg = tiny_cfg("total_steps=1", "validation.every_n_steps=1", "validation.limit=2", "validation.n_samples=2",
+                   "validation.ks=[1,2]", "validation.benchmarks=[gsm8k,math500]", "rollout.max_prompt_length=1024")
+    module, _, _ = build_components(cfg)
+    task_set, gsm8k, math500 = module.validator.sets
+    assert (task_set.prefix, gsm8k.prefix, math500.prefix) == ("", "gsm8k/", "math500/")
+    for validation_set, name in ((gsm8k, "gsm8k"), (math500, "math500")):
+        bench = benchmark(name)
+        assert validation_set.problems == bench.load(Path(cfg.paths.data_dir))[:2]
+        assert validation_set.instruction == bench.instruction
+    assert {p.verifier for p in gsm8k.problems} == {"gsm8k_strict"} and {p.verifier for p in math500.problems} == {"math"}
+    summary = run(cfg)
+    for prefix in ("", "gsm8k/", "math500/"):
+        assert 0.0 <= summary[f"val/{prefix}pass@1"] <= summary[f"val/{prefix}pass@2"] <= 1.0, prefix
 
 
 def test_validation_samples_with_its_own_temperature_and_top_p(tiny_cfg):

@@ -17,9 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO, SaveLastOnTrainEnd
+from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
-from tokenrl.evaluation.runner import EvalSettings, Validator
+from tokenrl.data.tasks import Task
+from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
 from tokenrl.samples import SampleWriter
@@ -29,6 +31,18 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 os.environ.setdefault("TOKENRL_ROOT", str(Path(CONFIG_DIR).parent))
+
+
+def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
+    """The task's test split, then each of `validation.benchmarks` with its own instruction and verifier; the first
+    `validation.limit` problems of each."""
+    limit = cfg.validation.limit
+    sets = [ValidationSet("", task.problems("test")[:limit], task.instruction)]
+    extra = cfg.validation.benchmarks
+    for name in expand(OmegaConf.to_container(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []:
+        bench = benchmark(name)
+        sets.append(ValidationSet(f"{name}/", bench.load(Path(cfg.paths.data_dir))[:limit], bench.instruction))
+    return sets
 
 
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
@@ -51,7 +65,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                                 max_new_tokens=cfg.rollout.max_new_tokens,
                                 max_prompt_length=cfg.rollout.max_prompt_length,
                                 batch_prompts=cfg.validation.batch_prompts, seed=cfg.seed)
-        validator = Validator(task.problems("test")[: cfg.validation.limit], task.instruction, formatter, settings)
+        validator = Validator(validation_sets(cfg, task), formatter, settings)
     selector = instantiate(cfg.selector)
     sample_writer = SampleWriter(Path(cfg.paths.output_dir) / "samples", cfg.samples.every_n_steps, cfg.samples.rows,
                                  tokenizer, selector_name=selector.name)

@@ -90,16 +90,30 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
     return result
 
 
-class Validator:
-    """Periodic validation during training: pass@k on held-out problems with the training prompt format."""
+@dataclass(frozen=True)
+class ValidationSet:
+    """Held-out problems validated during training; metrics are logged as `val/<prefix>pass@k`."""
 
-    def __init__(self, problems: list[Problem], instruction: str, formatter: PromptFormatter,
-                 settings: EvalSettings) -> None:
-        if not problems:
-            raise ValueError("validation has no problems: raise validation.limit or set validation.every_n_steps=0")
-        self.problems, self.instruction, self.formatter, self.settings = problems, instruction, formatter, settings
+    prefix: str            # "" for the task's test split, "<benchmark>/" for an extra benchmark
+    problems: list[Problem]
+    instruction: str
+
+
+class Validator:
+    """Periodic validation during training: pass@k on each held-out set with the training prompt format."""
+
+    def __init__(self, sets: list[ValidationSet], formatter: PromptFormatter, settings: EvalSettings) -> None:
+        for validation_set in sets:
+            if not validation_set.problems:
+                raise ValueError(f"validation set {validation_set.prefix or 'of the task'!r} has no problems: raise "
+                                 "validation.limit or set validation.every_n_steps=0")
+        self.sets, self.formatter, self.settings = sets, formatter, settings
 
     def __call__(self, engine: RolloutEngine, scorer: SafeScorer) -> dict[str, float]:
-        result = evaluate("val", self.problems, self.instruction, engine, self.formatter, scorer, self.settings,
-                          progress=False)
-        return {key: float(value) for key, value in result.items() if key.startswith(("pass@", "avg@"))}
+        out = {}
+        for validation_set in self.sets:
+            result = evaluate(f"val/{validation_set.prefix}".rstrip("/"), validation_set.problems,
+                              validation_set.instruction, engine, self.formatter, scorer, self.settings, progress=False)
+            out.update({f"{validation_set.prefix}{key}": float(value) for key, value in result.items()
+                        if key.startswith(("pass@", "avg@"))})
+        return out
