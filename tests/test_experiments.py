@@ -102,8 +102,8 @@ def test_native_bases_of_the_baselines():
     assert (e20.algorithm.optimizer.weight_decay, e20.validation.top_p, e20.selector.ratio) == (0.1, 0.7, 0.2)
     assert e20.algorithm.overlong_buffer / e20.rollout.max_new_tokens == pytest.approx(4096 / 20480, abs=1e-3)
     assert (stapo.algorithm.prompts_per_step, stapo.algorithm.group_size, stapo.algorithm.mini_batches) == (256, 8, 4)
-    assert (ict.algorithm.aggregation, ict.algorithm.clip_high, ict.algorithm.kl_coef,
-            ict.selector.ratio, ict.selector.warmup_steps) == ("seq-mean-token-mean", 0.2, 0.001, 0.1, 20)
+    assert (ict.algorithm.aggregation, ict.algorithm.clip_high, ict.algorithm.kl_coef, ict.algorithm.kl_estimator,
+            ict.selector.ratio, ict.selector.warmup_steps) == ("seq-mean-token-mean", 0.2, 0.001, "low_var_kl", 0.1, 20)
 
 
 def test_selector_sweep_multirun_logs_diagnostics(tmp_path):

@@ -82,10 +82,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 dual_clip: float | None = None, kl_estimator: str = "k3") -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
-    pg_t = −w_t · min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped to
-    ±20), w_t = `is_weights` (1 when None; see `truncated_is_weights`); kl_t = exp(ref − logp) − (ref − logp) − 1
-    (k3; `low_var_kl`, verl's: the log-ratio clamped to ±20 and kl_t to [−10, 10]). Dual-clip c (Ye et al. 2020, arXiv 1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted
-    pg_t is capped at −c·Â, so a huge ratio on a negative-advantage token cannot dominate the step.
+    pg_t = −w_t · min(r_t Â, clip(r_t, 1−ε_low, 1+ε_high) Â), r_t = exp(logp − old_logp) (log-ratio clamped
+    to ±20), w_t = `is_weights` (1 when None; see `truncated_is_weights`); kl_t = exp(ref − logp) − (ref − logp)
+    − 1 (k3; `low_var_kl`, verl's: the log-ratio clamped to ±20 and kl_t to [−10, 10]). Dual-clip c (Ye et al.
+    2020, arXiv 1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted pg_t is capped at −c·Â, so a huge
+    ratio on a negative-advantage token cannot dominate the step.
     Shapes: logp, old_logp, masks, is_weights (b, T); advantages (b,).
     """
     resp = response_mask.float()

@@ -6,8 +6,8 @@ With π = softmax(z / T), T the sampling temperature (ALGORITHMS.md §1.5, §2.2
   log π(o_t);  Shannon H = −Σ π log π;  Rényi-2 H₂ = −log Σ π²;
   ICT uniqueness u_{i,t} = JS(π_{i,t} ‖ π̄_t), π̄_t = mean of π_{j,t} over the group's rollouts j still
   active at position t (`js_peers=all`, j = i included, ALGORITHMS.md §2.3/§7.4) or over the others only
-  (`others`, j ≠ i: "the mean distribution of the same prompt's other rollouts"), JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M),
-  M = ½(P+Q), natural log; u = 0 where only one rollout of the group is active.
+  (`others`, j ≠ i: "the mean distribution of the same prompt's other rollouts"),
+  JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one rollout of the group is active.
 """
 from __future__ import annotations
 

@@ -45,7 +45,8 @@ def _epoch_order(n: int, label: str, epoch: int) -> tuple[int, ...]:
 def stream_indices(n: int, label: str, start: int, count: int) -> list[int]:
     """Problem indices at positions start..start+count-1 of an endless stream that visits all n problems once per
     epoch, epoch e in the permutation seeded by `{label}-epoch-{e}`."""
-    return [_epoch_order(n, label, epoch)[pos] for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))]
+    return [_epoch_order(n, label, epoch)[pos]
+            for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))]
 
 
 def rank_shard(count: int, rank: int, world_size: int, field: str) -> slice:

@@ -37,8 +37,8 @@ class ScoredRollouts:
 
     def first_groups(self, count: int) -> "ScoredRollouts":
         """The rows of the first `count` groups in order of appearance."""
-        order = list(dict.fromkeys(self.rollouts.group_ids.tolist()))[:count]
-        return self.rows(torch.isin(self.rollouts.group_ids, torch.tensor(order, dtype=torch.long)).nonzero().squeeze(1))
+        order = torch.tensor(list(dict.fromkeys(self.rollouts.group_ids.tolist()))[:count], dtype=torch.long)
+        return self.rows(torch.isin(self.rollouts.group_ids, order).nonzero().squeeze(1))
 
 
 def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
@@ -79,6 +79,7 @@ def collect_varied_groups(first: PromptBatch, quota: int, metric: str, max_round
         if everyone_done(n_kept >= quota):
             break
     filled = max(0, quota - n_kept)
-    batch = concat_scored([part for part in kept + spare if part.rollouts.group_ids.numel()], pad_id).first_groups(quota)
+    parts = [part for part in kept + spare if part.rollouts.group_ids.numel()]
+    batch = concat_scored(parts, pad_id).first_groups(quota)
     return batch, {"gen_rounds": float(rounds), "kept_group_frac": n_kept / max(generated, 1),
                    "filled_groups": float(filled)}

@@ -59,7 +59,7 @@ class TokenSelector(ABC):
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()   # TokenStats fields the selector reads
-    js_peers: str = "all"   # the rollouts π̄ averages for JS (token_stats.py); a selector that ranks by JS may change it
+    js_peers: str = "all"   # the rollouts π̄ averages for JS (token_stats.py); a JS-ranking selector may change it
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
