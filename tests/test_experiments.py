@@ -98,6 +98,7 @@ def test_native_bases_of_the_baselines():
     assert (e20.algorithm.prompts_per_step, e20.algorithm.group_size, e20.algorithm.mini_batches) == (512, 16, 16)
     assert (e20.algorithm.filter_groups, e20.algorithm.gen_prompts_per_step, e20.algorithm.max_gen_rounds,
             e20.algorithm.dual_clip) == ("acc", 3 * 512, 10, 10.0)
+    assert list(e20.validation.benchmarks) == ["math500", "aime24"]
     assert stapo.algorithm.filter_groups is None          # STAPO's base runs without dynamic sampling (§4.5)
     assert (e20.algorithm.optimizer.weight_decay, e20.validation.top_p, e20.selector.ratio) == (0.1, 0.7, 0.2)
     assert e20.algorithm.overlong_buffer / e20.rollout.max_new_tokens == pytest.approx(4096 / 20480, abs=1e-3)
