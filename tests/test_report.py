@@ -27,7 +27,7 @@ def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, 
     final = PASS1.get((selector, seed), 0.0)
     with (run / "csv" / "metrics.csv").open("w", newline="") as handle:
         fields = ["epoch", "step", "train/rollout_step", "train/reward", "train/entropy", "train/renyi2",
-                  "select/fraction", "time/step", "val/at_step", "val/pass@1", "val/pass@4"]
+                  "select/fraction", "time/step", "val/at_step", "val/pass@1", "val/pass@4", "val/math500/pass@1"]
         writer = csv.DictWriter(handle, fields)
         writer.writeheader()
         for step in range(steps):
@@ -37,7 +37,8 @@ def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, 
             if step == 0:
                 row.update({"val/at_step": 0, "val/pass@1": 0.2, "val/pass@4": 0.4})
             if step == TOTAL_STEPS - 1:
-                row.update({"val/at_step": TOTAL_STEPS, "val/pass@1": final, "val/pass@4": final + 0.2})
+                row.update({"val/at_step": TOTAL_STEPS, "val/pass@1": final, "val/pass@4": final + 0.2,
+                            "val/math500/pass@1": final / 2})
             writer.writerow(row)
     (run / "train.log").write_text("Traceback (most recent call last):\nRuntimeError: boom\n" if traceback else "ok\n")
     if finished:
@@ -93,6 +94,8 @@ def test_report_tables_from_known_numbers(sweep, tmp_path):
     assert "random" not in glance
     pass4 = report.split("### held-out pass@4 after training")[1].split("###")[0]
     assert "| ict | 3 | 0.900 ± 0.248 | 0.100 ± 0.248 (n=3) |" in pass4
+    extra = report.split("### held-out math500/pass@1 after training")[1].split("###")[0]   # validation.benchmarks
+    assert "| ict | 3 | 0.350 ± 0.124 | 0.050 ± 0.124 (n=3) |" in extra and "math500" not in glance
     before = report.split("### held-out pass@1 before training")[1].split("###")[0]
     assert "| ict | 3 | 0.200 ± 0.000 | 0.000 ± 0.000 (n=3) |" in before
     reward = report.split("### training reward, last 3 steps")[1].split("###")[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -40,9 +41,14 @@ def metrics(ks: list[str]) -> dict[str, Metric]:
     return table
 
 
+PASSK_KEY = re.compile(r"val/((?:[^/]+/)?pass@\d+)")   # val/pass@k (the task) or val/<benchmark>/pass@k
+
+
 def passk_names(runs: list[Run]) -> list[str]:
-    names = {key[4:] for run in runs for values in run.validation.values() for key in values if key.startswith("val/pass@")}
-    return sorted(names, key=lambda name: int(name.split("@")[1]))
+    """The pass@k names the runs validated: the task's (pass@1, pass@4) first, then each extra benchmark's."""
+    names = {match.group(1) for run in runs for values in run.validation.values() for key in values
+             if (match := PASSK_KEY.fullmatch(key))}
+    return sorted(names, key=lambda name: ("/" in name, name.rsplit("pass@", 1)[0], int(name.rsplit("@", 1)[1])))
 
 
 def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
@@ -162,7 +168,7 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
         report += ["## At a glance", "", "Mean ± 95% CI over seeds; Δ = paired difference against "
                    f"`{baseline}` (details and per-seed values under Results)." if baseline else
                    "Mean ± 95% CI over seeds (details and per-seed values under Results).", "",
-                   glance_table(records, groups, ks, baseline), ""]
+                   glance_table(records, groups, [k for k in ks if "/" not in k], baseline), ""]
     report += [runs_section(runs, missing), "", "## Results", "",
                "Mean ± 95% CI over seeds (Student t, n − 1 degrees of freedom); Δ = paired difference against "
                f"`{baseline}` over the seeds both completed." if baseline else "Mean ± 95% CI over seeds.", ""]
