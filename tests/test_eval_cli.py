@@ -75,6 +75,13 @@ def test_validation_on_extra_benchmarks_uses_their_prompts_and_verifiers(tiny_cf
         assert 0.0 <= summary[f"val/{prefix}pass@1"] <= summary[f"val/{prefix}pass@2"] <= 1.0, prefix
 
 
+def test_an_unknown_validation_benchmark_is_named(tiny_cfg):
+    from tokenrl.train import build_components
+
+    with pytest.raises(ValueError, match=r"validation.benchmarks: unknown benchmark 'math5000'; valid: .*'math500'"):
+        build_components(tiny_cfg("validation.every_n_steps=1", "validation.benchmarks=[math5000]"))
+
+
 def test_validation_samples_with_its_own_temperature_and_top_p(tiny_cfg):
     from tokenrl.train import build_components
 

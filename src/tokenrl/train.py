@@ -39,7 +39,11 @@ def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
     limit = cfg.validation.limit
     sets = [ValidationSet("", task.problems("test")[:limit], task.instruction)]
     extra = cfg.validation.benchmarks
-    for name in expand(OmegaConf.to_container(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []:
+    try:
+        names = expand(OmegaConf.to_container(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []
+    except KeyError as err:
+        raise ValueError(f"validation.benchmarks: {err.args[0]}") from None
+    for name in names:
         bench = benchmark(name)
         sets.append(ValidationSet(f"{name}/", bench.load(Path(cfg.paths.data_dir))[:limit], bench.instruction))
     return sets
