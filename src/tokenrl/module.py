@@ -24,7 +24,7 @@ from tokenrl.algorithms.grpo import (check_dual_clip, check_kl_estimator, group_
                                     policy_loss, truncated_is_weights)
 from tokenrl.algorithms.schedule import constant_after_linear_warmup
 from tokenrl.algorithms.token_stats import ALL_STATISTICS, TokenStats, compute_token_stats, response_logprobs
-from tokenrl.data.datamodule import PromptBatch
+from tokenrl.data.datamodule import PromptBatch, rank_shard
 from tokenrl.diagnostics import selection_diagnostics
 from tokenrl.distributed import gather_variable, global_loss_normalizer
 from tokenrl.evaluation.runner import Validator
@@ -198,8 +198,7 @@ class GRPOModule(L.LightningModule):
     def _check_dynamic_sampling_sizes(self) -> None:
         wanted, per_round = int(self.algo["prompts_per_step"]), int(self.algo["gen_prompts_per_step"])
         world, rounds = self.trainer.world_size, int(self.algo["max_gen_rounds"])
-        if wanted % world:
-            raise ValueError(f"algorithm.prompts_per_step={wanted} must be divisible by the {world} training processes")
+        rank_shard(wanted, self.global_rank, world, "algorithm.prompts_per_step")   # raises if ranks cannot share it
         if per_round * rounds < wanted:
             raise ValueError(f"algorithm.gen_prompts_per_step={per_round} × max_gen_rounds={rounds} cannot supply "
                              f"prompts_per_step={wanted} groups; raise one of them")
