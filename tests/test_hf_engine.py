@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny import rollouts
-from tokenrl.algorithms.token_stats import response_logprobs
+from tokenrl.models.response_forward import response_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

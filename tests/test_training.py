@@ -68,7 +68,7 @@ def test_three_step_fit_raises_the_objective_and_logs(tiny_cfg):
     # Σ_i Â_i · mean_t log π(o_i,t) on the first batch: GRPO's ascent direction must have raised it
     first = recorder.first
     from tokenrl.algorithms.grpo import group_advantages
-    from tokenrl.algorithms.token_stats import response_logprobs
+    from tokenrl.models.response_forward import response_logprobs
     from tests.helpers.rewards import length_reward
     rewards = torch.tensor([length_reward(t, "") for t in first.texts])
     adv = group_advantages(rewards, first.group_ids)

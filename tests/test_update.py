@@ -9,8 +9,9 @@ import torch
 from hydra.utils import instantiate
 
 from tokenrl.algorithms.grpo import LossNormalizer
-from tokenrl.algorithms.token_stats import compute_token_stats, response_logprobs
-from tokenrl.algorithms.update import Backend, ppo_update
+from tokenrl.algorithms.token_stats import compute_token_stats
+from tokenrl.algorithms.update import Backend, UpdateForward, ppo_update
+from tokenrl.models.response_forward import response_logprobs
 from tokenrl.models import build_model
 from tokenrl.train import build_components
 from tokenrl.utils import derived_seed
@@ -39,8 +40,14 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         optimizer.step()
         optimizer.zero_grad()
 
-    return Backend(logprobs=lambda rows: response_logprobs(policy, rows, temperature),
-                   backward=lambda loss, last: loss.backward(), optimizer_step=optimizer_step,
+    def scale_gradients(factor):
+        for parameter in policy.parameters():
+            parameter.grad.mul_(factor)
+
+    return Backend(forward=lambda rows, with_stats: UpdateForward(response_logprobs(policy, rows, temperature,
+                                                                                    share_prefix=True, trim=True)),
+                   backward=lambda loss, last: loss.backward(), scale_gradients=scale_gradients,
+                   optimizer_step=optimizer_step,
                    current_stats=lambda rows: compute_token_stats(policy, rows, temperature, cfg.micro_batch_size,
                                                                   chunk, with_js=False),
                    count_normalizer=lambda resp, mask, norm: LossNormalizer.count(resp, mask, cfg.aggregation, norm,
@@ -63,7 +70,7 @@ def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
     backend = plain_backend(policy, module.cfg, module.sampling.temperature, optimizer,
                             int(module.model_cfg["stats_chunk_size"]))
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(capture.train, module.selector, module.cfg, backend, shuffle)
+    result = ppo_update(capture.train, module.selector, module.cfg, backend, shuffle, by_length=True)
     assert result.optimizer_steps == 2 and 0 < result.first_epoch_mask.sum() < capture.train.rollouts.response_mask.sum()
     moved = 0.0
     for name, weight in policy.state_dict().items():

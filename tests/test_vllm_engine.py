@@ -103,7 +103,7 @@ def test_engine_follows_the_trained_weights(engine_and_policy):
 
 
 def trainer_rollout_logprobs(policy, batch):
-    from tokenrl.algorithms.token_stats import response_logprobs
+    from tokenrl.models.response_forward import response_logprobs
 
     return response_logprobs(policy, batch, 1.0).detach() * batch.response_mask
 

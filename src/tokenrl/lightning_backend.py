@@ -19,8 +19,8 @@ def lightning_backend(module: Any, optimizer: Any) -> Backend:
     """The backend of `module` (a `GRPOModule` inside `training_step`) and its Lightning `optimizer`; the gradients are
     zeroed first."""
     optimizer.zero_grad()
-    return Backend(logprobs=module.passes.logprobs, backward=partial(backward, module),
-                   optimizer_step=partial(optimizer_step, module, optimizer),
+    return Backend(forward=module.passes.update_forward, backward=partial(backward, module),
+                   scale_gradients=partial(scale_gradients, module), optimizer_step=partial(optimizer_step, module, optimizer),
                    current_stats=partial(module.passes.statistics, with_js=False),
                    count_normalizer=lambda resp, mask, norm: global_loss_normalizer(
                        resp, mask, module.cfg.aggregation, norm, module.cfg.kl_masked, module.device),
@@ -34,6 +34,14 @@ def backward(module: Any, loss: torch.Tensor, last: bool) -> None:
     sync = nullcontext() if last or not isinstance(strategy, ParallelStrategy) else strategy.block_backward_sync()
     with sync:
         module.manual_backward(loss * module.trainer.world_size)
+
+
+@torch.no_grad()
+def scale_gradients(module: Any, factor: float) -> None:
+    """Multiply every accumulated gradient of the policy (this rank's shards under FSDP) by `factor`."""
+    for parameter in module.policy.parameters():
+        if parameter.grad is not None:
+            parameter.grad.mul_(factor)
 
 
 def optimizer_step(module: Any, optimizer: Any) -> None:

@@ -1,11 +1,14 @@
 """`GRPOModule`: the Lightning side of a rollout step (the math: docs/algorithms.md §1.2–1.4). `training_step`:
 1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its memory);
 2. advantages, π_old's statistics and the reference's log-probs → one `TrainBatch` (algorithms/train_batch.py);
+   the statistics come from the update's own forward instead where that is exact (`fast_path.fused_statistics`);
 3. the PPO update (algorithms/update.py) with this module's backend (manual backward, DDP `no_sync` before the last
    micro-batch, FSDP-aware clipping, optimizer, lr schedule); 4. weight sync; 5. metrics, diagnostics, samples.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -17,11 +20,12 @@ from lightning.pytorch.strategies import FSDPStrategy
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.algorithms.fast_path import FastPath
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.schedule import with_linear_warmup
 from tokenrl.algorithms.token_stats import needs_js
 from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import UpdateResult, ppo_update
+from tokenrl.algorithms.update import UpdateResult, fused_blocker, ppo_update
 from tokenrl.checkpointing import restore_rng_state, rng_state
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
@@ -30,7 +34,7 @@ from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
 from tokenrl.lightning_backend import lightning_backend
 from tokenrl.models import build_model, build_reference
-from tokenrl.models.passes import PolicyPasses
+from tokenrl.models.passes import PolicyPasses, shared_prefix_blocker
 from tokenrl.models.sharding import gathered_root, is_sharded, shard
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
@@ -43,6 +47,7 @@ from tokenrl.utils import StepTimer, derived_seed
 
 # prompts stay on the host on purpose (see transfer_batch_to_device); Lightning warns about the override
 warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
+log = logging.getLogger(__name__)
 
 
 class GRPOModule(L.LightningModule):
@@ -53,7 +58,7 @@ class GRPOModule(L.LightningModule):
                  optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
                  reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
                  validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0,
-                 sample_writer: SampleWriter | None = None) -> None:
+                 sample_writer: SampleWriter | None = None, fast_path: FastPath = FastPath()) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
@@ -64,7 +69,8 @@ class GRPOModule(L.LightningModule):
         self.collector = RolloutCollector(self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed,
                                           tokenizer.pad_token_id)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
-        self.sample_writer, self.seed = sample_writer, seed
+        self.sample_writer, self.seed, self.fast_path = sample_writer, seed, fast_path
+        self.path_reported = False   # the run's log says once which fast-path shortcuts the update takes
         self.policy: torch.nn.Module | None = None   # the causal LM; under FSDP its root unit (models/sharding.py)
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
@@ -86,9 +92,12 @@ class GRPOModule(L.LightningModule):
         if isinstance(strategy, FSDPStrategy):
             policy, references = shard(policy, strategy), [shard(reference, strategy) for reference in references]
         self.policy, self._reference = policy, references
+        self.prefix_blocker = ("fast_path.shared_prefix=false" if not self.fast_path.shared_prefix
+                               else shared_prefix_blocker(policy))
         self.passes = PolicyPasses(policy, references[0] if references else None, self.sampling.temperature,
                                    self.cfg.micro_batch_size, int(self.model_cfg["stats_chunk_size"]), self.with_js,
-                                   self.selector.js_peers)
+                                   self.selector.js_peers, share_prefix=self.prefix_blocker is None,
+                                   trim=self.fast_path.pack)
 
     def setup(self, stage: str) -> None:
         self.configure_model()
@@ -129,20 +138,24 @@ class GRPOModule(L.LightningModule):
                                                           self._everyone, self.engine_context)
         with timer("generate"):
             self.engine.sleep()
+        fused = self._fused_statistics(len(scored.rollouts.texts))
         with timer("statistics"):
             train = TrainBatch(self.rollout_step, scored.rollouts, scored.scores, scored.rewards,
                                group_advantages(scored.rewards, scored.rollouts.group_ids, eps=self.cfg.adv_eps,
                                                 std_normalize=self.cfg.adv_std_normalize),
-                               self.passes.statistics(scored.rollouts),
+                               None if fused else self.passes.statistics(scored.rollouts),
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
                                row_offset=self.global_rank * len(scored.rollouts.texts))
         with timer("update"):
             lr, update = self._update(train)
+        if fused:
+            train = dataclasses.replace(train, stats=update.stats)
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
-        self._log(step_metrics(train, update, self.cfg, lr, timer, sampling_metrics), train.size)
+        self._log({**step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
+                   "train/fused_statistics": float(fused)}, train.size)
         whole = train.selection_view(torch.arange(train.size), partial(gather_variable, device=self.device),
                                      self.global_rank)
         self._log(selection_diagnostics(update.first_epoch_mask, whole), train.size)
@@ -152,12 +165,25 @@ class GRPOModule(L.LightningModule):
                 self.sample_writer.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_mask,
                                          would)
 
+    def _fused_statistics(self, rows: int) -> bool:
+        """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
+        blocker = ("fast_path.fused_statistics=false" if not self.fast_path.fused_statistics
+                   else fused_blocker(self.cfg, self.selector, self.with_js, rows))
+        if not self.path_reported and self.global_rank == 0:
+            log.info("update path: shared prefix %s; statistics %s; micro-batches %s",
+                     "on" if self.prefix_blocker is None else f"off ({self.prefix_blocker})",
+                     "from the update's forward" if blocker is None else f"from a separate pass ({blocker})",
+                     "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width")
+            self.path_reported = True
+        return blocker is None
+
     def _update(self, train: TrainBatch) -> tuple[float, UpdateResult]:
         """The PPO update with Lightning's backend; returns the lr it used and its result."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         lr = optimizer.param_groups[0]["lr"]
         shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", self.rollout_step))
-        result = ppo_update(train, self.selector, self.cfg, lightning_backend(self, optimizer), shuffle)
+        result = ppo_update(train, self.selector, self.cfg, lightning_backend(self, optimizer), shuffle,
+                            by_length=self.fast_path.pack)
         self.optimizer_steps += result.optimizer_steps
         if scheduler is not None:
             scheduler.step()   # once per rollout step, as verl

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO, SaveLastOnTrainEnd
+from tokenrl.algorithms.fast_path import FastPath
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
@@ -78,7 +79,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                         optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
                         reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
                         validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
-                        total_steps=cfg.total_steps, sample_writer=sample_writer)
+                        total_steps=cfg.total_steps, sample_writer=sample_writer,
+                        fast_path=FastPath.from_node(cfg.get("fast_path")))
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps)]   # one log line per rollout step (console, train.log)

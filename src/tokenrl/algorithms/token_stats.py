@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tokenrl.models.response_forward import decoder_and_head, response_hidden
 from tokenrl.rollout.base import RolloutBatch
 
 BASE_STATISTICS = frozenset({"logprobs", "entropy", "renyi2"})
@@ -35,52 +36,6 @@ def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool)
     return with_js
 
 
-def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """The transformer body (hidden states) and the output projection of a causal LM (PEFT-wrapped or not)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder(), base.get_output_embeddings()
-
-
-def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only, so left padding does not shift a prompt."""
-    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
-
-
-def sampled_logprobs(logits: torch.Tensor, response_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(z / T) at each sampled token, in float32."""
-    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
-
-
-def response_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    prompt_width: int) -> torch.Tensor:
-    """(b, T, H) hidden states that predict response tokens 0..T−1 (positions P−1 .. P+T−2)."""
-    decoder, _ = decoder_and_head(model)
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                     use_cache=False).last_hidden_state
-    return hidden[:, prompt_width - 1:-1]
-
-
-def response_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float) -> torch.Tensor:
-    """(b, T) log π_θ(o_t) with gradient, for the update (logits of this micro-batch only)."""
-    device = next(model.parameters()).device
-    _, head = decoder_and_head(model)
-    hidden = response_hidden(model, batch.input_ids.to(device), batch.attention_mask.to(device),
-                             batch.prompt_ids.shape[1])
-    return sampled_logprobs(head(hidden), batch.response_ids.to(device), temperature)
-
-
-def forward_response_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float) -> torch.Tensor:
-    """`response_logprobs` through the model's own forward (the head applied there to the T + 1 last positions,
-    transformers' `logits_to_keep`): the update's path under FSDP, whose root unit gathers its parameters (embeddings,
-    head) and hooks their gradient reduction only inside its forward (tokenrl.models.sharding)."""
-    device = next(model.parameters()).device
-    attention_mask = batch.attention_mask.to(device)
-    logits = model(input_ids=batch.input_ids.to(device), attention_mask=attention_mask,
-                   position_ids=position_ids(attention_mask), use_cache=False,
-                   logits_to_keep=batch.response_ids.shape[1] + 1).logits[:, :-1]
-    return sampled_logprobs(logits, batch.response_ids.to(device), temperature)
-
-
 @dataclass
 class TokenStats:
     """(B, T) float32 per response token, 0 on padding; `js` is None unless it was asked for."""
@@ -93,6 +48,16 @@ class TokenStats:
     def rows(self, index: torch.Tensor) -> "TokenStats":
         return TokenStats(self.logprobs[index], self.entropy[index], self.renyi2[index],
                           None if self.js is None else self.js[index])
+
+    @staticmethod
+    def scatter(shape: torch.Size, rows: list[torch.Tensor], parts: list["TokenStats"]) -> "TokenStats":
+        """The (B, T) statistics whose rows `rows[k]` are `parts[k]` (zero elsewhere)."""
+        with_js = bool(parts) and parts[0].js is not None
+        out = _empty(shape, with_js)
+        for index, part in zip(rows, parts):
+            for name, values in out.items():
+                values[index] = getattr(part, name)
+        return TokenStats(**out)
 
 
 # logits_at(rows, positions) -> (N, V) logits of response token `positions[k]` of rollout `rows[k]`
@@ -154,8 +119,10 @@ def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: float, micro_batch_size: int,
-                        chunk_size: int, with_js: bool = False, js_peers: str = "all") -> TokenStats:
-    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows."""
+                        chunk_size: int, with_js: bool = False, js_peers: str = "all", share_prefix: bool = False,
+                        trim: bool = False) -> TokenStats:
+    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
+    (layouts: models/response_forward.py)."""
     check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
@@ -165,9 +132,7 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
     def flush(pending: list[torch.Tensor]) -> None:
         rows = torch.cat(pending)
         local[rows] = torch.arange(len(rows))
-        part = batch.rows(rows)
-        hidden = response_hidden(model, part.input_ids.to(device), part.attention_mask.to(device),
-                                 part.prompt_ids.shape[1])
+        hidden, _ = response_hidden(model, batch.rows(rows), share_prefix, trim)
         for group_rows in pending:
             group_statistics(lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]), group_rows,
                              batch.response_ids, batch.response_mask, temperature, chunk_size, with_js, out,

@@ -1,5 +1,6 @@
 """The passes a rollout step runs over its policy and reference: the no-grad statistics pass, the reference's
-log-probs, and the update's log-probs with gradient, each right for a plain, LoRA or FSDP-sharded model."""
+log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in the layout
+`fast_path` asks for (models/response_forward.py) where the model allows it."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -8,15 +9,30 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, forward_response_logprobs, response_logprobs
+from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, stats_from_logits
+from tokenrl.algorithms.update import UpdateForward
+from tokenrl.models.response_forward import (forward_response_logits, response_logits, response_logprobs,
+                                             sampled_logprobs)
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.rollout.base import RolloutBatch
+
+
+def shared_prefix_blocker(model: nn.Module) -> str | None:
+    """Why `model` cannot run the shared-prefix layout (None: it can): FSDP runs the update through the root's single
+    forward, and transformers turns the KV cache off under gradient checkpointing."""
+    if is_sharded(model):
+        return "FSDP updates through the root module's own forward"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base, "is_gradient_checkpointing", False):
+        return "gradient checkpointing turns transformers' KV cache off"
+    return None
 
 
 @dataclass
 class PolicyPasses:
     """`reference` is the frozen copy (None: a LoRA policy, whose reference is itself with adapters off). Under FSDP
-    (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered."""
+    (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered.
+    share_prefix / trim: the layouts of models/response_forward.py (callers pass them only where the model allows)."""
 
     policy: nn.Module
     reference: nn.Module | None
@@ -25,6 +41,8 @@ class PolicyPasses:
     stats_chunk_size: int
     with_js: bool
     js_peers: str
+    share_prefix: bool = False
+    trim: bool = False
 
     @torch.no_grad()
     def statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
@@ -32,7 +50,7 @@ class PolicyPasses:
         with gathered_root(self.policy):
             return compute_token_stats(self.policy, rollouts, self.temperature, self.micro_batch_size,
                                        self.stats_chunk_size, with_js=self.with_js if with_js is None else with_js,
-                                       js_peers=self.js_peers)
+                                       js_peers=self.js_peers, share_prefix=self.share_prefix, trim=self.trim)
 
     @torch.no_grad()
     def reference_logprobs(self, rollouts: RolloutBatch) -> torch.Tensor:
@@ -42,10 +60,22 @@ class PolicyPasses:
         out = torch.zeros(rollouts.response_ids.shape)
         with gathered_root(model), adapters_off:
             for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
-                out[rows] = response_logprobs(model, rollouts.rows(rows), self.temperature).float().cpu()
+                out[rows] = response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix,
+                                              self.trim).float().cpu()
         return out
 
-    def logprobs(self, rollouts: RolloutBatch) -> torch.Tensor:
-        """(b, T) log π_θ(o_t) with gradient, for the update."""
-        forward = forward_response_logprobs if is_sharded(self.policy) else response_logprobs
-        return forward(self.policy, rollouts, self.temperature)
+    def update_forward(self, part: RolloutBatch, with_stats: bool) -> UpdateForward:
+        """log π_θ(o_t) of a micro-batch with gradient and, with `with_stats`, its statistics from the same logits
+        (JS over the micro-batch's groups, which must be whole)."""
+        if is_sharded(self.policy):
+            logits = forward_response_logits(self.policy, part)
+        else:
+            logits = response_logits(self.policy, part, self.share_prefix, self.trim)
+        width = logits.shape[1]
+        logp = sampled_logprobs(logits, part.response_ids[:, :width].to(logits.device), self.temperature)
+        logp = nn.functional.pad(logp, (0, part.response_ids.shape[1] - width))
+        stats = None
+        if with_stats:
+            stats = stats_from_logits(logits.detach(), part.response_ids, part.response_mask, part.group_ids,
+                                      self.temperature, self.stats_chunk_size, self.with_js, self.js_peers)
+        return UpdateForward(logp, stats)

@@ -72,6 +72,12 @@ class TokenSelector(ABC):
                              "mini-batch may split; use stats_policy=old")
         self.normalizer, self.stats_policy = normalizer, stats_policy
 
+    @property
+    def row_local(self) -> bool:
+        """Whether a row's choice depends on that row and its group alone (not on the rest of the mini-batch): then
+        micro-batches of whole groups choose as the mini-batch would (the fused statistics of algorithms/update.py)."""
+        return False
+
     @abstractmethod
     def mask(self, batch: SelectionBatch) -> torch.Tensor:
         """(b, T) {0, 1} mask of selected response tokens."""

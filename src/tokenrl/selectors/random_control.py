@@ -11,6 +11,7 @@ from tokenrl.utils import derived_seed
 
 class RandomSelector(TokenSelector):
     name = "random"
+    row_local = True
 
     def __init__(self, ratio: float = 0.10, warmup_steps: int = 20, seed: int = 0,
                  normalizer: str = "selected") -> None:

@@ -8,6 +8,7 @@ from tokenrl.selectors.base import SelectionBatch, TokenSelector
 
 class UniformSelector(TokenSelector):
     name = "uniform"
+    row_local = True
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:
         return batch.response_mask.float()
