@@ -1,0 +1,128 @@
+"""The `fast_path` node (algorithms/fast_path.py, issue #15): its record refuses what is not a setting; end to end with
+the real Trainer and the tiny model the run says once which shortcuts its update takes, logs whether the statistics
+came from the update's forward (`train/fused_statistics`), and one step with every shortcut on moves the weights as
+one with every shortcut off."""
+from __future__ import annotations
+
+import copy
+import logging
+
+import lightning as L
+import pytest
+import torch
+
+from tokenrl.algorithms.fast_path import FastPath
+from tokenrl.train import build_components
+
+ICT = ["selector=ict", "selector_warmup_steps=0", "total_steps=1", "samples.every_n_steps=0",
+       "task.verifier=tests.helpers.rewards:length_reward"]
+# Plain SGD without clipping: the weights move by the gradient itself, so a wrong scale shows (clipping to a norm would
+# hide one; AdamW's first step divides each gradient by its own magnitude, so an element whose gradient is ~1e-9 would
+# turn float32 rounding of the layouts into ~1e-5 of weight).
+SGD = ["algorithm.optimizer._target_=torch.optim.SGD", "~algorithm.optimizer.betas",
+       "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0", "algorithm.grad_clip=null"]
+ALL_OFF = ["fast_path.shared_prefix=false", "fast_path.fused_statistics=false", "fast_path.pack=false"]
+
+
+# ------------------------------------------------------------------------------------------------- the record
+def test_every_shortcut_is_on_by_default():
+    assert FastPath.from_node(None) == FastPath.from_node({}) == FastPath(True, True, True)
+    assert FastPath.from_node({"pack": False, "shared_prefix": False}) == FastPath(False, True, False)
+
+
+def test_an_unknown_key_is_refused_by_its_name():
+    with pytest.raises(ValueError, match=r"fast_path\.fused_stats is not a setting") as error:
+        FastPath.from_node({"fused_stats": True})
+    assert "fused_statistics" in str(error.value)   # the message lists the settings there are
+
+
+@pytest.mark.parametrize("value", [1, 0, "true", "no", None, 1.0])
+@pytest.mark.parametrize("key", ["shared_prefix", "fused_statistics", "pack"])
+def test_a_non_boolean_is_refused_by_its_name(key, value):
+    with pytest.raises(ValueError, match=rf"fast_path\.{key}={value!r} must be true or false"):
+        FastPath.from_node({key: value})
+
+
+def test_the_composed_node_is_checked_at_build_time(tiny_cfg):
+    """The command line gives ints and strings as such: `fast_path.pack=1` fails before any model is loaded."""
+    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath()
+    with pytest.raises(ValueError, match=r"fast_path\.pack=1 must be true or false"):
+        build_components(tiny_cfg("fast_path.pack=1"))
+
+
+# ------------------------------------------------------------------------------------------------- end to end
+class Capture(L.Callback):
+    """The step's TrainBatch as the update received it, and the policy's weights before and after the step."""
+
+    def on_train_start(self, trainer, module) -> None:
+        update = module._update
+        self.before = copy.deepcopy(module.policy.state_dict())
+
+        def spy(train):
+            self.train = train
+            return update(train)
+        module._update = spy
+
+    def on_train_end(self, trainer, module) -> None:
+        self.after = copy.deepcopy(module.policy.state_dict())
+
+
+def fit_one_step(cfg, caplog):
+    """(module, trainer, capture, the run's "update path:" lines)."""
+    caplog.clear()
+    L.seed_everything(cfg.seed)
+    module, datamodule, trainer = build_components(cfg)
+    capture = Capture()
+    trainer.callbacks.append(capture)
+    trainer.fit(module, datamodule=datamodule)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.module"
+             and r.getMessage().startswith("update path:")]
+    return module, trainer, capture, lines
+
+
+def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, caplog):
+    """ICT from step 0 (JS over whole groups of G = 8 rows) under token-mean (the divisor counts the selected tokens),
+    32 rows in micro-batches of 12 rows (the fused update's hold whole groups, the separate path's split them): with the
+    defaults the step encodes each prompt once, takes π_old's statistics from the update's forward and cuts
+    micro-batches by length; with every switch off it takes none of them. The same rollouts give the same weights
+    after the (SGD) step."""
+    caplog.set_level(logging.INFO, logger="tokenrl.module")
+    setting = [*ICT, *SGD, "algorithm.aggregation=token-mean", "algorithm.micro_batch_size=12"]
+    on_module, on_trainer, on, on_lines = fit_one_step(tiny_cfg(*setting), caplog)
+    off_module, off_trainer, off, off_lines = fit_one_step(tiny_cfg(*setting, *ALL_OFF), caplog)
+
+    assert on_lines == ["update path: shared prefix on; statistics from the update's forward; micro-batches by "
+                        "length, cut to their own widths"]
+    assert off_lines == ["update path: shared prefix off (fast_path.shared_prefix=false); statistics from a separate "
+                         "pass (fast_path.fused_statistics=false); micro-batches in row order, full width"]
+    assert float(on_trainer.callback_metrics["train/fused_statistics"]) == 1.0
+    assert float(off_trainer.callback_metrics["train/fused_statistics"]) == 0.0
+    assert on.train.stats is None and off.train.stats is not None   # fused: the update computes them
+    assert on.train.size == 32 and on_module.cfg.micro_batch_size == 12 and on_module.cfg.uses_reference
+
+    # the same step: the same rollouts from the same weights, ICT really selecting
+    assert torch.equal(on.train.rollouts.response_ids, off.train.rollouts.response_ids)
+    assert torch.equal(on.train.advantages, off.train.advantages) and on.train.advantages.abs().sum() > 0
+    for name, weight in on.before.items():
+        assert torch.equal(weight, off.before[name]), name
+    assert float(on_trainer.callback_metrics["select/fraction"]) < 0.5
+    for key in ("train/loss", "select/fraction", "train/entropy"):
+        assert float(on_trainer.callback_metrics[key]) == pytest.approx(float(off_trainer.callback_metrics[key]),
+                                                                        rel=1e-4, abs=1e-6), key
+    moved = 0.0
+    for name, weight in on.after.items():
+        torch.testing.assert_close(weight, off.after[name], rtol=0, atol=1e-5, msg=name)
+        moved = max(moved, float((weight - on.before[name]).abs().max()))
+    assert moved > 1e-3   # the step really moved the weights
+
+
+def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog):
+    """Every optimizer step after the first needs π_old's statistics: the run says why and logs 0."""
+    caplog.set_level(logging.INFO, logger="tokenrl.module")
+    module, trainer, capture, lines = fit_one_step(tiny_cfg(*ICT, "algorithm.mini_batches=2"), caplog)
+    assert len(lines) == 1
+    assert lines[0].startswith("update path: shared prefix on; statistics from a separate pass (algorithm.ppo_epochs "
+                               "× mini_batches = 2 optimizer steps")
+    assert lines[0].endswith("micro-batches by length, cut to their own widths")
+    assert float(trainer.callback_metrics["train/fused_statistics"]) == 0.0
+    assert capture.train.stats is not None and module.optimizer_steps == 2
