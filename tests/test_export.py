@@ -84,6 +84,7 @@ def export_worker(rank: int, world: int, port: int, device_type: str, lora: bool
     after = {name: tensor.cpu() for name, tensor in root.state_dict().items()}   # FSDP's full state dict
     if rank == 0:
         torch.save({"exported": exported, "gathers": gathers, "after": after, "local": local}, out)
+    dist.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
     dist.destroy_process_group()
 
 

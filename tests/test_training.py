@@ -177,14 +177,21 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
             select = module.selector.select
 
             def spy(view):
-                seen.append((copy.deepcopy(module.policy.state_dict()), view.stats.js.clone()))
+                seen.append((copy.deepcopy(module.policy.state_dict()), view.row_ids.clone(), view.stats.js.clone()))
                 return select(view)
             module.selector.select = spy
 
     recorder = Recorder()
     module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=ict", "selector_warmup_steps=0",
                              "selector.js_peers=others", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
-    (weights, js), = seen
+    # the fused path selects once per micro-batch of whole groups, all before the one optimizer step
+    weights = seen[0][0]
+    assert all(state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in state)
+               for state, _, _ in seen)
+    js = torch.zeros(recorder.first.response_ids.shape)
+    for _, rows, part in seen:
+        js[rows] = part
+    assert sorted(torch.cat([rows for _, rows, _ in seen]).tolist()) == list(range(js.shape[0]))
     policy = copy.deepcopy(module.policy)
     policy.load_state_dict(weights)
     expected = {peers: compute_token_stats(policy, recorder.first, 1.0, 4, 64, with_js=True, js_peers=peers).js

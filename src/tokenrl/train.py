@@ -121,6 +121,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("run finished: %s", json.dumps(summary))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
         torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown
     return summary
 
