@@ -1,4 +1,4 @@
-"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §8), each on by default and taken only where it is
+"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default and taken only where it is
 exact; `GRPOModule` says once per run which were taken and why not the others."""
 from __future__ import annotations
 

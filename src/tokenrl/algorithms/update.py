@@ -6,7 +6,7 @@ the loss is back-propagated (`Backend.backward` is told which one is the last, s
 optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
 `GRPOModule`, a plain loop can supply another (tests/test_update.py runs it with no Trainer).
 
-Fused statistics (docs/algorithms.md §8): a `TrainBatch` without statistics (`stats=None`, see `fused_blocker` for
+Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`, see `fused_blocker` for
 when that is exact) takes π_old's statistics from the update's own forward — with one epoch and one mini-batch the
 update's weights are π_old's. Each micro-batch selects on its own statistics, back-propagates its loss as a plain sum
 and, once every micro-batch has selected, the gradients are divided by the mini-batch's normaliser (the loss is linear
