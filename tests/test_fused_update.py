@@ -21,15 +21,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.grpo import LossNormalizer, group_advantages
+from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.token_stats import TokenStats, stats_from_logits
 from tokenrl.algorithms.train_batch import TrainBatch
 from tokenrl.algorithms.update import Backend, UpdateForward, fused_blocker, ppo_update
 from tokenrl.models.passes import PolicyPasses
 from tokenrl.models.response_forward import response_logits, sampled_logprobs
 from tokenrl.rollout.base import RolloutBatch
-from tokenrl.selectors import (Entropy20Selector, ICTComplementSelector, ICTSelector, RandomSelector, STAPOSelector,
-                               UniformSelector)
+from tokenrl.selectors import (ArcherSelector, ClipCovSelector, Entropy20Selector, GTPOSelector, ICTComplementSelector,
+                               ICTSelector, KLCovSelector, RandomSelector, STAPOSelector, UniformSelector)
 
 VOCAB = 128
 PAD, EOS = 0, 1
@@ -141,9 +141,9 @@ def recording_backend(policy: nn.Module, passes: PolicyPasses, cfg: AlgorithmCon
     record = Recorder([], [])
     forward = forward or passes.update_forward
 
-    def counted_forward(part: RolloutBatch, with_stats: bool) -> UpdateForward:
+    def counted_forward(part: RolloutBatch, with_stats: bool, with_entropy: bool) -> UpdateForward:
         record.forwards.append(with_stats)
-        return forward(part, with_stats)
+        return forward(part, with_stats, with_entropy)
 
     @torch.no_grad()
     def scale_gradients(factor: float) -> None:
@@ -159,8 +159,7 @@ def recording_backend(policy: nn.Module, passes: PolicyPasses, cfg: AlgorithmCon
     backend = Backend(forward=counted_forward, backward=lambda loss, last: loss.backward(),
                       scale_gradients=scale_gradients, optimizer_step=optimizer_step,
                       current_stats=lambda rows: passes.statistics(rows, with_js=False),
-                      count_normalizer=lambda resp, mask, norm: LossNormalizer.count(resp, mask, cfg.aggregation, norm,
-                                                                                     cfg.kl_masked))
+                      reduce_normalizer=lambda local: local)
     return backend, record
 
 
@@ -168,7 +167,7 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
     """`PolicyPasses.update_forward` with the log-probs (and so the loss and its gradient) in float64:
     `sampled_logprobs` computes in float32 whatever the model's dtype, which would limit the gradients' agreement to
     float32 rounding (dividing the loss before vs the gradient after)."""
-    def forward(part: RolloutBatch, with_stats: bool) -> UpdateForward:
+    def forward(part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
         logits = response_logits(policy, part, passes.share_prefix, passes.trim)
         width = logits.shape[1]
         logp = torch.log_softmax(logits / passes.temperature, -1).gather(-1, part.response_ids[:, :width, None])
@@ -209,10 +208,10 @@ def both_paths(policy, rollouts, rewards, selector, cfg, *, with_kl, by_length=T
     stats = passes.statistics(rollouts)
     backend, separate_record = recording_backend(policy, passes, cfg, forward)
     separate = ppo_update(train_batch(rollouts, rewards, stats, with_kl), selector, cfg, backend,
-                          torch.Generator().manual_seed(0), by_length)
+                          torch.Generator().manual_seed(0), by_length, with_js=passes.with_js)
     backend, fused_record = recording_backend(policy, passes, cfg, forward)
     fused = ppo_update(train_batch(rollouts, rewards, None, with_kl), selector, cfg, backend,
-                       torch.Generator().manual_seed(0), by_length)
+                       torch.Generator().manual_seed(0), by_length, with_js=passes.with_js)
     assert separate_record.forwards and not any(separate_record.forwards)
     assert fused_record.forwards and all(fused_record.forwards)
     assert len(separate_record.grads) == len(fused_record.grads) == 1   # one optimizer step each
@@ -265,10 +264,10 @@ def test_fused_update_equals_the_update_with_a_separate_statistics_pass(policy, 
     assert len(fused_run.forwards) == (1 if micro >= len(batch.texts) else 3)
     # the same tokens, and a real choice: some but (a sparse selector) not all of the response tokens
     response = batch.response_mask.float()
-    assert torch.equal(fused.first_epoch_mask, separate.first_epoch_mask)
-    assert 0 < fused.first_epoch_mask.sum() <= response.sum()
+    assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
+    assert 0 < fused.first_epoch_weights.sum() <= response.sum()
     if name != "uniform":
-        assert fused.first_epoch_mask.sum() < response.sum()
+        assert fused.first_epoch_weights.sum() < response.sum()
     # the same statistics as the separate pass and as statistics of the whole batch's logits in one padded forward
     assert separate.stats is None
     assert_same_stats(fused.stats, stats, with_js)
@@ -296,9 +295,78 @@ def test_fused_gradients_agree_to_float64_rounding_with_float64_log_probs(policy
     cfg = algorithm(micro_batch_size=micro, kl_coef=0.05, tis_cap=1.3)
     separate, separate_run, _, fused, fused_run = both_paths(policy, batch, rewards, selector, cfg, with_kl=True,
                                                              logp64=True)
-    assert torch.equal(fused.first_epoch_mask, separate.first_epoch_mask)
+    assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
     assert fused.metrics["loss"] == pytest.approx(separate.metrics["loss"], rel=1e-12)
     assert_same_grads(fused_run.grads[0], separate_run.grads[0], rtol=1e-10)
+
+
+# (id, selector factory, micro_batch_size, algorithm settings): the methods of docs/algorithms.md §11 — per-token clip
+# and KL weights, token advantages, drift penalties, detached tokens, the entropy bonus, GSPO and CISPO
+METHODS = [
+    ("archer", lambda: ArcherSelector(), SEVERAL, {}),
+    ("gtpo", lambda: GTPOSelector(), SEVERAL, {}),
+    ("clip_cov", lambda: ClipCovSelector(ratio=0.05, cov_low=-10.0, cov_high=10.0, seed=3), 16, {}),
+    ("kl_cov", lambda: KLCovSelector(ratio=0.1), 16, {}),
+    ("entropy_bonus", lambda: UniformSelector(), SEVERAL, {"entropy_coef": 0.01}),
+    ("ict_entropy_bonus_selected", lambda: ICTSelector(ratio=0.3, warmup_steps=0), SEVERAL,
+     {"entropy_coef": 0.01, "entropy_masked": True}),
+    ("gspo", lambda: UniformSelector(), SEVERAL, {"policy_loss": "gspo"}),
+    ("cispo", lambda: ICTSelector(ratio=0.3, warmup_steps=0), SEVERAL, {"policy_loss": "cispo", "clip_low": 1.0}),
+    ("dr_grpo", lambda: Entropy20Selector(scope="sequence"), SEVERAL,
+     {"aggregation": "seq-mean-token-sum-norm", "adv_std_normalize": False}),
+]
+
+
+@pytest.mark.parametrize("with_kl", [False, True], ids=["no_kl", "kl"])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("name, make_selector, micro, settings", METHODS, ids=[m[0] for m in METHODS])
+def test_fused_update_equals_the_separate_pass_for_every_token_level_method(policy, rollouts, name, make_selector,
+                                                                              micro, settings, aggregation, with_kl):
+    """Where `fused_blocker` admits a method, its fused update chooses the same weights and per-token fields, and
+    gives the same loss and gradients as the separate pass; where it refuses, the reason names the divisors."""
+    batch, rewards = rollouts
+    selector = make_selector()
+    cfg = algorithm(micro_batch_size=micro, **{"aggregation": aggregation, **settings},
+                    kl_coef=0.05 if with_kl else 0.0)
+    blocker = fused_blocker(cfg, selector, "js" in selector.requires, batch.response_ids.shape[0])
+    selected = selector.normalizer == "selected"   # token-mean divides each term by its own count of tokens
+    if cfg.aggregation == "token-mean" and ((with_kl and (not selected or selector.weighs_kl)) or
+                                            (cfg.uses_entropy_bonus and cfg.entropy_masked != selected)):
+        assert blocker is not None and "different token counts" in blocker
+        return
+    assert blocker is None
+    separate, separate_run, _, fused, fused_run = both_paths(policy, batch, rewards, selector, cfg, with_kl=with_kl)
+    assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
+    assert fused.first_epoch_shaping.keys() == separate.first_epoch_shaping.keys()
+    for field_name, values in separate.first_epoch_shaping.items():
+        torch.testing.assert_close(fused.first_epoch_shaping[field_name], values, rtol=1e-6, atol=1e-6, msg=field_name)
+    for key, value in separate.metrics.items():   # GTPO's loss is ~0 at r = 1 (standardised advantages): abs 1e-7
+        assert fused.metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    assert_same_grads(fused_run.grads[0], separate_run.grads[0], rtol=1e-5)
+
+
+def test_token_level_methods_set_the_fields_they_promise(policy, rollouts):
+    """The fused update records what each method sets (the samples page shows it): per-token ε for Archer, token
+    advantages for GTPO, drift coefficients and unbounded ratios for KL-Cov, detached tokens for Clip-Cov."""
+    batch, rewards = rollouts
+    response = batch.response_mask.float()
+    found = {}
+    for name, make_selector, micro, settings in METHODS[:4]:
+        cfg = algorithm(micro_batch_size=micro, **settings)
+        fused = ppo_update(train_batch(batch, rewards, None, False), make_selector(), cfg,
+                           recording_backend(policy, make_passes(policy, make_selector(), cfg), cfg)[0],
+                           torch.Generator().manual_seed(0), True)
+        found[name] = (fused.first_epoch_weights, fused.first_epoch_shaping)
+    weights, shaping = found["archer"]
+    assert torch.equal(weights, response) and set(shaping) == {"clip_high", "kl_weights"}
+    assert torch.equal(shaping["clip_high"][response.bool()].unique(), torch.tensor([0.2, 0.5]))
+    weights, shaping = found["gtpo"]
+    assert set(shaping) == {"advantages"} and shaping["advantages"].abs().sum() > 0
+    weights, shaping = found["kl_cov"]
+    assert set(shaping) == {"clip_high", "drift_coef"} and torch.isinf(shaping["clip_high"][response.bool()]).all()
+    assert shaping["drift_coef"].sum() == pytest.approx(max(int(0.1 * response.sum()), 1))
+    weights, shaping = found["clip_cov"]
+    assert shaping == {} and response.sum() - weights.sum() == max(int(0.05 * response.sum()), 1)
 
 
 @pytest.mark.parametrize("share_prefix, trim, by_length", [(False, False, False), (True, False, False),
@@ -314,7 +382,7 @@ def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, sha
     cfg = algorithm(micro_batch_size=micro, aggregation="seq-mean-token-mean", kl_coef=0.05, kl_masked=False)
     separate, separate_run, stats, fused, fused_run = both_paths(
         policy, batch, rewards, selector, cfg, with_kl=True, by_length=by_length, share_prefix=share_prefix, trim=trim)
-    assert torch.equal(fused.first_epoch_mask, separate.first_epoch_mask)
+    assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
     assert_same_stats(fused.stats, stats, True)
     assert fused.metrics["loss"] == pytest.approx(separate.metrics["loss"], rel=1e-6)
     assert_same_grads(fused_run.grads[0], separate_run.grads[0], rtol=1e-5)
@@ -334,10 +402,6 @@ def test_duplicate_rows_tie_and_lone_rows_have_zero_js(policy, rollouts):
     assert advantages[batch.group_ids == 1].abs().sum() == 0                 # equal rewards: zero advantages
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: with JS computed for diagnostics only (diagnostics.js=true, a "
-                   "selector that does not read it), fused_update cuts micro-batches without regard to groups "
-                   "(batch_parts(..., 'js' in selector.requires, ...)) while update_forward computes JS over each "
-                   "micro-batch's rows, and fused_blocker lets it through when micro_batch_size >= group_size")
 def test_fused_js_for_diagnostics_is_the_whole_groups_js(policy, rollouts):
     """`diagnostics.js` with the uniform selector: the step's JS (logged quantiles, samples) must be the groups'."""
     batch, rewards = rollouts
@@ -346,8 +410,8 @@ def test_fused_js_for_diagnostics_is_the_whole_groups_js(policy, rollouts):
     assert fused_blocker(cfg, selector, True, batch.response_ids.shape[0]) is None
     separate, separate_run, stats, fused, fused_run = both_paths(policy, batch, rewards, selector, cfg,
                                                                  with_kl=False, with_js=True)
-    assert_same_grads(fused_run.grads[0], separate_run.grads[0], rtol=1e-5)   # the update itself is right
-    assert_same_stats(fused.stats, stats, True)                       # its JS is not
+    assert_same_grads(fused_run.grads[0], separate_run.grads[0], rtol=1e-5)
+    assert_same_stats(fused.stats, stats, True)   # micro-batches of whole groups although the selector reads no JS
 
 
 # ------------------------------------------------------------------------------------------------ fused_blocker

@@ -8,7 +8,6 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from tokenrl.algorithms.grpo import LossNormalizer
 from tokenrl.algorithms.token_stats import compute_token_stats
 from tokenrl.algorithms.update import Backend, UpdateForward, ppo_update
 from tokenrl.models.response_forward import response_logprobs
@@ -44,14 +43,13 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         for parameter in policy.parameters():
             parameter.grad.mul_(factor)
 
-    return Backend(forward=lambda rows, with_stats: UpdateForward(response_logprobs(policy, rows, temperature,
+    return Backend(forward=lambda rows, with_stats, with_entropy: UpdateForward(response_logprobs(policy, rows, temperature,
                                                                                     share_prefix=True, trim=True)),
                    backward=lambda loss, last: loss.backward(), scale_gradients=scale_gradients,
                    optimizer_step=optimizer_step,
                    current_stats=lambda rows: compute_token_stats(policy, rows, temperature, cfg.micro_batch_size,
                                                                   chunk, with_js=False),
-                   count_normalizer=lambda resp, mask, norm: LossNormalizer.count(resp, mask, cfg.aggregation, norm,
-                                                                                  cfg.kl_masked))
+                   reduce_normalizer=lambda local: local)
 
 
 def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
@@ -71,7 +69,7 @@ def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
                             int(module.model_cfg["stats_chunk_size"]))
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
     result = ppo_update(capture.train, module.selector, module.cfg, backend, shuffle, by_length=True)
-    assert result.optimizer_steps == 2 and 0 < result.first_epoch_mask.sum() < capture.train.rollouts.response_mask.sum()
+    assert result.optimizer_steps == 2 and 0 < result.first_epoch_weights.sum() < capture.train.rollouts.response_mask.sum()
     moved = 0.0
     for name, weight in policy.state_dict().items():
         torch.testing.assert_close(weight, capture.after[name], rtol=1e-6, atol=1e-7, msg=name)

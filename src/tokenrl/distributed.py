@@ -41,9 +41,7 @@ def all_reduce_sum(values: torch.Tensor, device: torch.device | str = "cpu") -> 
     return reduced.to(values.device)
 
 
-def global_loss_normalizer(response_mask: torch.Tensor, token_mask: torch.Tensor, aggregation: str, norm: str,
-                           kl_masked: bool, device: torch.device | str = "cpu") -> LossNormalizer:
-    """The mini-batch's loss divisors counted over every rank (tokens or kept sequences, docs/algorithms.md §1.4)."""
-    local = LossNormalizer.count(response_mask, token_mask, aggregation, norm, kl_masked)
-    total = all_reduce_sum(torch.tensor([local.pg, local.kl], dtype=torch.float64), device=device)
-    return LossNormalizer(float(total[0]), float(total[1]))
+def global_loss_normalizer(local: LossNormalizer, device: torch.device | str = "cpu") -> LossNormalizer:
+    """The mini-batch's loss divisors summed over every rank (tokens or kept sequences, docs/algorithms.md §1.4)."""
+    total = all_reduce_sum(torch.tensor([local.pg, local.kl, local.entropy], dtype=torch.float64), device=device)
+    return LossNormalizer(*(float(value) for value in total))

@@ -22,8 +22,7 @@ def lightning_backend(module: Any, optimizer: Any) -> Backend:
     return Backend(forward=module.passes.update_forward, backward=partial(backward, module),
                    scale_gradients=partial(scale_gradients, module), optimizer_step=partial(optimizer_step, module, optimizer),
                    current_stats=partial(module.passes.statistics, with_js=False),
-                   count_normalizer=lambda resp, mask, norm: global_loss_normalizer(
-                       resp, mask, module.cfg.aggregation, norm, module.cfg.kl_masked, module.device),
+                   reduce_normalizer=partial(global_loss_normalizer, device=module.device),
                    gather=partial(gather_variable, device=module.device), rank=module.global_rank)
 
 

@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.algorithms.entropy_control import EntropyControl
 from tokenrl.algorithms.fast_path import FastPath
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.schedule import with_linear_warmup
@@ -63,6 +64,8 @@ class GRPOModule(L.LightningModule):
         self.automatic_optimization = False
         self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
         self.cfg = AlgorithmConfig.from_node(algorithm, int(rollout["max_new_tokens"]))
+        self.entropy_control = EntropyControl(self.cfg.entropy_coef, self.cfg.entropy_target,
+                                              self.cfg.entropy_coef_delta, self.cfg.entropy_coef_max)
         self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
         self.with_js = needs_js(selector.requires, type(selector).__name__, js_diagnostics)
         self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.group_size)
@@ -146,24 +149,26 @@ class GRPOModule(L.LightningModule):
                                None if fused else self.passes.statistics(scored.rollouts),
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
                                row_offset=self.global_rank * len(scored.rollouts.texts))
+        entropy_coef = self.entropy_control.alpha
         with timer("update"):
-            lr, update = self._update(train)
+            lr, update = self._update(train, entropy_coef)
         if fused:
             train = dataclasses.replace(train, stats=update.stats)
+        self.entropy_control.observe(self._mean_entropy(train))
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
         self._log({**step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
-                   "train/fused_statistics": float(fused)}, train.size)
+                   "train/fused_statistics": float(fused), "train/entropy_coef": entropy_coef}, train.size)
         whole = train.selection_view(torch.arange(train.size), partial(gather_variable, device=self.device),
                                      self.global_rank)
-        self._log(selection_diagnostics(update.first_epoch_mask, whole), train.size)
+        self._log(selection_diagnostics(update.first_epoch_weights, whole), train.size)
         if self.sample_writer is not None and self.sample_writer.due(train.step):
             would = self.sample_writer.reference_masks(whole)   # every rank: reference selectors may gather
             if self.global_rank == 0:
-                self.sample_writer.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_mask,
-                                         would)
+                self.sample_writer.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights,
+                                         would, update.first_epoch_shaping)
 
     def _fused_statistics(self, rows: int) -> bool:
         """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
@@ -177,13 +182,14 @@ class GRPOModule(L.LightningModule):
             self.path_reported = True
         return blocker is None
 
-    def _update(self, train: TrainBatch) -> tuple[float, UpdateResult]:
-        """The PPO update with Lightning's backend; returns the lr it used and its result."""
+    def _update(self, train: TrainBatch, entropy_coef: float) -> tuple[float, UpdateResult]:
+        """The PPO update with Lightning's backend and this step's entropy-bonus α; returns the lr it used and its
+        result."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         lr = optimizer.param_groups[0]["lr"]
         shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", self.rollout_step))
         result = ppo_update(train, self.selector, self.cfg, lightning_backend(self, optimizer), shuffle,
-                            by_length=self.fast_path.pack)
+                            by_length=self.fast_path.pack, entropy_coef=entropy_coef, with_js=self.with_js)
         self.optimizer_steps += result.optimizer_steps
         if scheduler is not None:
             scheduler.step()   # once per rollout step, as verl
@@ -196,6 +202,13 @@ class GRPOModule(L.LightningModule):
                                                          self.global_rank, self.trainer.world_size)
         self.refill_position += per_round
         return prompts
+
+    def _mean_entropy(self, train: TrainBatch) -> float:
+        """π_old's mean entropy over the step's response tokens of every rank (the adaptive α's input)."""
+        valid = train.rollouts.response_mask.bool()
+        local = torch.tensor([float(train.stats.entropy[valid].sum()), float(valid.sum())], device=self.device)
+        total = self.all_gather(local).reshape(-1, 2).sum(0)
+        return float(total[0] / total[1].clamp_min(1.0))
 
     def _everyone(self, mine: bool) -> bool:
         return bool(self.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)
@@ -215,11 +228,13 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokenrl"] = {"rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
                                  "reward_history": self.reward_history, "refill_position": self.refill_position,
-                                 "rng": rng_state()}
+                                 "entropy_control": self.entropy_control.state_dict(), "rng": rng_state()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["tokenrl"]
         self.rollout_step, self.optimizer_steps = state["rollout_step"], state["optimizer_steps"]
         self.reward_history = list(state["reward_history"])
         self.refill_position = int(state.get("refill_position", 0))   # absent in checkpoints before dynamic sampling
+        if "entropy_control" in state:   # absent in checkpoints before the entropy bonus
+            self.entropy_control.load_state_dict(state["entropy_control"])
         restore_rng_state(state["rng"])

@@ -45,9 +45,11 @@ class SampleWriter:
                 reference_selectors(batch.stats.js is not None).items()}
 
     def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
-              updated: torch.Tensor, would: dict[str, torch.Tensor]) -> Path:
+              updated: torch.Tensor, would: dict[str, torch.Tensor],
+              shaping: dict[str, torch.Tensor] | None = None) -> Path:
         """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch,
-        `would` its `reference_masks`."""
+        `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the per-token
+        fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"step_{step:04d}.jsonl"
         prompt_texts = self.tokenizer.batch_decode(rollouts.prompt_ids[: self.rows], skip_special_tokens=True)
@@ -63,8 +65,14 @@ class SampleWriter:
                     "finish_reason": rollouts.finish_reasons[row],
                     "entropy": _rounded(batch.stats.entropy[row, :length]),
                     "js": None if batch.stats.js is None else _rounded(batch.stats.js[row, :length]),
-                    "updated": [int(v) for v in updated[row, :length]],
+                    "updated": _weights(updated[row, :length]),
+                    "shaping": {name: _rounded(values[row, :length]) for name, values in (shaping or {}).items()},
                     "would_select": {name: [int(v) for v in mask[row, :length]] for name, mask in would.items()},
                 }
                 handle.write(json.dumps(record) + "\n")
         return path
+
+
+def _weights(values: torch.Tensor) -> list[float]:
+    """Token weights as written: ints for a 0/1 mask, else rounded floats."""
+    return [int(v) if float(v).is_integer() else round(float(v), 4) for v in values]

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tokenrl.algorithms.token_stats import stats_from_logits  # noqa: E402
+from tokenrl.algorithms.grpo import LossNormalizer  # noqa: E402
 from tokenrl.distributed import gather_variable, global_loss_normalizer  # noqa: E402
 from tokenrl.selectors import Entropy20Selector, ICTSelector, SelectionBatch  # noqa: E402
 
@@ -43,7 +44,7 @@ def select(rows: torch.Tensor, rank: int, gather) -> dict[str, torch.Tensor]:
                            group_ids=group_ids[rows], row_ids=rows, step=0, gather=gather, rank=rank)
     out = {name: selector.select(batch).mask for name, selector in SELECTORS.items()}
     for agg in ("token-mean", "seq-mean-token-mean"):
-        norm = global_loss_normalizer(resp[rows], out["ict_global"], agg, "selected", True)
+        norm = global_loss_normalizer(LossNormalizer.count(resp[rows], out["ict_global"], agg, "selected", True))
         out[f"normalizer_{agg}"] = torch.tensor([norm.pg, norm.kl])
     return out
 

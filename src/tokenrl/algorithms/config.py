@@ -2,7 +2,8 @@
 
 Every check of the GRPO/DAPO settings lives here, and every error names the key as the command line writes it
 (`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is loaded; the hot path reads typed attributes.
-The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 (TIS).
+The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 (TIS), §11
+(loss variants, KL estimators, the entropy bonus and its adaptive coefficient).
 """
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
-KL_ESTIMATORS = ("k3", "low_var_kl")
+AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+POLICY_LOSSES = ("ppo", "gspo", "cispo")
 FILTER_METRICS = ("acc", "reward")
 NOT_LOSS_SETTINGS = ("name", "optimizer")   # keys of the node that other code reads (the optimizer factory, a label)
+DERIVED = ("response_budget",)              # fields set from other nodes, not from `algorithm`
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,19 @@ class AlgorithmConfig:
     gen_prompts_per_step: int
     max_gen_rounds: int
     tis_cap: float | None
+    policy_loss: str = "ppo"
+    entropy_coef: float = 0.0
+    entropy_masked: bool = False
+    entropy_target: float | None = None
+    entropy_coef_delta: float = 1e-4
+    entropy_coef_max: float = 5e-3
+    response_budget: int = 0   # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> "AlgorithmConfig":
         """The record of a composed `algorithm` node; `max_new_tokens` (rollout.max_new_tokens) bounds the overlong
         buffer. Raises ValueError naming the key for an unknown, missing or invalid setting."""
-        fields = {field.name: field for field in dataclasses.fields(cls)}
+        fields = {field.name: field for field in dataclasses.fields(cls) if field.name not in DERIVED}
         unknown = sorted(set(node) - set(fields) - set(NOT_LOSS_SETTINGS))
         if unknown:
             raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
@@ -55,7 +65,7 @@ class AlgorithmConfig:
         if missing:
             raise ValueError(f"algorithm.{missing[0]} is missing from the algorithm config")
         values = {name: _typed(name, node[name], field.type) for name, field in fields.items()}
-        config = cls(**values)
+        config = cls(**values, response_budget=max_new_tokens)
         config.validate(max_new_tokens)
         return config
 
@@ -63,6 +73,10 @@ class AlgorithmConfig:
         """Every rule the settings must satisfy, in one place."""
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _one_of("policy_loss", self.policy_loss, POLICY_LOSSES)
+        if self.policy_loss == "cispo" and self.dual_clip is not None:
+            raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
+                             "IS weight is already clipped and detached); set algorithm.dual_clip=null")
         if self.filter_groups is not None:
             _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
         for name in ("group_size", "prompts_per_step", "micro_batch_size", "ppo_epochs", "mini_batches",
@@ -79,11 +93,23 @@ class AlgorithmConfig:
                              f"{max_new_tokens}] (0 turns the shaping off)")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"algorithm.lr_warmup_steps={self.lr_warmup_steps} must be >= 0 (0 = constant lr)")
-        for name in ("clip_low", "clip_high", "kl_coef", "adv_eps", "overlong_penalty_factor"):
+        if self.entropy_target is not None and not self.entropy_target > 0:
+            raise ValueError(f"algorithm.entropy_target={self.entropy_target} must be > 0 nats (or null for a fixed "
+                             "algorithm.entropy_coef)")
+        if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
+            raise ValueError(f"algorithm.entropy_coef={self.entropy_coef} must be <= algorithm.entropy_coef_max="
+                             f"{self.entropy_coef_max} (the adaptive coefficient's start and cap)")
+        for name in ("clip_low", "clip_high", "kl_coef", "adv_eps", "overlong_penalty_factor", "entropy_coef",
+                     "entropy_coef_delta", "entropy_coef_max"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"algorithm.grad_clip={self.grad_clip} must be > 0 (or null for no clipping)")
+
+    @property
+    def uses_entropy_bonus(self) -> bool:
+        """The update's forward must return the entropy with its gradient (a fixed or an adaptive bonus)."""
+        return self.entropy_coef > 0 or self.entropy_target is not None
 
     @property
     def uses_reference(self) -> bool:

@@ -1,7 +1,8 @@
 """The PPO update of one rollout step: `ppo_epochs` × `mini_batches` optimizer steps over a `TrainBatch`.
 
-Per mini-batch (docs/algorithms.md §1.2–1.4): the selector picks tokens on its view of the rows and names its loss
-normaliser, which is counted over the whole mini-batch (on every rank, by `Backend.count_normalizer`), then each micro-batch's share of
+Per mini-batch (docs/algorithms.md §1.2–1.4, §11): the selector weighs tokens on its view of the rows (and may set
+per-token clip ranges, KL weights, advantages, a drift penalty) and names its loss normaliser, which is counted over
+the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's share of
 the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and one
 optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
 `GRPOModule`, a plain loop can supply another (tests/test_update.py runs it with no Trainer).
@@ -25,37 +26,38 @@ from tokenrl.algorithms.micro_batches import micro_batches
 from tokenrl.algorithms.token_stats import TokenStats
 from tokenrl.algorithms.train_batch import TrainBatch
 from tokenrl.rollout.base import RolloutBatch
-from tokenrl.selectors.base import TokenSelector, single_process
+from tokenrl.selectors.base import Selection, TokenSelector, single_process
 
-UNIT = LossNormalizer(1.0, 1.0)
+UNIT = LossNormalizer(1.0, 1.0, 1.0)
 
 
 @dataclass
 class UpdateForward:
     """The update's forward of a micro-batch: log π_θ(o_t) with gradient, (b, T), and, when asked, the detached
-    statistics of the same logits."""
+    statistics of the same logits and the entropy H_t with gradient (the entropy bonus)."""
 
     logprobs: torch.Tensor
     stats: TokenStats | None = None
+    entropy: torch.Tensor | None = None
 
 
 @dataclass
 class Backend:
     """What the loop needs from the process that owns the policy and the optimizer.
 
-    forward: (sub-batch, with statistics?) → `UpdateForward`; backward: (loss share, last micro-batch of the
-    optimizer step?); scale_gradients: multiply the accumulated gradients by a factor; optimizer_step: clip, step and
-    zero the gradients; current_stats: detached statistics of π_θ for a sub-batch (selectors with
-    `stats_policy=current`); count_normalizer: (response mask, token mask, the selection's normaliser) → the
-    mini-batch's divisors over every rank; gather / rank: the selectors' cross-rank view.
+    forward: (sub-batch, with statistics?, with entropy?) → `UpdateForward`; backward: (loss share, last micro-batch
+    of the optimizer step?); scale_gradients: multiply the accumulated gradients by a factor; optimizer_step: clip,
+    step and zero the gradients; current_stats: detached statistics of π_θ for a sub-batch (selectors with
+    `stats_policy=current`); reduce_normalizer: this rank's loss divisors (`local_normalizer`) → their sum over every
+    rank; gather / rank: the selectors' cross-rank view.
     """
 
-    forward: Callable[[RolloutBatch, bool], UpdateForward]
+    forward: Callable[[RolloutBatch, bool, bool], UpdateForward]
     backward: Callable[[torch.Tensor, bool], None]
     scale_gradients: Callable[[float], None]
     optimizer_step: Callable[[], None]
     current_stats: Callable[[RolloutBatch], TokenStats]
-    count_normalizer: Callable[[torch.Tensor, torch.Tensor, str], LossNormalizer]
+    reduce_normalizer: Callable[[LossNormalizer], LossNormalizer]
     gather: Callable[[torch.Tensor], list[torch.Tensor]] = field(default=single_process)
     rank: int = 0
 
@@ -63,20 +65,42 @@ class Backend:
 @dataclass
 class UpdateResult:
     """Metrics of the update (mean loss per optimizer step, clip fractions over selected tokens, TIS weights), the
-    first epoch's token mask over the whole batch (diagnostics, samples), the optimizer steps taken and, after fused
-    statistics, the statistics of the whole batch."""
+    first epoch's token weights over the whole batch (diagnostics, samples: a mask's are 0/1) and the per-token fields
+    its selections set (`SHAPING`, for the samples), the optimizer steps taken and, after fused statistics, the
+    statistics of the whole batch."""
 
     metrics: dict[str, float]
-    first_epoch_mask: torch.Tensor
+    first_epoch_weights: torch.Tensor
     optimizer_steps: int
     stats: TokenStats | None = None
+    first_epoch_shaping: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+SHAPING = ("clip_high", "kl_weights", "advantages", "drift_coef")   # the per-token fields the samples page shows
+
+
+def record_selection(weights: torch.Tensor, shaping: dict[str, torch.Tensor], rows: torch.Tensor,
+                     selection: Selection) -> None:
+    """Write `selection` (of `rows`) into the batch-wide `weights` and `shaping` tensors."""
+    weights[rows] = selection.weights
+    for name in SHAPING:
+        value = getattr(selection, name)
+        if value is not None:
+            shaping.setdefault(name, torch.zeros(weights.shape))[rows] = value.float()
+
+
+def local_normalizer(cfg: AlgorithmConfig, response_mask: torch.Tensor, selection: Selection) -> LossNormalizer:
+    """This rank's share of the mini-batch's loss divisors for `selection` (`LossNormalizer.count`)."""
+    return LossNormalizer.count(response_mask, selection.weights, cfg.aggregation, selection.normalizer, cfg.kl_masked,
+                                cfg.entropy_masked, cfg.response_budget, selection.kl_weights)
 
 
 def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
     """Why the statistics cannot come from the update's forward for a batch of `rows` rows on this rank (None: they
     can, exactly). The first optimizer step must be the only one (π_θ = π_old), and the selection of each micro-batch
     must be the mini-batch's: one micro-batch, or a selector that chooses row by row (`row_local`) on micro-batches of
-    whole groups when it reads JS; the gradient can be divided afterwards only by one normaliser."""
+    whole groups when it compares a row with its group; the gradient can be divided afterwards only by one
+    normaliser."""
     if cfg.ppo_epochs * cfg.mini_batches > 1:
         return (f"algorithm.ppo_epochs × mini_batches = {cfg.ppo_epochs * cfg.mini_batches} optimizer steps: every "
                 "step after the first needs π_old's statistics")
@@ -84,28 +108,37 @@ def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, 
         if not selector.row_local:
             return (f"selector {selector.name} ranks over the mini-batch ({rows} rows), which spans several "
                     f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}")
-        if with_js and cfg.micro_batch_size < cfg.group_size:
-            return (f"JS compares a group's {cfg.group_size} rows, more than algorithm.micro_batch_size="
-                    f"{cfg.micro_batch_size}")
-    divisors_differ = (cfg.uses_reference and cfg.aggregation == "token-mean"
-                       and cfg.kl_masked != (selector.normalizer == "selected"))
-    if divisors_differ:
-        return ("the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
-                f"{selector.normalizer}, algorithm.kl_masked={cfg.kl_masked})")
+        if (with_js or selector.reads_groups) and cfg.micro_batch_size < cfg.group_size:
+            return (f"JS or the selection compares a group's {cfg.group_size} rows, more than "
+                    f"algorithm.micro_batch_size={cfg.micro_batch_size}")
+    if cfg.aggregation == "token-mean":
+        selected = selector.normalizer == "selected"
+        if cfg.uses_reference and (cfg.kl_masked != selected or selector.weighs_kl):
+            return ("the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
+                    f"{selector.normalizer}, algorithm.kl_masked={cfg.kl_masked}"
+                    + (", per-token KL weights)" if selector.weighs_kl else ")"))
+        if cfg.uses_entropy_bonus and cfg.entropy_masked != selected:
+            return ("the policy-gradient and entropy terms are divided by different token counts (selector.normalizer="
+                    f"{selector.normalizer}, algorithm.entropy_masked={cfg.entropy_masked})")
     return None
 
 
 def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig, backend: Backend,
-               shuffle: torch.Generator, by_length: bool = False) -> UpdateResult:
+               shuffle: torch.Generator, by_length: bool = False, entropy_coef: float | None = None,
+               with_js: bool = False) -> UpdateResult:
     """`cfg.ppo_epochs` passes over `batch` in `cfg.mini_batches` shuffled mini-batches (`shuffle` orders them); one
-    pass with statistics from the update's forward when `batch.stats` is None. `by_length`: micro-batches of groups
-    ordered by length (algorithms/micro_batches.py)."""
+    pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward computes JS, so
+    its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
+    (algorithms/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's
+    current value; None: `cfg.entropy_coef`)."""
+    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     if batch.stats is None:
-        return fused_update(batch, selector, cfg, backend, by_length)
+        return fused_update(batch, selector, cfg, backend, by_length, entropy_coef, with_js or selector.reads_groups)
     rollouts = batch.rollouts
     is_weights = (None if cfg.tis_cap is None
                   else truncated_is_weights(batch.stats.logprobs, rollouts.sampling_logprobs, cfg.tis_cap))
-    first_epoch_mask = torch.zeros(rollouts.response_ids.shape)
+    first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
+    shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []   # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
     steps = 0
     for epoch in range(cfg.ppo_epochs):
@@ -114,54 +147,56 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
             current = (backend.current_stats(rollouts.rows(minibatch))   # π_θ has moved since the first step
                        if selector.stats_policy == "current" and steps > 0 else None)
             selection = selector.select(batch.selection_view(minibatch, backend.gather, backend.rank, current))
-            mask = selection.mask
             if epoch == 0:
-                first_epoch_mask[minibatch] = mask
-            normalizer = backend.count_normalizer(rollouts.response_mask[minibatch], mask, selection.normalizer)
+                record_selection(first_epoch_weights, shaping, minibatch, selection)
+            normalizer = backend.reduce_normalizer(local_normalizer(cfg, rollouts.response_mask[minibatch], selection))
             parts = batch_parts(batch, minibatch, cfg, False, by_length)
             for index, local in enumerate(parts):
                 rows = minibatch[local]
-                logp = backend.forward(rollouts.rows(rows), False).logprobs
-                out = micro_batch_loss(batch, rows, logp, batch.stats.logprobs[rows], mask[local], normalizer,
-                                       selection.normalizer, cfg, is_weights)
+                forward = backend.forward(rollouts.rows(rows), False, entropy_coef > 0)
+                out = micro_batch_loss(batch, rows, forward, batch.stats.logprobs[rows], selection.rows(local),
+                                       normalizer, cfg, is_weights, entropy_coef)
                 backend.backward(out.loss, index == len(parts) - 1)
                 terms.append(loss_terms(out))
             backend.optimizer_step()
             steps += 1
-    return UpdateResult(update_metrics(terms, steps, cfg, batch, is_weights), first_epoch_mask, steps)
+    return UpdateResult(update_metrics(terms, steps, cfg, batch, is_weights), first_epoch_weights, steps,
+                        first_epoch_shaping=shaping)
 
 
 def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig, backend: Backend,
-                 by_length: bool) -> UpdateResult:
+                 by_length: bool, entropy_coef: float, whole_groups: bool) -> UpdateResult:
     """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
-    mask = torch.zeros(shape)
     is_weights = None if cfg.tis_cap is None else torch.ones(shape)
     parts = [rows.sort().values
-             for rows in batch_parts(batch, torch.arange(batch.size), cfg, "js" in selector.requires, by_length)]
+             for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
+    weights = torch.zeros(shape)
+    shaping: dict[str, torch.Tensor] = {}
+    local = LossNormalizer(0.0, 0.0, 0.0)
     terms: list[torch.Tensor] = []
     part_stats: list[TokenStats] = []
-    normalizer_name = selector.normalizer
     for index, rows in enumerate(parts):
         part = rollouts.rows(rows)
-        forward = backend.forward(part, True)
+        forward = backend.forward(part, True, entropy_coef > 0)
         part_stats.append(forward.stats)
         selection = selector.select(batch.selection_view(rows, backend.gather, backend.rank, forward.stats))
-        mask[rows], normalizer_name = selection.mask, selection.normalizer
+        record_selection(weights, shaping, rows, selection)
+        local = local + local_normalizer(cfg, part.response_mask, selection)
         if is_weights is not None:
             is_weights[rows] = truncated_is_weights(forward.stats.logprobs, part.sampling_logprobs, cfg.tis_cap)
-        out = micro_batch_loss(batch, rows, forward.logprobs, forward.stats.logprobs, selection.mask, UNIT,
-                               selection.normalizer, cfg, is_weights)
+        out = micro_batch_loss(batch, rows, forward, forward.stats.logprobs, selection, UNIT, cfg, is_weights,
+                               entropy_coef)
         backend.backward(out.loss, index == len(parts) - 1)
         terms.append(loss_terms(out))
-    divisor = max(backend.count_normalizer(rollouts.response_mask, mask, normalizer_name).pg, 1.0)
+    divisor = max(backend.reduce_normalizer(local).pg, 1.0)
     backend.scale_gradients(1.0 / divisor)
     backend.optimizer_step()
     if terms:
         terms = [torch.cat([term[:1] / divisor, term[1:]]) for term in terms]
     stats = TokenStats.scatter(shape, parts, part_stats)
-    return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), mask, 1, stats)
+    return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping)
 
 
 def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool,
@@ -172,18 +207,28 @@ def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, who
                          by_length)
 
 
-def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, logp: torch.Tensor, old_logp: torch.Tensor,
-                     mask: torch.Tensor, normalizer: LossNormalizer, norm: str, cfg: AlgorithmConfig,
-                     is_weights: torch.Tensor | None) -> LossOutput:
-    """`policy_loss` of the micro-batch `rows` with the configured clip, KL and aggregation."""
+def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, forward: UpdateForward, old_logp: torch.Tensor,
+                     selection: Selection, normalizer: LossNormalizer, cfg: AlgorithmConfig,
+                     is_weights: torch.Tensor | None, entropy_coef: float) -> LossOutput:
+    """`policy_loss` of the micro-batch `rows` with the configured loss, clip, KL, entropy bonus and aggregation, and
+    the selection's per-token fields where it sets them."""
+    logp = forward.logprobs
     device = logp.device
+
+    def here(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(device)
+
+    advantages = batch.advantages[rows] if selection.advantages is None else selection.advantages
     return policy_loss(
-        logp, old_logp.to(device), batch.advantages[rows].to(device), batch.rollouts.response_mask[rows].to(device),
-        mask.to(device), normalizer, aggregation=cfg.aggregation, norm=norm, clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_masked=cfg.kl_masked, dual_clip=cfg.dual_clip,
-        kl_estimator=cfg.kl_estimator,
+        logp, old_logp.to(device), advantages.to(device), batch.rollouts.response_mask[rows].to(device),
+        selection.weights.to(device), normalizer, aggregation=cfg.aggregation, norm=selection.normalizer,
+        clip_low=cfg.clip_low if selection.clip_low is None else selection.clip_low.to(device),
+        clip_high=cfg.clip_high if selection.clip_high is None else selection.clip_high.to(device),
+        kl_coef=cfg.kl_coef, kl_masked=cfg.kl_masked, dual_clip=cfg.dual_clip, kl_estimator=cfg.kl_estimator,
         ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
-        is_weights=None if is_weights is None else is_weights[rows].to(device))
+        is_weights=None if is_weights is None else is_weights[rows].to(device), kind=cfg.policy_loss,
+        kl_weights=here(selection.kl_weights), drift_coef=here(selection.drift_coef), entropy=forward.entropy,
+        entropy_coef=entropy_coef, entropy_masked=cfg.entropy_masked)
 
 
 def loss_terms(out: LossOutput) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, stats_from_logits
 from tokenrl.algorithms.update import UpdateForward
 from tokenrl.models.response_forward import (forward_response_logits, response_logits, response_logprobs,
-                                             sampled_logprobs)
+                                             sampled_logprobs, shannon_entropy)
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.rollout.base import RolloutBatch
 
@@ -64,9 +64,9 @@ class PolicyPasses:
                                               self.trim).float().cpu()
         return out
 
-    def update_forward(self, part: RolloutBatch, with_stats: bool) -> UpdateForward:
+    def update_forward(self, part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
         """log π_θ(o_t) of a micro-batch with gradient and, with `with_stats`, its statistics from the same logits
-        (JS over the micro-batch's groups, which must be whole)."""
+        (JS over the micro-batch's groups, which must be whole); with `with_entropy`, H_t with gradient."""
         if is_sharded(self.policy):
             logits = forward_response_logits(self.policy, part)
         else:
@@ -78,4 +78,7 @@ class PolicyPasses:
         if with_stats:
             stats = stats_from_logits(logits.detach(), part.response_ids, part.response_mask, part.group_ids,
                                       self.temperature, self.stats_chunk_size, self.with_js, self.js_peers)
-        return UpdateForward(logp, stats)
+        entropy = None
+        if with_entropy:
+            entropy = nn.functional.pad(shannon_entropy(logits, self.temperature), (0, part.response_ids.shape[1] - width))
+        return UpdateForward(logp, stats, entropy)

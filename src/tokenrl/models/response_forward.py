@@ -35,6 +35,12 @@ def sampled_logprobs(logits: torch.Tensor, response_ids: torch.Tensor, temperatu
     return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
 
 
+def shannon_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """H_t = −Σ_v π log π of π = softmax(z / T), in float32, with gradient (the entropy bonus, docs/algorithms.md §11.5)."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def trimmed(batch: RolloutBatch) -> RolloutBatch:
     """`batch` without the prompt columns (left) and response columns (right) that are padding in every row."""
     prompt_start = int(batch.prompt_mask.any(0).long().argmax()) if batch.prompt_mask.any() else batch.prompt_mask.shape[1]

@@ -3,7 +3,9 @@
 Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed);
 the first seed whose group has a learning signal — once per selector: ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) and
 what each run actually updated. Part 2 shows, for a later step, what every run updated on its own rollouts.
-Hovering a token shows its entropy H and JS score u.
+A run's row shows each token's weight as highlight strength (a mask's are all or nothing), and one more row for each
+per-token field its method sets (ε_high, KL weight, token advantage, drift penalty), strength |value| / the row's
+largest. Hovering a token shows its entropy H, JS score u and the value shown.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from pathlib import Path
 
 from tokenrl.report.runs import Run
 
-COLOURS = {"ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a"}
+COLOURS = {"ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
+SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
+                  "drift_coef": "drift penalty β"}
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 .resp{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px}
@@ -33,20 +37,32 @@ def read_samples(run: Run, step: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _tokens(record: dict, mask: list[int], colour: str) -> str:
+def _tokens(record: dict, values: list[float], colour: str) -> str:
+    """The response's tokens, each highlighted with strength |value| / the largest |value| of the row."""
     spans = []
     js = record.get("js") or [None] * len(record["tokens"])
-    for token, chosen, entropy, score in zip(record["tokens"], mask, record["entropy"], js):
-        title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}")
-        style = f' style="background:{colour}"' if chosen else ""
+    largest = max((abs(v) for v in values), default=0.0) or 1.0
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    for token, value, entropy, score in zip(record["tokens"], values, record["entropy"], js):
+        title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}") + f" value={value:g}"
+        strength = abs(value) / largest
+        style = f' style="background:rgba({red},{green},{blue},{strength:.2f})"' if strength > 0 else ""
         spans.append(f'<span title="{title}"{style}>{html.escape(token)}</span>')
     return "".join(spans)
 
 
-def _row(who: str, record: dict, mask: list[int], colour: str) -> str:
-    share = sum(mask) / max(len(mask), 1)
+def _row(who: str, record: dict, values: list[float], colour: str) -> str:
+    share = sum(1 for v in values if v) / max(len(values), 1)
     return (f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
-            f'<div class="toks">{_tokens(record, mask, colour)}</div></div>')
+            f'<div class="toks">{_tokens(record, values, colour)}</div></div>')
+
+
+def _run_rows(who: str, record: dict) -> str:
+    """What a run did to a response: its token weights, then each per-token field its method set."""
+    rows = [_row(f"{who}: updated", record, record["updated"], COLOURS["updated"])]
+    for name, values in record.get("shaping", {}).items():
+        rows.append(_row(f"{who}: {SHAPING_LABELS.get(name, name)}", record, values, COLOURS["shaping"]))
+    return "".join(rows)
 
 
 def _meta(record: dict) -> str:
@@ -92,7 +108,7 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
             lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name, "#ddd")))
         if identical:
             for label, recs in records.items():
-                lines.append(_row(f"run {label}: updated", recs[index], recs[index]["updated"], COLOURS["updated"]))
+                lines.append(_run_rows(f"run {label}", recs[index]))
         parts.append(f'<div class="resp">{"".join(lines)}</div>')
     return "".join(parts)
 
@@ -110,7 +126,7 @@ def later_step_section(runs: list[Run], rows: int) -> str:
              "<p>The policies have diverged, so each run shows its own rollouts of the same prompt.</p>"]
     for run in same_seed:
         records = read_samples(run, step)[:rows]
-        body = "".join(_meta(r) + _row(f"{run.label}: updated", r, r["updated"], COLOURS["updated"]) for r in records)
+        body = "".join(_meta(r) + _run_rows(run.label, r) for r in records)
         prompt = html.escape(question(records[0])) if records else ""
         parts.append(f'<h3>{html.escape(run.label)} (job {run.job}): <code>{prompt}</code></h3>'
                      f'<div class="resp">{body}</div>')

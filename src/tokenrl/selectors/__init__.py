@@ -1,12 +1,16 @@
-"""Token selectors: which response tokens receive the policy-gradient update (one module each)."""
+"""Token selectors: which response tokens receive the policy-gradient update, with what weight, clip range, KL
+weight or advantage (one module each)."""
+from tokenrl.selectors.archer import ArcherSelector
 from tokenrl.selectors.base import Selection, SelectionBatch, TokenSelector
+from tokenrl.selectors.covariance import ClipCovSelector, KLCovSelector
 from tokenrl.selectors.entropy import Entropy20Selector
+from tokenrl.selectors.gtpo import GTPOSelector
 from tokenrl.selectors.ict import ICTComplementSelector, ICTSelector
 from tokenrl.selectors.random_control import RandomSelector
 from tokenrl.selectors.stapo import STAPOSelector
 from tokenrl.selectors.uniform import UniformSelector
 
-__all__ = ["Entropy20Selector", "ICTComplementSelector", "ICTSelector", "RandomSelector", "STAPOSelector", "Selection",
+__all__ = ["ArcherSelector", "ClipCovSelector", "Entropy20Selector", "GTPOSelector", "KLCovSelector", "ICTComplementSelector", "ICTSelector", "RandomSelector", "STAPOSelector", "Selection",
            "SelectionBatch", "TokenSelector", "UniformSelector", "reference_selectors"]
 
 

@@ -1,6 +1,8 @@
-"""The `TokenSelector` interface: statistics + advantages + response mask + step -> token mask M.
+"""The `TokenSelector` interface: statistics + advantages + response mask + step -> per-token weights (a 0/1 mask M
+is the special case), and optionally per-token clip ranges, KL weights, advantages and a drift penalty.
 
-Every strategy of docs/algorithms.md is (how M is computed) + (which loss normaliser it wants). A subclass
+Every strategy of docs/algorithms.md is (how the weights are computed) + (which loss normaliser it wants); §11 says
+how the loss reads each field. A mask selector implements `mask`; one that shapes more overrides `select`. A subclass
 names itself with `name = "..."`; its YAML (configs/selector/<name>.yaml) points `_target_` at it, and Hydra's
 config group is the list of selectors.
 Selectors run once per optimizer step on that step's mini-batch (docs/algorithms.md §7.12).
@@ -43,11 +45,32 @@ class SelectionBatch:
 
 @dataclass
 class Selection:
-    """mask: (B, T) float {0, 1}, zero outside the response; normalizer: `selected` or `all`, the loss divisor the
-    update counts for this selection (docs/algorithms.md §1.4)."""
+    """What the loss does with each response token of b rows (docs/algorithms.md §11.1); every tensor is (b, T).
 
-    mask: torch.Tensor
+    weights: the token's multiplier of its policy-gradient term, ≥ 0 and zero outside the response (0/1: a mask);
+    normalizer: `selected` (the tokens of non-zero weight) or `all`, the loss divisor the update counts (§1.4);
+    clip_low / clip_high: per-token ε of the ratio clip (None: the algorithm's); kl_weights: multiplier of the token's
+    KL term (None: 1); advantages: per-token advantages replacing the row's Â_i (None: Â_i); drift_coef: β_t of a
+    penalty β_t·|log π_θ − log π_old| on the token (KL-Cov; None: none).
+    """
+
+    weights: torch.Tensor
     normalizer: str
+    clip_low: torch.Tensor | None = None
+    clip_high: torch.Tensor | None = None
+    kl_weights: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    drift_coef: torch.Tensor | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """(b, T) float {0, 1}: the tokens whose weight is not zero (the selected tokens)."""
+        return (self.weights != 0).float()
+
+    def rows(self, index: torch.Tensor) -> "Selection":
+        """The selection of rows `index` (positions into this selection's rows)."""
+        return Selection(**{name: value if not isinstance(value, torch.Tensor) else value[index]
+                            for name, value in vars(self).items()})
 
 
 class TokenSelector(ABC):
@@ -60,6 +83,7 @@ class TokenSelector(ABC):
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()   # TokenStats fields the selector reads
+    weighs_kl: ClassVar[bool] = False   # whether its selections set per-token KL weights (they weigh the KL's divisor)
     js_peers: str = "all"   # the rollouts π̄ averages for JS (token_stats.py); a JS-ranking selector may change it
 
     def __init__(self, normalizer: str = "selected", stats_policy: str = "old") -> None:
@@ -78,10 +102,17 @@ class TokenSelector(ABC):
         micro-batches of whole groups choose as the mini-batch would (the fused statistics of algorithms/update.py)."""
         return False
 
+    @property
+    def reads_groups(self) -> bool:
+        """Whether a row's choice compares it with the rest of its group (JS; GTPO's entropy shares), so micro-batches
+        that select on their own must hold whole groups."""
+        return "js" in self.requires
+
     @abstractmethod
     def mask(self, batch: SelectionBatch) -> torch.Tensor:
-        """(b, T) {0, 1} mask of selected response tokens."""
+        """(b, T) {0, 1} mask of the response tokens the update reaches."""
 
     def select(self, batch: SelectionBatch) -> Selection:
+        """The mask as 0/1 weights with the selector's normaliser; selectors that shape more override this."""
         chosen = self.mask(batch).float() * batch.response_mask.float()
         return Selection(chosen, self.normalizer)
