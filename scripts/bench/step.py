@@ -90,7 +90,8 @@ def worker(args: argparse.Namespace) -> None:
     recorder = Steps()
     trainer.callbacks.append(recorder)
     trainer.fit(module, datamodule=datamodule)
-    args.result.write_text(json.dumps(recorder.steps))
+    from machine import machine_info as this_process
+    args.result.write_text(json.dumps({"allocator": this_process()["allocator"], "steps": recorder.steps}))
 
 
 def run(variant: str, data: Path, steps: int, workdir: Path) -> dict:
@@ -101,10 +102,11 @@ def run(variant: str, data: Path, steps: int, workdir: Path) -> dict:
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
         raise SystemExit(f"variant {variant} failed (exit status {status})")
-    measured = json.loads(result.read_text())[1:]
+    written = json.loads(result.read_text())
+    measured = written["steps"][1:]
     mean = {key: statistics.mean(step[key] for step in measured) for key in measured[0] if key.startswith(KEPT)}
     return {"variant": variant, **mean, "time/trainer": mean["time/statistics"] + mean["time/update"],
-            "peak_rss_gib": usage.ru_maxrss / 2**20}
+            "peak_rss_gib": usage.ru_maxrss / 2**20, "allocator": written["allocator"]}
 
 
 def main() -> None:
@@ -157,7 +159,7 @@ def main() -> None:
     import transformers
     import vllm
     record = {"benchmark": "step", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine_info(),
+              "machine": {**machine_info(), "allocator": rounds[0]["baseline"]["allocator"]},   # the runs' own
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": transformers.__version__, "lightning": lightning.__version__,
                            "vllm": vllm.__version__},
