@@ -120,7 +120,7 @@ def algorithm(**settings) -> AlgorithmConfig:
                 aggregation="token-mean", clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=0.0,
                 kl_estimator="k3", kl_masked=True, adv_std_normalize=True, adv_eps=1e-6, ppo_epochs=1,
                 mini_batches=1, grad_clip=None, overlong_buffer=0, overlong_penalty_factor=1.0, lr_warmup_steps=0,
-                filter_groups=None, gen_prompts_per_step=len(GROUPS), max_gen_rounds=1, tis_cap=None)
+                filter_groups=None, gen_prompts_per_step=len(GROUPS), max_gen_rounds=1, tis_cap=None, response_budget=16)
     config = AlgorithmConfig(**{**base, **settings})
     config.validate(max_new_tokens=16)
     return config

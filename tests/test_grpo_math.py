@@ -213,9 +213,10 @@ def test_low_var_kl_clamps_like_verl(agg):
                      ref_logp=ref, aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01,
                      kl_masked=True, kl_estimator="k3").loss
     assert float(k3) > float(got) + 1.0                                  # the clamp really bound
-    with pytest.raises(ValueError, match=r"algorithm.kl_estimator='k2' is not one of \('k3', 'low_var_kl'\)"):
+    with pytest.raises(ValueError,
+                       match=r"algorithm.kl_estimator='k5' is not one of \('k1', 'k2', 'k3', 'low_var_kl'\)"):
         policy_loss(logp, old, adv, resp, sel, LossNormalizer(1.0, 1.0), ref_logp=ref, aggregation=agg,
-                    norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_estimator="k2")
+                    norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_estimator="k5")
 
 
 def test_truncated_importance_sampling_rejects_a_bad_cap():
@@ -258,3 +259,540 @@ def algorithm_config(max_new_tokens: int = 1024, **changes):
     """The `grpo` preset's AlgorithmConfig with `changes` (the record that validates every algorithm setting)."""
     node = OmegaConf.to_container(compose_config([]).algorithm, resolve=True)
     return AlgorithmConfig.from_node({**node, **changes}, max_new_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loss variants (issue #16): GSPO, CISPO, Dr. GRPO's constant normaliser, the KL estimators, the entropy bonus and the
+# selection's per-token fields, each against a float64 loop over rows and tokens with scalar autograd (value and
+# gradient). The loop is written from the definitions (docs/algorithms.md §1.4, §11), not from the vectorised code.
+# ---------------------------------------------------------------------------------------------------------------------
+
+def _num(x):
+    """A Python float of a number or of a 0-d tensor (detached: the loop branches on values, autograd follows the
+    tensors)."""
+    return x.detach().item() if isinstance(x, torch.Tensor) else float(x)
+
+
+def _at(value, i, t):
+    """A per-token setting: a float (the same everywhere) or a nested list (the token's own)."""
+    return value if isinstance(value, (int, float)) else value[i][t]
+
+
+def _kl_token(x, ref, estimator):
+    """Schulman's estimators of KL(π‖π_ref) at one token, x = log π (a 0-d tensor), d = ref − x."""
+    d = ref - x
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(d) - d - 1.0
+    assert estimator == "low_var_kl"
+    if _num(d) > 20.0 or _num(d) < -20.0:          # the clamp cuts d (and its gradient)
+        d = torch.tensor(max(-20.0, min(20.0, _num(d))), dtype=torch.float64)
+    value = torch.exp(d) - d - 1.0
+    if _num(value) > 10.0 or _num(value) < -10.0:
+        value = torch.tensor(max(-10.0, min(10.0, _num(value))), dtype=torch.float64)
+    return value
+
+
+def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", norm="selected", lo=0.2, hi=0.28,
+                     ref=None, beta=0.0, estimator="k3", kl_masked=True, kl_w=None, drift=None, entropy=None,
+                     alpha=0.0, ent_masked=False, budget=0, dual=None, is_w=None):
+    """The loss of docs/algorithms.md §1.4/§11 by loops over rows and tokens: a 0-d tensor whose autograd graph reaches
+    the leaves `logp` (and `entropy`), the normaliser (pg, kl, entropy) and the number of clipped selected tokens.
+
+    logp (b, T) leaf; entropy (b, T) leaf or None; every other argument a tensor or a float, read as Python numbers.
+    adv: (b,) or (b, T); lo / hi: float or (b, T) (inf allowed); w: token weights (0: not selected).
+    """
+    def py(x):
+        return x.tolist() if isinstance(x, torch.Tensor) else x
+
+    old, adv, resp, w, ref, kl_w, drift, is_w, lo, hi = map(py, (old, adv, resp, w, ref, kl_w, drift, is_w, lo, hi))
+    B, T = logp.shape
+    sel = [[1.0 if resp[i][t] != 0 and w[i][t] != 0 else 0.0 for t in range(T)] for i in range(B)]
+    den = [[sel[i][t] if norm == "selected" else float(resp[i][t]) for t in range(T)] for i in range(B)]
+    wkl = [[(sel[i][t] if kl_masked else float(resp[i][t])) * (1.0 if kl_w is None else kl_w[i][t])
+            for t in range(T)] for i in range(B)]
+    went = [[sel[i][t] if ent_masked else float(resp[i][t]) for t in range(T)] for i in range(B)]
+    with_kl, with_ent = ref is not None and beta > 0, entropy is not None and alpha > 0
+    zero = logp.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)
+    pg_sum, kl_sum, ent_sum = [zero] * B, [zero] * B, [zero] * B
+    clipped = 0
+    for i in range(B):
+        if kind == "gspo":   # s_i: the mean (clamped) log-ratio over the row's selected tokens, 0 for none
+            picked = [max(-20.0, min(20.0, _num(logp[i, t]) - old[i][t])) for t in range(T) if sel[i][t]]
+            seq_log_ratio = sum(picked) / len(picked) if picked else 0.0
+        for t in range(T):
+            x = logp[i, t]
+            a = adv[i] if not isinstance(adv[i], list) else adv[i][t]
+            if kind == "gspo":   # GSPO-token: value s_i, gradient through this token's log π only
+                r = torch.exp(x - x.detach() + seq_log_ratio)
+            else:
+                log_ratio = x - old[i][t]
+                if _num(log_ratio) > 20.0 or _num(log_ratio) < -20.0:
+                    log_ratio = torch.tensor(max(-20.0, min(20.0, _num(log_ratio))), dtype=torch.float64)
+                r = torch.exp(log_ratio)
+            lower, upper = 1.0 - _at(lo, i, t), 1.0 + _at(hi, i, t)
+            if _num(r) < lower:
+                bounded = lower                      # a constant: no gradient through the clipped ratio
+            elif _num(r) > upper:
+                bounded = upper
+            else:
+                bounded = r
+            if kind == "cispo":
+                b_value = _num(bounded)
+                pg = -b_value * a * x
+                is_clipped = b_value != _num(r)
+            else:
+                unclipped, clip_branch = r * a, bounded * a
+                is_clipped = _num(clip_branch) < _num(unclipped)
+                pg = -(clip_branch if is_clipped else unclipped)
+                if dual is not None and a < 0 and _num(pg) > -dual * a:
+                    pg = torch.tensor(-dual * a, dtype=torch.float64)
+            if drift is not None:
+                pg = pg + drift[i][t] * torch.abs(x - old[i][t])
+            if is_w is not None:
+                pg = pg * is_w[i][t]
+            if sel[i][t]:
+                pg_sum[i] = pg_sum[i] + pg * (w[i][t] * resp[i][t])
+                clipped += int(is_clipped)
+            if with_kl and wkl[i][t] != 0:
+                kl_sum[i] = kl_sum[i] + beta * _kl_token(x, ref[i][t], estimator) * wkl[i][t]
+            if with_ent and went[i][t] != 0:
+                ent_sum[i] = ent_sum[i] - alpha * entropy[i, t] * went[i][t]
+    if agg == "seq-mean-token-mean":
+        kept = [i for i in range(B) if sum(den[i]) > 0]
+        normaliser = (float(len(kept)),) * 3
+        loss = zero
+        for i in kept:
+            loss = loss + pg_sum[i] / max(sum(den[i]), 1.0)
+            loss = loss + kl_sum[i] / max(sum(wkl[i]), 1.0) + ent_sum[i] / max(sum(went[i]), 1.0)
+        return loss / max(len(kept), 1), normaliser, clipped
+    if agg == "seq-mean-token-sum-norm":
+        normaliser = (float(B * budget),) * 3
+    else:
+        assert agg == "token-mean"
+        normaliser = tuple(float(sum(sum(row) for row in m)) for m in (den, wkl, went))
+    loss = zero
+    for total, divisor in zip((pg_sum, kl_sum, ent_sum), normaliser):
+        loss = loss + sum(total, zero) / max(divisor, 1.0)
+    return loss, normaliser, clipped
+
+
+def ragged_case(seed, B=8, T=7):
+    """A ragged batch with the awkward rows: a one-token response (row 0), an empty response (row 7), a row with no
+    selected token (row 3), a zero advantage (row 2), two identical rows (4 and 5: tied log-probs and advantages),
+    tied log-probs inside row 6; old log-probs shifted row by row so GSPO's sequence ratios spread across the clip."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0], lengths[1], lengths[7] = 1, T, 0
+    resp = (torch.arange(T)[None] < lengths[:, None]).float()
+    sel = (torch.rand(B, T, generator=g) < 0.6).float()
+    sel[0, 0], sel[3] = 1.0, 0.0
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    shift = torch.randn(B, 1, generator=g, dtype=torch.float64) * 0.3
+    old = logp + shift + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.2
+    ref = logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    adv[2] = 0.0
+    for tensor in (logp, old, ref, adv, resp, sel):
+        tensor[5] = tensor[4]
+    logp[6, 1] = logp[6, 0]
+    entropy = torch.rand(B, T, generator=g, dtype=torch.float64) * 2
+    return dict(logp=logp, old=old, adv=adv, resp=resp, sel=sel, ref=ref, entropy=entropy, gen=g)
+
+
+IMPL_NAMES = dict(kind="kind", agg="aggregation", norm="norm", lo="clip_low", hi="clip_high", beta="kl_coef",
+                  estimator="kl_estimator", kl_masked="kl_masked", kl_w="kl_weights", drift="drift_coef",
+                  alpha="entropy_coef", ent_masked="entropy_masked", dual="dual_clip", is_w="is_weights")
+
+
+def both_losses(case, w=None, adv=None, **settings):
+    """(implementation, reference) for the same inputs: each a dict of loss, logp's gradient, the entropy's gradient
+    (when the bonus is on), the normaliser and the clipped-token count."""
+    settings = {"agg": "token-mean", "norm": "selected", "lo": 0.2, "hi": 0.28, **settings}
+    w = case["sel"] if w is None else w
+    adv = case["adv"] if adv is None else adv
+    with_ent = settings.get("alpha", 0.0) > 0
+    budget = settings.pop("budget", 0)
+    results = []
+    for implementation in (True, False):
+        logp = case["logp"].clone().requires_grad_(True)
+        entropy = case["entropy"].clone().requires_grad_(True) if with_ent else None
+        ref = case["ref"] if settings.get("beta", 0.0) > 0 else None
+        if implementation:
+            normalizer = LossNormalizer.count(case["resp"], w, settings["agg"], settings["norm"],
+                                              settings.get("kl_masked", True), settings.get("ent_masked", False),
+                                              budget, settings.get("kl_w"))
+            kwargs = {IMPL_NAMES[k]: v for k, v in settings.items()}
+            out = policy_loss(logp, case["old"], adv, case["resp"], w, normalizer, ref_logp=ref, entropy=entropy,
+                              **kwargs)
+            loss, norm, clipped = out.loss, (normalizer.pg, normalizer.kl, normalizer.entropy), int(out.clipped_tokens)
+        else:
+            loss, norm, clipped = loop_policy_loss(logp, case["old"], adv, case["resp"], w, ref=ref, entropy=entropy,
+                                                   budget=budget, **settings)
+        loss.backward()
+        results.append(dict(loss=_num(loss), grad=logp.grad.clone(), norm=norm, clipped=clipped,
+                            entropy_grad=None if entropy is None else entropy.grad.clone()))
+    return results
+
+
+def assert_same(got, expected, terms=("pg", "kl", "entropy")):
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-12, rel=1e-10)
+    torch.testing.assert_close(got["grad"], expected["grad"], rtol=1e-10, atol=1e-13)
+    if expected["entropy_grad"] is not None:
+        torch.testing.assert_close(got["entropy_grad"], expected["entropy_grad"], rtol=1e-10, atol=1e-13)
+    for name, a, b in zip(("pg", "kl", "entropy"), got["norm"], expected["norm"]):
+        if name in terms:
+            assert a == b, name
+    assert got["clipped"] == expected["clipped"]
+
+
+def row_divisor(case, w, agg, norm, budget=0):
+    """The divisor of a row's policy-gradient sum: N (token-mean), kept rows × the row's count (seq-mean), B·budget."""
+    resp = case["resp"].tolist()
+    sel = [[float(r != 0 and x != 0) for r, x in zip(rr, wr)] for rr, wr in zip(resp, w.tolist())]
+    den = sel if norm == "selected" else resp
+    B = len(resp)
+    if agg == "token-mean":
+        return [max(sum(map(sum, den)), 1.0)] * B
+    if agg == "seq-mean-token-sum-norm":
+        return [max(B * budget, 1.0)] * B
+    kept = sum(1 for row in den if sum(row) > 0)
+    return [max(sum(row), 1.0) * kept for row in den]
+
+
+GSPO_AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", range(4))
+def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
+    """GSPO-token: every token of row i has the ratio value s_i = exp(mean over the row's selected tokens of
+    logp − old) and the gradient −Â_i·s_i·w_t/D (D the row's divisor) where the unclipped branch is active, 0 where the
+    clip binds; rows with no selected token contribute nothing."""
+    case = ragged_case(seed)
+    # old log-probs whose mean log-ratio over each row's selected tokens is a chosen target (token noise kept): the
+    # sequence ratios fall on both sides of the clip range and inside it
+    targets = torch.tensor([0.3, 0.02, -0.05, -0.3, 0.08, 0.08, -0.2, 0.0], dtype=torch.float64)
+    targets = targets[torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]).roll(seed)] if seed % 2 else targets
+    targets[5] = targets[4]                                          # rows 4 and 5 stay identical
+    chosen = case["resp"] * case["sel"]
+    deviation = case["old"] - case["logp"]
+    row_mean = (deviation * chosen).sum(1, keepdim=True) / chosen.sum(1, keepdim=True).clamp_min(1)
+    case = {**case, "old": case["logp"] + deviation - row_mean - targets[:, None]}
+    lo, hi = 0.1, 0.12
+    impl, ref = both_losses(case, kind="gspo", agg=agg, norm=norm, lo=lo, hi=hi, budget=9)
+    assert_same(impl, ref)
+    # the sequence ratios straddle the clip range: some rows clipped, some not
+    logp, old, resp, sel, adv = case["logp"], case["old"], case["resp"], case["sel"], case["adv"]
+    s = {}
+    for i in range(logp.shape[0]):
+        picked = [float(logp[i, t] - old[i, t]) for t in range(logp.shape[1]) if resp[i, t] and sel[i, t]]
+        if picked:
+            s[i] = math.exp(sum(picked) / len(picked))
+    assert any(not 1 - lo <= v <= 1 + hi for v in s.values()) and any(1 - lo <= v <= 1 + hi for v in s.values())
+    # the gradient, token by token, from the GSPO-token formula
+    divisor = row_divisor(case, sel, agg, norm, budget=9)
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            expected = 0.0
+            if i in s and resp[i, t] and sel[i, t]:
+                a = float(adv[i])
+                if s[i] * a <= min(max(s[i], 1 - lo), 1 + hi) * a:     # the unclipped branch is the minimum
+                    expected = -a * s[i] / divisor[i]
+            assert float(impl["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
+    # the per-token ratio value is s_i: pg_t = −min(s_i·Â, clip(s_i)·Â) on every token of the row
+    from tokenrl.algorithms.grpo import surrogate
+    pg, _, _ = surrogate(logp, old, adv[:, None], resp * sel, "gspo", lo, hi, None)
+    for i, value in s.items():
+        a = float(adv[i])
+        expected = -min(value * a, min(max(value, 1 - lo), 1 + hi) * a)
+        assert torch.allclose(pg[i], torch.full_like(pg[i], expected), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("seed", range(3))
+def test_gspo_with_kl_dual_clip_and_weights_matches_the_loop(agg, seed):
+    case = ragged_case(seed)
+    old = case["old"] - 0.9 * (case["adv"] < 0).double()[:, None]     # large ratios on negative-advantage rows
+    case = {**case, "old": old}
+    weights = case["sel"] * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape,
+                                                                           generator=case["gen"])].double()
+    impl, ref = both_losses(case, w=weights, kind="gspo", agg=agg, beta=0.05, dual=1.5, lo=0.1, hi=0.12)
+    assert_same(impl, ref)
+    plain, _ = both_losses(case, w=weights, kind="gspo", agg=agg, beta=0.05, lo=0.1, hi=0.12)
+    assert plain["loss"] != pytest.approx(impl["loss"], abs=1e-9)      # the dual clip binds on some row
+
+
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("seed", range(4))
+def test_cispo_loss_and_gradient_match_the_loop(agg, seed):
+    """CISPO: pg_t = −sg(clip(r_t))·Â·logp_t; its gradient −clip(r_t)·Â·w_t/D is non-zero on clipped tokens too."""
+    case = ragged_case(seed)
+    old = case["old"] + 0.5 * torch.randn(case["old"].shape, generator=case["gen"], dtype=torch.float64)
+    case = {**case, "old": old}
+    impl, ref = both_losses(case, kind="cispo", agg=agg, budget=11)
+    assert_same(impl, ref)
+    logp, resp, sel, adv = case["logp"], case["resp"], case["sel"], case["adv"]
+    divisor = row_divisor(case, sel, agg, "selected", budget=11)
+    clipped_with_gradient = 0
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            r = math.exp(float(logp[i, t] - old[i, t]))
+            bounded = min(max(r, 0.8), 1.28)
+            expected = -bounded * float(adv[i]) / divisor[i] if resp[i, t] and sel[i, t] else 0.0
+            assert float(impl["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
+            if resp[i, t] and sel[i, t] and bounded != r and adv[i] != 0:
+                assert impl["grad"][i, t] != 0
+                clipped_with_gradient += 1
+    assert clipped_with_gradient > 0 and impl["clipped"] > 0
+
+
+@pytest.mark.parametrize("kind", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("seed", range(3))
+def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
+    """seq-mean-token-sum-norm: loss = Σ_i Σ_t ℓ_it w_it / (B·budget), the KL (and entropy) by the same constant,
+    whatever the selection; micro-batch shares with the mini-batch normaliser add up to the whole."""
+    case = ragged_case(seed)
+    budget = 12
+    B = case["logp"].shape[0]
+    impl, ref = both_losses(case, kind=kind, agg="seq-mean-token-sum-norm", beta=0.04, alpha=0.01, budget=budget)
+    assert_same(impl, ref)
+    assert impl["norm"] == (float(B * budget),) * 3
+    # the normaliser does not depend on the selection, its normaliser or the KL settings
+    resp = case["resp"]
+    for w, norm, kl_masked, kl_w in [(case["sel"], "selected", True, None), (resp, "all", False, None),
+                                     (torch.zeros_like(resp), "selected", True, None),
+                                     (case["sel"] * 0.5, "all", True, resp * 0.25)]:
+        counted = LossNormalizer.count(resp, w, "seq-mean-token-sum-norm", norm, kl_masked, True, budget, kl_w)
+        assert (counted.pg, counted.kl, counted.entropy) == (float(B * budget),) * 3
+    # explicitly: Σ_i Σ_t (pg + β·k3) over selected tokens / (B·budget), pg from the plain PPO formula
+    if kind == "ppo":
+        total = 0.0
+        for i in range(B):
+            for t in range(case["logp"].shape[1]):
+                if case["resp"][i, t] and case["sel"][i, t]:
+                    r = math.exp(float(case["logp"][i, t] - case["old"][i, t]))
+                    a = float(case["adv"][i])
+                    d = float(case["ref"][i, t] - case["logp"][i, t])
+                    total += -min(r * a, min(max(r, 0.8), 1.28) * a) + 0.04 * (math.exp(d) - d - 1)
+                if case["resp"][i, t]:
+                    total += -0.01 * float(case["entropy"][i, t])
+        assert impl["loss"] == pytest.approx(total / (B * budget), abs=1e-12)
+    # shares of two micro-batches with the mini-batch's normaliser add up to the whole loss
+    normalizer = LossNormalizer.count(resp, case["sel"], "seq-mean-token-sum-norm", "selected", True, False, budget)
+    parts = sum(float(policy_loss(case["logp"][r], case["old"][r], case["adv"][r], resp[r], case["sel"][r], normalizer,
+                                  aggregation="seq-mean-token-sum-norm", norm="selected", clip_low=0.2,
+                                  clip_high=0.28, ref_logp=case["ref"][r], kl_coef=0.04, kind=kind,
+                                  entropy=case["entropy"][r], entropy_coef=0.01).loss)
+                for r in torch.arange(B).split(3))
+    assert parts == pytest.approx(impl["loss"], abs=1e-12)
+
+
+def test_sum_norm_loss_is_independent_of_selection_count():
+    """Dr. GRPO: dropping tokens from the selection removes their terms but leaves the divisor alone (unlike
+    token-mean, whose divisor shrinks)."""
+    case = ragged_case(0)
+    resp, sel = case["resp"], case["sel"]
+    fewer = sel.clone()
+    fewer[1] = 0.0
+    grads = {}
+    for agg in ("seq-mean-token-sum-norm", "token-mean"):
+        for name, w in (("all", sel), ("fewer", fewer)):
+            normalizer = LossNormalizer.count(resp, w, agg, "selected", True, budget=10)
+            logp = case["logp"].clone().requires_grad_(True)
+            policy_loss(logp, case["old"], case["adv"], resp, w, normalizer, aggregation=agg, norm="selected",
+                        clip_low=0.2, clip_high=0.28).loss.backward()
+            grads[agg, name] = logp.grad
+    keep = fewer.bool() & resp.bool()
+    # the gradient of every token that stays selected is unchanged under the constant divisor, changed under token-mean
+    assert torch.equal(grads["seq-mean-token-sum-norm", "all"][keep], grads["seq-mean-token-sum-norm", "fewer"][keep])
+    assert not torch.allclose(grads["token-mean", "all"][keep], grads["token-mean", "fewer"][keep])
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "low_var_kl"])
+def test_kl_estimates_match_the_per_token_definitions(estimator):
+    from tokenrl.algorithms.grpo import kl_estimate
+
+    g = torch.Generator().manual_seed(3)
+    logp = (-torch.rand(5, 6, generator=g, dtype=torch.float64) * 4)
+    ref = logp + torch.randn(5, 6, generator=g, dtype=torch.float64)
+    ref[0, :4] = logp[0, :4] + torch.tensor([4.0, 30.0, -25.0, 0.0], dtype=torch.float64)   # the clamps, and d = 0
+    logp = logp.requires_grad_(True)
+    got = kl_estimate(logp, ref, estimator)
+    got.sum().backward()
+    for i in range(5):
+        for t in range(6):
+            x, r = float(logp.detach()[i, t]), float(ref[i, t])
+            d = r - x
+            value = {"k1": x - r, "k2": 0.5 * d * d, "k3": math.exp(d) - d - 1}.get(estimator)
+            slope = {"k1": 1.0, "k2": -d, "k3": 1 - math.exp(d)}.get(estimator)   # ∂/∂x
+            if estimator == "low_var_kl":
+                dc = max(-20.0, min(20.0, d))
+                raw = math.exp(dc) - dc - 1
+                value = max(-10.0, min(10.0, raw))
+                slope = 0.0 if (dc != d or raw != value) else 1 - math.exp(d)
+            assert float(got.detach()[i, t]) == pytest.approx(value, rel=1e-12, abs=1e-12), (i, t)
+            assert float(logp.grad[i, t]) == pytest.approx(slope, rel=1e-12, abs=1e-12), (i, t)
+    assert float(got.detach()[0, 3]) == 0.0 and float(logp.grad[0, 3]) == (1.0 if estimator == "k1" else 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3", "low_var_kl"])
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("kl_masked", [True, False])
+def test_policy_loss_with_each_kl_estimator_matches_the_loop(estimator, agg, kl_masked):
+    case = ragged_case(1)
+    ref = case["ref"].clone()
+    ref[1, :3] = case["logp"][1, :3] + torch.tensor([4.0, 30.0, -25.0], dtype=torch.float64)
+    case = {**case, "ref": ref}
+    impl, expected = both_losses(case, agg=agg, beta=0.03, estimator=estimator, kl_masked=kl_masked, budget=8)
+    assert_same(impl, expected)
+
+
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("ent_masked", [False, True])
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", range(3))
+def test_entropy_bonus_is_minus_alpha_mean_entropy(agg, ent_masked, norm, seed):
+    """loss − loss(α = 0) = −α·Σ H·w_H / N_H (token-mean; N_H = response tokens, or selected tokens when masked), the
+    per-row mean over the kept rows (seq-mean-token-mean), Σ H·w_H / (B·budget) (sum-norm); ∂/∂H = −α·w_H/D."""
+    case = ragged_case(seed)
+    alpha = 0.02
+    impl, expected = both_losses(case, agg=agg, norm=norm, alpha=alpha, ent_masked=ent_masked, beta=0.02, budget=9)
+    assert_same(impl, expected)
+    off, _ = both_losses(case, agg=agg, norm=norm, alpha=0.0, ent_masked=ent_masked, beta=0.02, budget=9)
+    torch.testing.assert_close(impl["grad"], off["grad"], rtol=0, atol=0)     # the bonus leaves ∂/∂logp alone
+    resp, sel, H = case["resp"].tolist(), case["sel"].tolist(), case["entropy"].tolist()
+    B, T = len(resp), len(resp[0])
+    w_h = [[(resp[i][t] * sel[i][t]) if ent_masked else resp[i][t] for t in range(T)] for i in range(B)]
+    den = [[(resp[i][t] * sel[i][t]) if norm == "selected" else resp[i][t] for t in range(T)] for i in range(B)]
+    expected_grad = [[0.0] * T for _ in range(B)]
+    if agg == "token-mean":
+        n_h = sum(map(sum, w_h))
+        assert impl["norm"][2] == n_h == (sum(map(sum, [[r * s for r, s in zip(rr, ss)] for rr, ss in zip(resp, sel)]))
+                                          if ent_masked else sum(map(sum, resp)))
+        bonus = -alpha * sum(H[i][t] * w_h[i][t] for i in range(B) for t in range(T)) / n_h
+        for i in range(B):
+            for t in range(T):
+                expected_grad[i][t] = -alpha * w_h[i][t] / n_h
+    elif agg == "seq-mean-token-mean":
+        kept = [i for i in range(B) if sum(den[i]) > 0]
+        bonus = -alpha * sum(sum(H[i][t] * w_h[i][t] for t in range(T)) / max(sum(w_h[i]), 1) for i in kept) / len(kept)
+        for i in kept:
+            for t in range(T):
+                expected_grad[i][t] = -alpha * w_h[i][t] / max(sum(w_h[i]), 1) / len(kept)
+    else:
+        bonus = -alpha * sum(H[i][t] * w_h[i][t] for i in range(B) for t in range(T)) / (B * 9)
+        for i in range(B):
+            for t in range(T):
+                expected_grad[i][t] = -alpha * w_h[i][t] / (B * 9)
+    assert impl["loss"] - off["loss"] == pytest.approx(bonus, abs=1e-12)
+    torch.testing.assert_close(impl["entropy_grad"], torch.tensor(expected_grad, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-15)
+
+
+def per_token_fields(case, *, infinite=True):
+    """Per-token ε (some infinite), fractional KL weights, per-token advantages (ties, zeros), drift coefficients and
+    fractional token weights, all exactly representable in float32 (the loss casts the weights to float32)."""
+    g = case["gen"]
+    shape = case["logp"].shape
+    pick = lambda values: torch.tensor(values, dtype=torch.float64)[torch.randint(0, len(values), shape, generator=g)]
+    lo = pick([0.1, 0.2, 0.5, 1.0])
+    hi = pick([0.125, 0.25, 0.5] + ([float("inf")] if infinite else []))
+    kl_w = pick([0.0, 0.25, 1.0, 2.0])
+    adv = torch.randn(shape, generator=g, dtype=torch.float64)
+    adv[2] = 0.0
+    adv[6, :2] = 0.75                                            # tied token advantages
+    drift = pick([0.0, 0.0, 0.5, 1.0])
+    w = case["sel"] * pick([0.25, 0.5, 1.0, 1.5])
+    return dict(lo=lo, hi=hi, kl_w=kl_w, adv=adv, drift=drift, w=w)
+
+
+@pytest.mark.parametrize("field", ["clip", "kl_weights", "advantages", "drift", "weights", "all"])
+@pytest.mark.parametrize("kind", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("seed", range(2))
+def test_per_token_fields_match_the_loop(field, kind, agg, seed):
+    """A selection's per-token fields (clip ε with inf, KL weights — which also weigh token-mean's KL divisor —,
+    (b, T) advantages, the drift penalty β_t·|logp − old|, fractional weights) against the loop, value and gradient;
+    each field changes the loss."""
+    case = ragged_case(seed)
+    case = {**case, "old": case["old"] + 0.3 * torch.randn(case["old"].shape, generator=case["gen"],
+                                                           dtype=torch.float64)}
+    fields = per_token_fields(case)
+    chosen = {"clip": ("lo", "hi"), "kl_weights": ("kl_w",), "advantages": ("adv",), "drift": ("drift",),
+              "weights": ("w",), "all": ("lo", "hi", "kl_w", "adv", "drift", "w")}[field]
+    settings = {name: fields[name] for name in chosen if name not in ("adv", "w")}
+    extra = {name: fields[name] for name in chosen if name in ("adv", "w")}
+    common = dict(kind=kind, agg=agg, beta=0.05, budget=10)
+    impl, ref = both_losses(case, **extra, **settings, **common)
+    assert_same(impl, ref)
+    if agg == "token-mean" and "kl_w" in settings:     # the KL divisor is the KL-weighted count of selected tokens
+        w = extra.get("w", case["sel"])
+        assert impl["norm"][1] == float((case["resp"] * (w != 0) * settings["kl_w"]).sum())
+    plain, _ = both_losses(case, **common)
+    assert impl["loss"] != pytest.approx(plain["loss"], abs=1e-9) or not torch.allclose(impl["grad"], plain["grad"])
+
+
+def test_infinite_clip_bounds_leave_the_ratio_unclipped():
+    """ε_low = 1 and ε_high = inf (KL-Cov's `unclipped`) make the clip a no-op: PPO's pg_t = −r_t·Â exactly."""
+    case = ragged_case(2)
+    shape = case["logp"].shape
+    lo, hi = torch.ones(shape, dtype=torch.float64), torch.full(shape, float("inf"), dtype=torch.float64)
+    old = case["old"] - 2.0                      # ratios up to e^2: a finite clip would bind
+    case = {**case, "old": old}
+    impl, ref = both_losses(case, lo=lo, hi=hi)
+    assert_same(impl, ref)
+    assert impl["clipped"] == 0
+    sel = (case["resp"] * case["sel"]).bool()
+    n = float(sel.sum())
+    expected = -(torch.exp(case["logp"] - old) * case["adv"][:, None])[sel].sum() / n
+    assert impl["loss"] == pytest.approx(float(expected), abs=1e-12)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("kl_masked", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_zero_one_masks_and_float_clips_keep_the_old_formula(agg, norm, kl_masked, seed):
+    """Backward compatibility: with a 0/1 mask, float ε, (b,) advantages and no per-token field the loss is the
+    pre-#16 formula (`reference_loss`, value) and the loop's gradient; neutral per-token fields (ε tensors equal to the
+    floats, KL weights 1, Â_i on every token, zero drift) change nothing at all."""
+    case = ragged_case(seed)
+    impl, ref = both_losses(case, agg=agg, norm=norm, beta=0.04, kl_masked=kl_masked)
+    assert_same(impl, ref)
+    old_formula = reference_loss(case["logp"].tolist(), case["old"].tolist(), case["adv"].tolist(),
+                                 case["resp"].tolist(), case["sel"].tolist(), case["ref"].tolist(), agg=agg, norm=norm,
+                                 lo=0.2, hi=0.28, beta=0.04, kl_masked=kl_masked)
+    assert impl["loss"] == pytest.approx(old_formula, abs=1e-12)
+    shape = case["logp"].shape
+    neutral = dict(lo=torch.full(shape, 0.2, dtype=torch.float64), hi=torch.full(shape, 0.28, dtype=torch.float64),
+                   kl_w=torch.ones(shape, dtype=torch.float64), drift=torch.zeros(shape, dtype=torch.float64))
+    same, _ = both_losses(case, adv=case["adv"][:, None].expand(shape).clone(), agg=agg, norm=norm, beta=0.04,
+                          kl_masked=kl_masked, **neutral)
+    assert same["loss"] == impl["loss"] and same["norm"] == impl["norm"] and same["clipped"] == impl["clipped"]
+    assert torch.equal(same["grad"], impl["grad"])
+
+
+def test_all_zero_advantages_give_zero_policy_gradient_for_every_loss():
+    case = ragged_case(0)
+    zero = torch.zeros_like(case["adv"])
+    for kind in ("ppo", "gspo", "cispo"):
+        for agg in GSPO_AGGS:
+            impl, ref = both_losses(case, adv=zero, kind=kind, agg=agg, budget=8)
+            assert_same(impl, ref)
+            assert impl["loss"] == 0.0 and torch.equal(impl["grad"], torch.zeros_like(impl["grad"]))
+
+
+@pytest.mark.parametrize("d", [800.0, -800.0])
+def test_low_var_kl_is_finite_with_zero_gradient_far_out(d):
+    """The log-ratio clamp keeps low_var_kl finite, and its gradient 0 rather than NaN, where exp(d) overflows."""
+    from tokenrl.algorithms.grpo import kl_estimate
+
+    logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+    value = kl_estimate(logp, logp.detach() + d, "low_var_kl")
+    value.sum().backward()
+    assert float(value.detach()) == 10.0 and float(logp.grad) == 0.0

@@ -134,3 +134,18 @@ def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):
     assert steps == sorted(run.steps) == list(range(TOTAL_STEPS))     # logged 1 … N, plotted from 0 like samples
     assert values == [run.steps[s]["train/reward"] for s in steps]
     assert rollout_step_index("1.0") == rollout_step_index(1) == 0
+
+
+def test_samples_page_shows_weights_and_per_token_fields_as_highlight_strength():
+    """A run's row colours each token with strength |weight| / the row's largest, and a method's per-token fields
+    (here GTPO's token advantages) get a row each with strength |value| / the row's largest |value|."""
+    from tokenrl.report.html import _run_rows
+
+    record = {"tokens": ["a", "b", "c", "d"], "entropy": [0.1, 0.2, 0.3, 0.4], "js": None,
+              "updated": [0, 0.5, 1, 1], "shaping": {"advantages": [-2.0, 1.0, 0.5, 0.0]}}
+    html_rows = _run_rows("run gtpo", record)
+    updated, advantages = html_rows.split('<div class="row">')[1:]
+    assert "run gtpo: updated (75%)" in updated and "run gtpo: token advantage (75%)" in advantages
+    assert [part.split(")")[0].split(",")[-1] for part in updated.split("rgba(")[1:]] == ["0.50", "1.00", "1.00"]
+    assert [part.split(")")[0].split(",")[-1] for part in advantages.split("rgba(")[1:]] == ["1.00", "0.50", "0.25"]
+    assert 'title="H=0.100 value=-2"' in advantages

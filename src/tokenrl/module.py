@@ -154,7 +154,8 @@ class GRPOModule(L.LightningModule):
             lr, update = self._update(train, entropy_coef)
         if fused:
             train = dataclasses.replace(train, stats=update.stats)
-        self.entropy_control.observe(self._mean_entropy(train))
+        if self.cfg.entropy_target is not None:
+            self.entropy_control.observe(self._mean_entropy(train))
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.rollout_step += 1

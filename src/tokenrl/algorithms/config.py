@@ -74,6 +74,9 @@ class AlgorithmConfig:
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _one_of("policy_loss", self.policy_loss, POLICY_LOSSES)
+        if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
+            raise ValueError("algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
+                             f"{self.response_budget}; build the config with the response budget")
         if self.policy_loss == "cispo" and self.dual_clip is not None:
             raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
                              "IS weight is already clipped and detached); set algorithm.dual_clip=null")

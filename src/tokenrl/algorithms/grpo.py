@@ -115,8 +115,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     """
     resp = response_mask.float()
     selected = resp * (token_mask != 0)
-    w_pg = resp * token_mask.float()
-    w_kl = (selected if kl_masked else resp) * (1.0 if kl_weights is None else kl_weights.float())
+    w_pg = resp * token_mask.to(logp.dtype)
+    w_kl = (selected if kl_masked else resp) * (1.0 if kl_weights is None else kl_weights.to(logp.dtype))
     w_entropy = selected if entropy_masked else resp
     denominator = denominator_mask(response_mask, token_mask, norm)
     adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
@@ -163,7 +163,7 @@ def clip_ratio(ratio: torch.Tensor, clip_low: float | torch.Tensor, clip_high: f
     """clip(r, 1 − ε_low, 1 + ε_high) with ε a float or a per-token tensor (ε_high = inf: no upper bound)."""
     if not isinstance(clip_low, torch.Tensor) and not isinstance(clip_high, torch.Tensor):
         return torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    low, high = (torch.as_tensor(1.0 + sign * eps, dtype=ratio.dtype, device=ratio.device)
+    low, high = (1.0 + sign * torch.as_tensor(eps, dtype=ratio.dtype, device=ratio.device)
                  for sign, eps in ((-1.0, clip_low), (1.0, clip_high)))
     return torch.minimum(torch.maximum(ratio, low), high)
 
@@ -174,9 +174,10 @@ def aggregate(terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]
     and seq-mean-token-sum-norm divide Σ_t value·weight by the normaliser; seq-mean-token-mean averages each row over
     its divisor mask first and sums the rows that have selected tokens."""
     if aggregation in ("token-mean", "seq-mean-token-sum-norm"):
-        return sum((value * weight).sum() / max(norm, 1.0) for value, weight, _, norm in terms)
-    if aggregation == "seq-mean-token-mean":
-        per_seq = sum((value * weight).sum(1) / rows.sum(1).clamp_min(1.0) for value, weight, rows, _ in terms)
+        return sum((value * weight).sum() / (norm if norm > 0 else 1.0) for value, weight, _, norm in terms)
+    if aggregation == "seq-mean-token-mean":   # a row whose divisor is 0 has nothing to divide
+        per_seq = sum((value * weight).sum(1) / torch.where(rows.sum(1) > 0, rows.sum(1), 1.0)
+                      for value, weight, rows, _ in terms)
         keep = denominator.sum(1) > 0
         return per_seq[keep].sum() / max(terms[0][3], 1.0)
     raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
