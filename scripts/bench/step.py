@@ -90,8 +90,7 @@ def worker(args: argparse.Namespace) -> None:
     recorder = Steps()
     trainer.callbacks.append(recorder)
     trainer.fit(module, datamodule=datamodule)
-    from machine import machine_info as this_process
-    args.result.write_text(json.dumps({"allocator": this_process()["allocator"], "steps": recorder.steps}))
+    args.result.write_text(json.dumps({"allocator": machine_info()["allocator"], "steps": recorder.steps}))
 
 
 def run(variant: str, data: Path, steps: int, workdir: Path) -> dict:
