@@ -41,3 +41,14 @@ def tiny_cfg(tmp_path):
     def make(*overrides: str) -> DictConfig:
         return compose_config(TINY + list(overrides), output_dir=tmp_path)
     return make
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny tensors: a second thread only waits on a busy machine."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

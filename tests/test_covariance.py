@@ -14,6 +14,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from tests.conftest import compose_config
+from tests.helpers.references import grpo_advantages
 from tokenrl.algorithms.token_stats import TokenStats
 from tokenrl.selectors import ClipCovSelector, KLCovSelector, SelectionBatch
 
@@ -53,21 +54,6 @@ def ref_candidates(logprobs, adv, lengths, low, high):
 
 
 # ----------------------------------------------------------------------------------------- fixtures
-def grpo_advantages(rewards, group_ids):
-    """(r − group mean) / (unbiased group std + 1e-6); a group of one has mean 0 and std 1 (verl's rule, as
-    grpo.group_advantages); Python loops."""
-    out = [0.0] * len(rewards)
-    for g in set(group_ids):
-        members = [i for i in range(len(rewards)) if group_ids[i] == g]
-        mean, std = 0.0, 1.0
-        if len(members) > 1:
-            mean = sum(rewards[i] for i in members) / len(members)
-            std = math.sqrt(sum((rewards[i] - mean) ** 2 for i in members) / (len(members) - 1))
-        for i in members:
-            out[i] = (rewards[i] - mean) / (std + 1e-6)
-    return torch.tensor(out, dtype=torch.float64)
-
-
 def make_case(seed, group_size=4, groups=3, T=8, ties=False, one_token=False, advantages="randn", min_len=0):
     """(logprobs, adv, resp, lengths, group_ids); logprobs carry garbage on padding."""
     g = torch.Generator().manual_seed(seed)

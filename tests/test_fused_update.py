@@ -48,13 +48,7 @@ DUPLICATE = (0, 2)   # rows 0 and 2 hold the same response
 GROUP_SIZE = max(len(rows) for _, rows in GROUPS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread for this module: the tensors are tiny, and a second thread only waits on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,9 @@ class CaptureUpdate(L.Callback):
     def on_train_start(self, trainer, module) -> None:
         update = module._update
 
-        def spy(train, entropy_coef):
+        def spy(train):
             self.train, self.before = train, copy.deepcopy(module.policy.state_dict())
-            result = update(train, entropy_coef)
+            result = update(train)
             self.after = copy.deepcopy(module.policy.state_dict())
             return result
         module._update = spy

@@ -4,12 +4,15 @@ no download).
 
     python scripts/bench/gpu_step.py [--models qwen0.5b qwen1.5b] [--prompts 32] [--group 8] [--max-new-tokens 1024]
                                      [--prompt-tokens 160] [--steps 2] [--engine hf] [--device cuda]
+                                     [--fast-path off on] [--no-gradient-checkpointing]
 
 The step is the real module under the real Lightning Trainer (`trainer=gpu`: bf16-mixed autocast over fp32 master
 weights, gradient checkpointing as the presets set it), `selector=ict` with `warmup_steps=0` (the statistics pass
 computes JS), KL to a frozen reference, one mini-batch. Prompts are the arithmetic task's questions behind a fixed
 GSM8K-length preamble (`--prompt-tokens` is approximate); a random model rarely stops, so responses run to
-`--max-new-tokens` — the worst case of the paper's shape. The first `--steps − 1` steps warm up (CUDA context,
+`--max-new-tokens` — the worst case of the paper's shape. `--fast-path off on` runs each model with every
+`fast_path.*` shortcut off, then on (docs/algorithms.md §12); the Qwen presets checkpoint gradients, which turns the
+shared prefix off (transformers drops the KV cache there): `--no-gradient-checkpointing` measures it on. The first `--steps − 1` steps warm up (CUDA context,
 kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt + response tokens of the
 batch) / update time / the GPU's dense bf16 peak (a table below; omitted for unknown GPUs); attention FLOPs and the
 gradient-checkpointing recompute are not counted, as MFU is usually quoted. Prints a table; writes
@@ -63,7 +66,7 @@ class LastStep(L.Callback):
         self.steps.append({key: float(value) for key, value in trainer.callback_metrics.items()})
 
 
-def run_model(name: str, args: argparse.Namespace, out_dir: Path) -> dict:
+def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str) -> dict:
     words = max(1, args.prompt_tokens // 22)   # ≈ 22 tokens per preamble sentence with Qwen's tokenizer
     preamble = (PREAMBLE_WORD * words).strip()
     trainer = ["trainer=gpu"] if args.device == "cuda" else ["trainer=cpu"]
@@ -73,7 +76,10 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "selector=ict", "selector.warmup_steps=0", f"algorithm.prompts_per_step={args.prompts}",
         f"algorithm.group_size={args.group}", f"total_steps={args.steps}", "logger=none", "checkpoint.enabled=false",
         "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false", *trainer,
-        f"paths.output_dir={out_dir / name}"])
+        *(f"fast_path.{switch}={'true' if fast_path == 'on' else 'false'}"
+          for switch in ("shared_prefix", "fused_statistics", "pack")),
+        *(["model.gradient_checkpointing=false"] if args.no_gradient_checkpointing else []),
+        f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
     L.seed_everything(0)
     module, datamodule, fit_trainer = build_components(cfg)
     recorder = LastStep()
@@ -84,7 +90,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path) -> dict:
     generated = last["train/response_len"] * rows
     trained = generated + rows * last["train/prompt_len"] if "train/prompt_len" in last else None
     params = sum(p.numel() for p in module.policy.parameters())
-    result = {"model": name, "parameters": params, "rows": rows, "generated_tokens": generated,
+    result = {"model": name, "fast_path": fast_path, "parameters": params, "rows": rows, "generated_tokens": generated,
               "trained_tokens": trained,
               **{key: value for key, value in last.items() if key.startswith(("time/", "memory/"))},
               "generated_tokens_per_s": generated / last["time/generate"]}
@@ -109,16 +115,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm_gpu"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--fast-path", nargs="+", default=["on"], choices=["off", "on"])
+    parser.add_argument("--no-gradient-checkpointing", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run this on a GPU machine (or --device cpu --models tiny for a smoke run)")
-    results = [run_model(name, args, args.out.parent / "gpu_step_runs") for name in args.models]
+    results = [run_model(name, args, args.out.parent / "gpu_step_runs", fast_path)
+               for name in args.models for fast_path in args.fast_path]
     phases = ("generate", "reward", "statistics", "update", "sync")
-    print(f"{'model':<10} " + " ".join(f"{p + ' s':>12}" for p in phases)
+    print(f"{'model':<10} {'fast':>4} " + " ".join(f"{p + ' s':>12}" for p in phases)
           + f" {'gen tok/s':>10} {'train tok/s':>11} {'MFU':>6} " + " ".join(f"{p + ' GiB':>15}" for p in phases))
     for r in results:
-        print(f"{r['model']:<10} " + " ".join(f"{r.get(f'time/{p}', 0.0):>12.2f}" for p in phases)
+        print(f"{r['model']:<10} {r['fast_path']:>4} " + " ".join(f"{r.get(f'time/{p}', 0.0):>12.2f}" for p in phases)
               + f" {r['generated_tokens_per_s']:>10.0f} {r.get('trained_tokens_per_s', 0.0):>11.0f}"
               + f" {r.get('update_mfu', 0.0):>6.1%} "
               + " ".join(f"{r.get(f'memory/{p}_peak_gib', 0.0):>15.1f}" for p in phases))

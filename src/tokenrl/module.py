@@ -149,9 +149,9 @@ class GRPOModule(L.LightningModule):
                                None if fused else self.passes.statistics(scored.rollouts),
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
                                row_offset=self.global_rank * len(scored.rollouts.texts))
-        entropy_coef = self.entropy_control.alpha
+        entropy_coef = self.entropy_control.alpha   # this step's α (the update reads the same)
         with timer("update"):
-            lr, update = self._update(train, entropy_coef)
+            lr, update = self._update(train)
         if fused:
             train = dataclasses.replace(train, stats=update.stats)
         if self.cfg.entropy_target is not None:
@@ -183,14 +183,15 @@ class GRPOModule(L.LightningModule):
             self.path_reported = True
         return blocker is None
 
-    def _update(self, train: TrainBatch, entropy_coef: float) -> tuple[float, UpdateResult]:
+    def _update(self, train: TrainBatch) -> tuple[float, UpdateResult]:
         """The PPO update with Lightning's backend and this step's entropy-bonus α; returns the lr it used and its
         result."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         lr = optimizer.param_groups[0]["lr"]
         shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", self.rollout_step))
         result = ppo_update(train, self.selector, self.cfg, lightning_backend(self, optimizer), shuffle,
-                            by_length=self.fast_path.pack, entropy_coef=entropy_coef, with_js=self.with_js)
+                            by_length=self.fast_path.pack, entropy_coef=self.entropy_control.alpha,
+                            with_js=self.with_js)
         self.optimizer_steps += result.optimizer_steps
         if scheduler is not None:
             scheduler.step()   # once per rollout step, as verl
