@@ -33,13 +33,18 @@ SETTINGS = {
     "ict_ratio_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
     "ict_warmup_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
     "ict_complement_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "token_methods": ("smollm2_135m", "ArithmeticTask", "UniformSelector"),
+    "token_methods_gpu": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
 }
+METHODS = "uniform,random,ict,entropy20,stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,clip_cov,kl_cov,archer,gtpo,dr_grpo,gspo,cispo,kl_k1,kl_k2"
 SWEEPS = {
     "cpu_study": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2"},
     "selector_comparison": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2,3,4"},
     "ict_ratio_ablation": {"selector.ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
     "ict_warmup_ablation": {"selector_warmup_steps": "10,20,40", "seed": "0,1,2"},
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
+    "token_methods": {"method": METHODS, "seed": "0"},
+    "token_methods_gpu": {"method": METHODS, "seed": "0,1,2,3,4"},
 }
 
 
@@ -84,6 +89,10 @@ def test_every_swept_value_composes(name):
                 assert cfg.selector._target_ == compose_config([f"selector={value}"]).selector._target_
             elif key == "selector_warmup_steps":
                 assert cfg.selector.warmup_steps == int(value)   # reaches the selector via ${selector_warmup_steps}
+            elif key == "method":   # the method's selector wins over the experiment's
+                method = compose_config([f"method={value}"])
+                assert cfg.selector._target_ == method.selector._target_
+                assert cfg.algorithm.policy_loss == method.algorithm.policy_loss
             else:
                 assert str(OmegaConf.select(cfg, key)) == value
 

@@ -20,8 +20,9 @@ from tokenrl.selectors import reference_selectors
 from tokenrl.selectors.base import SelectionBatch
 
 
-def _rounded(values: torch.Tensor) -> list[float]:
-    return [round(float(v), 5) for v in values]
+def _rounded(values: torch.Tensor) -> list[float | None]:
+    """Rounded values; a non-finite one (KL-Cov's unbounded ε) as null, so the file stays standard JSON."""
+    return [round(float(v), 5) if torch.isfinite(v) else None for v in values]
 
 
 class SampleWriter:

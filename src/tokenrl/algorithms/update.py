@@ -140,6 +140,7 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []   # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
+    on_policy = cfg.ppo_epochs * cfg.mini_batches == 1
     steps = 0
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.mini_batches):
@@ -154,8 +155,11 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
             for index, local in enumerate(parts):
                 rows = minibatch[local]
                 forward = backend.forward(rollouts.rows(rows), False, entropy_coef > 0)
-                out = micro_batch_loss(batch, rows, forward, batch.stats.logprobs[rows], selection.rows(local),
-                                       normalizer, cfg, is_weights, entropy_coef)
+                # one optimizer step: π_old is the weights of this very forward, so r = 1 exactly (a separate pass in
+                # another layout or precision would leave rounding in r: GSPO's 1e-4 clip and KL-Cov's |Δ| see it)
+                old = forward.logprobs.detach() if on_policy else batch.stats.logprobs[rows]
+                out = micro_batch_loss(batch, rows, forward, old, selection.rows(local), normalizer, cfg, is_weights,
+                                       entropy_coef)
                 backend.backward(out.loss, index == len(parts) - 1)
                 terms.append(loss_terms(out))
             backend.optimizer_step()

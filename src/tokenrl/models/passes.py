@@ -12,7 +12,7 @@ from torch import nn
 from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, stats_from_logits
 from tokenrl.algorithms.update import UpdateForward
 from tokenrl.models.response_forward import (forward_response_logits, response_logits, response_logprobs,
-                                             sampled_logprobs, shannon_entropy)
+                                             shannon_entropy)
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.rollout.base import RolloutBatch
 
@@ -72,7 +72,8 @@ class PolicyPasses:
         else:
             logits = response_logits(self.policy, part, self.share_prefix, self.trim)
         width = logits.shape[1]
-        logp = sampled_logprobs(logits, part.response_ids[:, :width].to(logits.device), self.temperature)
+        log_pi = torch.log_softmax(logits.float() / self.temperature, dim=-1)   # shared by log π(o_t) and H_t
+        logp = log_pi.gather(-1, part.response_ids[:, :width, None].to(logits.device)).squeeze(-1)
         logp = nn.functional.pad(logp, (0, part.response_ids.shape[1] - width))
         stats = None
         if with_stats:
@@ -80,5 +81,5 @@ class PolicyPasses:
                                       self.temperature, self.stats_chunk_size, self.with_js, self.js_peers)
         entropy = None
         if with_entropy:
-            entropy = nn.functional.pad(shannon_entropy(logits, self.temperature), (0, part.response_ids.shape[1] - width))
+            entropy = nn.functional.pad(shannon_entropy(log_pi), (0, part.response_ids.shape[1] - width))
         return UpdateForward(logp, stats, entropy)

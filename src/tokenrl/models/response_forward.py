@@ -35,10 +35,10 @@ def sampled_logprobs(logits: torch.Tensor, response_ids: torch.Tensor, temperatu
     return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, response_ids[..., None]).squeeze(-1)
 
 
-def shannon_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """H_t = −Σ_v π log π of π = softmax(z / T), in float32, with gradient (the entropy bonus, docs/algorithms.md §11.5)."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def shannon_entropy(log_pi: torch.Tensor) -> torch.Tensor:
+    """H_t = −Σ_v π log π from log π = log softmax(z / T) over the vocabulary (last dim), with gradient (the entropy
+    bonus, docs/algorithms.md §11.5)."""
+    return -(log_pi.exp() * log_pi).sum(-1)
 
 
 def trimmed(batch: RolloutBatch) -> RolloutBatch:

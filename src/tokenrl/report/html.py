@@ -41,18 +41,19 @@ def _tokens(record: dict, values: list[float], colour: str) -> str:
     """The response's tokens, each highlighted with strength |value| / the largest |value| of the row."""
     spans = []
     js = record.get("js") or [None] * len(record["tokens"])
-    largest = max((abs(v) for v in values), default=0.0) or 1.0
+    largest = max((abs(v) for v in values if v is not None), default=0.0) or 1.0
     red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
     for token, value, entropy, score in zip(record["tokens"], values, record["entropy"], js):
-        title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}") + f" value={value:g}"
-        strength = abs(value) / largest
+        shown = "unbounded" if value is None else f"{value:g}"   # null: a non-finite value (an unbounded ε)
+        title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}") + f" value={shown}"
+        strength = 0.0 if value is None else abs(value) / largest
         style = f' style="background:rgba({red},{green},{blue},{strength:.2f})"' if strength > 0 else ""
         spans.append(f'<span title="{title}"{style}>{html.escape(token)}</span>')
     return "".join(spans)
 
 
 def _row(who: str, record: dict, values: list[float], colour: str) -> str:
-    share = sum(1 for v in values if v) / max(len(values), 1)
+    share = sum(1 for v in values if v is None or v) / max(len(values), 1)
     return (f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
             f'<div class="toks">{_tokens(record, values, colour)}</div></div>')
 

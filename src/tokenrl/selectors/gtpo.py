@@ -66,10 +66,10 @@ class GTPOSelector(TokenSelector):
             for part in ((scored,) if self.normalize == "joint" else
                          (scored & (sign > 0)[:, None], scored & (sign < 0)[:, None])):
                 values = shaped[part]
-                if values.numel() > 1:
+                if values.numel() <= 1 or bool((values == values[0]).all()):
+                    shaped[part] = 0.0   # nothing to standardise (a lone row of a `separate` set): exactly 0
+                else:
                     shaped[part] = (values - values.mean()) / (values.std() + self.eps)
-                elif values.numel() == 1:
-                    shaped[part] = 0.0
             out[rows] = shaped * scored
         return out.float()
 
