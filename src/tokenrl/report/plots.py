@@ -20,14 +20,16 @@ def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
     """2×2 grid: each metric of CURVES against rollout step, one line per group."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
     for ax, (key, title) in zip(axes.flat, CURVES):
-        for label, runs in groups.items():
+        for index, (label, runs) in enumerate(groups.items()):
             steps = sorted({s for run in runs for s in run.steps})
             per_step = [[run.steps[s][key] for run in runs if key in run.steps.get(s, {})] for s in steps]
             keep = [(s, v) for s, v in zip(steps, per_step) if v]
             if not keep:
                 continue
             xs = [s for s, _ in keep]
-            line, = ax.plot(xs, [sum(v) / len(v) for _, v in keep], label=f"{label} (n={len(runs)})")
+            # 20 distinct colours, then a second line style: a sweep of many methods stays readable
+            line, = ax.plot(xs, [sum(v) / len(v) for _, v in keep], label=f"{label} (n={len(runs)})",
+                            color=plt.get_cmap("tab20")(index % 20), linestyle=("-", "--", ":")[index // 10 % 3])
             ax.fill_between(xs, [min(v) for _, v in keep], [max(v) for _, v in keep], alpha=0.15,
                             color=line.get_color(), linewidth=0)
         ax.set_title(title)
