@@ -190,8 +190,8 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
         local = local + local_normalizer(cfg, part.response_mask, selection)
         if is_weights is not None:
             is_weights[rows] = truncated_is_weights(forward.stats.logprobs, part.sampling_logprobs, cfg.tis_cap)
-        out = micro_batch_loss(batch, rows, forward, forward.stats.logprobs, selection, UNIT, cfg, is_weights,
-                               entropy_coef)
+        out = micro_batch_loss(batch, rows, forward, forward.logprobs.detach(), selection, UNIT, cfg, is_weights,
+                               entropy_coef)   # π_old = this forward's weights: r = 1 exactly, as the separate path
         backend.backward(out.loss, index == len(parts) - 1)
         terms.append(loss_terms(out))
     divisor = max(backend.reduce_normalizer(local).pg, 1.0)
