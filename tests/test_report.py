@@ -44,10 +44,11 @@ def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, 
     if finished:
         (run / "summary.json").write_text(json.dumps({"rollout_steps": steps}))
     (run / "samples").mkdir()
+    with_js = selector == "ict"       # as a run writes them: only a run that computes JS records u and ICT's choice
     record = {"step": 0, "row": 0, "group": 0, "selector": selector, "prompt": "user\nWhat is 1 + 1?\n",
               "tokens": ["2", "<eos>"], "reward": 1.0, "advantage": 0.5, "finish_reason": "stop",
-              "entropy": [0.5, 0.1], "js": [0.2, 0.0], "updated": [1, 1],
-              "would_select": {"ict": [1, 0], "entropy20": [1, 0], "stapo": [1, 1]}}
+              "entropy": [0.5, 0.1], "js": [0.2, 0.0] if with_js else None, "updated": [1, 1],
+              "would_select": {**({"ict": [1, 0]} if with_js else {}), "entropy20": [1, 0], "stapo": [1, 1]}}
     (run / "samples" / "step_0000.jsonl").write_text(json.dumps(record) + "\n")
 
 
@@ -134,6 +135,24 @@ def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):
     assert steps == sorted(run.steps) == list(range(TOTAL_STEPS))     # logged 1 … N, plotted from 0 like samples
     assert values == [run.steps[s]["train/reward"] for s in steps]
     assert rollout_step_index("1.0") == rollout_step_index(1) == 0
+
+
+@pytest.mark.parametrize("order", [("uniform", "ict"), ("ict", "uniform"), ("uniform",)])
+def test_samples_page_shows_ict_from_the_run_that_computed_js_whatever_the_run_order(tmp_path, order):
+    """Only an ict run records ICT's choice (and u); the page shows it when that run is not the seed's first, and
+    says why ICT is missing when no run computed JS."""
+    from tokenrl.report.html import write_samples_page
+    from tokenrl.report.runs import load_sweep
+
+    for job, selector in enumerate(order):
+        write_job(tmp_path, job, selector, 0)
+    page = write_samples_page(load_sweep(tmp_path), tmp_path / "samples.html", "t").read_text()
+    if "ict" in order:
+        assert "would select: ict" in page and "u=0.200" in page and "ICT is not shown" not in page
+        assert f"recorded by run {order.index('ict')}" in page and "run uniform: updated" in page
+    else:
+        assert "would select: ict" not in page and "ICT is not shown: no run of seed 0 computed JS" in page
+    assert "would select: entropy20" in page and "would select: stapo" in page
 
 
 def test_samples_page_shows_weights_and_per_token_fields_as_highlight_strength():

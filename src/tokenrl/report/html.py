@@ -1,11 +1,12 @@
 """The "branching tokens" page: sample rollouts with each selector's chosen tokens highlighted side by side.
 
 Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed);
-the first seed whose group has a learning signal — once per selector: ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) and
-what each run actually updated. Part 2 shows, for a later step, what every run updated on its own rollouts.
-A run's row shows each token's weight as highlight strength (a mask's are all or nothing), and one more row for each
-per-token field its method sets (ε_high, KL weight, token advantage, drift penalty), strength |value| / the row's
-largest. Hovering a token shows its entropy H, JS score u and the value shown.
+the first seed whose group has a learning signal — once per selector: ICT / 20-Entropy / STAPO as recorded in
+`would_select` (paper defaults, no warm-up) by the run of the seed that recorded the most of them (only a run that
+computes JS records ICT), and what each run actually updated. Part 2 shows, for a later step, what every run
+updated on its own rollouts. A run's row shows each token's weight as highlight strength (a mask's are all or
+nothing), and one more row for each per-token field its method sets (ε_high, KL weight, token advantage, drift
+penalty), strength |value| / the row's largest. Hovering a token shows its entropy H, JS score u and the value shown.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from tokenrl.report.runs import Run
 
 COLOURS = {"ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
+REFERENCES = {"ict": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
+              "stapo": "STAPO (silenced spurious tokens removed)"}
 SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
                   "drift_coef": "drift penalty β"}
 STYLE = """
@@ -94,15 +97,20 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     if not same_seed:
         return "<p>No step-0 samples were recorded (samples.every_n_steps = 0?).</p>"
     records = {run.label: read_samples(run, 0) for run in same_seed}
-    first = next(iter(records.values()))
+    # the reference rows come from the run that recorded the most of them: ICT's only where JS was computed
+    source = max(same_seed, key=lambda run: len(records[run.label][0]["would_select"]))
+    first = records[source.label]
     identical = all([r["tokens"] for r in recs] == [r["tokens"] for r in first] for recs in records.values())
     note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
-            f"they differ between runs of seed {seed}, so the rows below come from run {same_seed[0].job} only")
+            f"they differ between runs of seed {seed}, so the rows below come from run {source.job} only")
+    shown = [REFERENCES.get(name, name) for name in first[0]["would_select"]]
+    missing = ("" if "ict" in first[0]["would_select"] else
+               f" ICT is not shown: no run of seed {seed} computed JS (a selector that reads JS, such as ict, or "
+               f"diagnostics.js=true computes it).")
     parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
              f"<code>{html.escape(question(first[0]))}</code>; "
-             f"the rollouts are {note}. Rows: what ICT (top-10% JS per response), 20-Entropy (top-20% entropy of the "
-             f"batch) and STAPO (silenced spurious tokens removed) would update, then what each run updated at this "
-             f"step (warm-up steps update every token).</p>"]
+             f"the rollouts are {note}. Rows: what {', '.join(shown)} would update (recorded by run {source.job}), "
+             f"then what each run updated at this step (warm-up steps update every token).{missing}</p>"]
     for index, record in enumerate(first[:rows]):
         lines = [_meta(record)]
         for name, mask in record["would_select"].items():
