@@ -10,10 +10,12 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config
+from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import TokenStats, stats_from_logits
+from tokenrl.algorithms.update import fused_blocker
 from tokenrl.selectors import (Entropy20Selector, ICTComplementSelector, ICTSelector, RandomSelector,
-                               SelectionBatch, STAPOSelector, UniformSelector)
+                               SelectionBatch, STAPOSelector, TokenSelector, UniformSelector)
 
 
 # ---------------------------------------------------------------------------------------- brute force
@@ -242,3 +244,51 @@ def test_bad_selector_settings_fail_with_the_setting_named(override, message):
     with pytest.raises(InstantiationException, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[").replace("]", r"\]")):
         instantiate(cfg.selector)
+
+
+# the README's "Add a selector" recipe, exactly as it shows it
+RARE_RECIPE = '''# src/tokenrl/selectors/rare.py
+"""`rare`: the top `ratio` of response tokens by surprisal −log π(o_t) (example)."""
+import torch
+
+from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.selectors.ranking import scoped_top_fraction, validate
+
+
+class RareSelector(TokenSelector):
+    name = "rare"                              # its name (configs/selector/rare.yaml points at the class)
+    requires = frozenset({"logprobs"})         # statistics it reads (checked at start-up)
+
+    def __init__(self, ratio: float = 0.1, scope: str = "sequence", normalizer: str = "selected") -> None:
+        super().__init__(normalizer)
+        validate(ratio, scope, "ratio")        # bad settings fail at start-up, naming the field
+        self.ratio, self.scope = ratio, scope
+
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        return scoped_top_fraction(-batch.stats.logprobs, batch, self.ratio, self.scope).float()
+'''
+
+
+def test_readme_recipe_selector_takes_the_fast_path_and_others_are_told_why_not():
+    """Copied verbatim, the README's RareSelector (scope=sequence) is row-local, so the fused statistics admit it over
+    several micro-batches; at scope=batch, or without a scope or `row_local`, the blocker says why and what to set."""
+    assert RARE_RECIPE in (ROOT / "README.md").read_text()
+    namespace = {}
+    exec(RARE_RECIPE, namespace)
+    rare = namespace["RareSelector"]
+    cfg = compose_config(["algorithm.micro_batch_size=4"])
+    algorithm = AlgorithmConfig.from_node(cfg.algorithm, cfg.rollout.max_new_tokens)
+    assert algorithm.ppo_epochs * algorithm.mini_batches == 1
+    rows = 2 * algorithm.group_size                        # several micro-batches of whole groups
+    assert rare().row_local and fused_blocker(algorithm, rare(), False, rows) is None
+    batch_scoped = fused_blocker(algorithm, rare(scope="batch"), False, rows)
+    assert "selector rare" in batch_scoped and "selector.scope=batch ranks across rows" in batch_scoped
+
+    class Unscoped(TokenSelector):
+        name = "unscoped"
+
+        def mask(self, batch):
+            return batch.response_mask.float()
+
+    unscoped = fused_blocker(algorithm, Unscoped(), False, rows)
+    assert "Unscoped does not declare row_local: set `row_local = True`" in unscoped

@@ -106,8 +106,13 @@ def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, 
                 "step after the first needs π_old's statistics")
     if rows > cfg.micro_batch_size:
         if not selector.row_local:
-            return (f"selector {selector.name} ranks over the mini-batch ({rows} rows), which spans several "
-                    f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}")
+            scope = getattr(selector, "scope", None)
+            why = (f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
+                   if scope is not None else
+                   f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
+                   "row's choice depends only on that row and its group")
+            return (f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
+                    f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}: {why}")
         if (with_js or selector.reads_groups) and cfg.micro_batch_size < cfg.group_size:
             return (f"JS or the selection compares a group's {cfg.group_size} rows, more than "
                     f"algorithm.micro_batch_size={cfg.micro_batch_size}")

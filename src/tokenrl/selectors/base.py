@@ -99,8 +99,10 @@ class TokenSelector(ABC):
     @property
     def row_local(self) -> bool:
         """Whether a row's choice depends on that row and its group alone (not on the rest of the mini-batch): then
-        micro-batches of whole groups choose as the mini-batch would (the fused statistics of algorithms/update.py)."""
-        return False
+        micro-batches of whole groups choose as the mini-batch would (the fused statistics of algorithms/update.py).
+        Default: a selector with a `scope` (selectors/ranking.py) is row-local at `scope=sequence`; one without a
+        scope is not, unless it declares `row_local = True` (a wrong True would change its choice on that path)."""
+        return getattr(self, "scope", None) == "sequence"
 
     @property
     def reads_groups(self) -> bool:

@@ -25,9 +25,5 @@ class Entropy20Selector(TokenSelector):
         validate(ratio, scope, "ratio")
         self.ratio, self.scope = ratio, scope
 
-    @property
-    def row_local(self) -> bool:
-        return self.scope == "sequence"
-
     def mask(self, batch: SelectionBatch) -> torch.Tensor:
         return scoped_top_fraction(batch.stats.entropy, batch, self.ratio, self.scope).float()

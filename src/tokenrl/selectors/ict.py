@@ -28,10 +28,6 @@ class ICTSelector(TokenSelector):
         check_js_peers(js_peers)
         self.ratio, self.scope, self.warmup_steps, self.js_peers = ratio, scope, warmup_steps, js_peers
 
-    @property
-    def row_local(self) -> bool:
-        return self.scope == "sequence"
-
     def unique_tokens(self, batch: SelectionBatch) -> torch.Tensor:
         return scoped_top_fraction(batch.stats.js, batch, self.ratio, self.scope)
 
