@@ -78,7 +78,8 @@ def test_missing_data_dir_names_path_and_setting(tmp_path):
 def test_malformed_record_names_file_and_line(tmp_path):
     (tmp_path / "amc23").mkdir()
     (tmp_path / "amc23" / "test.jsonl").write_text(json.dumps({"problem": "p", "answer": 3.0}) + "\n{broken\n")
-    with pytest.raises(DataFormatError, match=r"amc23/test.jsonl:2: not valid JSON"):
+    with pytest.raises(DataFormatError, match=r"amc23/test.jsonl:2: not valid JSON \(Expecting property name enclosed "
+                                              r"in double quotes at column 2\)$"):
         BENCHMARKS["amc23"].load(tmp_path)
     (tmp_path / "mmlu_stem").mkdir()
     (tmp_path / "mmlu_stem" / "test.jsonl").write_text(json.dumps({"question": "q", "choices": ["a"], "answer": 0}) + "\n")

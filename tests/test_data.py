@@ -1,6 +1,8 @@
 """Tasks, the resumable prompt schedule, and bad data files named by file and line."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conftest import DATA_DIR, needs_data
@@ -52,10 +54,13 @@ def test_malformed_row_names_file_and_line(tmp_path):
     (tmp_path / "gsm8k").mkdir()
     path = tmp_path / "gsm8k" / "train.jsonl"
     path.write_text('{"question": "q", "answer": "x #### 1"}\n{"question": "q2", "answer": \n')
-    with pytest.raises(DataFormatError, match=r"train.jsonl:2: not valid JSON"):
+    with pytest.raises(DataFormatError, match=r"train.jsonl:2: not valid JSON \(Expecting value at column 30\)$"):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text('{"question": "q", "answer": "x #### 1"}\n\n{"question": "", "answer": "y #### 2"}\n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:3: missing or empty field 'question' \(fields: \['answer', 'question'\]\)"):
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
+    path.write_text(" \n\n")
+    with pytest.raises(DataFormatError, match=f"^{re.escape(str(path))} is empty$"):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text('{"question": "q", "answer": "no final answer"}\n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:1: field 'answer' has no '#### <number>'"):

@@ -129,9 +129,13 @@ def test_rows_without_an_answer_are_skipped_and_counted_in_one_warning(tmp_path,
 
 
 @pytest.mark.parametrize("name,content,message", [
-    ("bad.jsonl", b'{"question": "q", "answer": "1"}\n{"question": \n', r"bad.jsonl:2: not valid JSON"),
+    ("bad.jsonl", b'{"question": "q", "answer": "1"}\n{"question": \n',
+     r"bad.jsonl:2: not valid JSON \(Expecting value at column 14\)$"),
+    ("bad.jsonl", b'{"question": "q", "answer": "1"}\n\n{"question": "a\tb", "answer": "2"}\n',
+     r"bad.jsonl:3: not valid JSON \(Invalid control character at column 16\)$"),
     ("bad.jsonl", b'{"question": "q", "answer": "1"}\n{"question": "\xff"}\n', r"bad.jsonl:2: not UTF-8 text"),
-    ("bad.json", b'[\n{"question": "q", "answer": "1"},\n{"question" "q"}\n]', r"bad.json:3: not valid JSON"),
+    ("bad.json", b'[\n{"question": "q", "answer": "1"},\n{"question" "q"}\n]',
+     r"bad.json:3: not valid JSON \(Expecting ':' delimiter at column 13\)$"),
     ("bad.json", b'{"question": "q"}', r"bad.json: expected a JSON array of objects"),
     ("bad.csv", b'question,answer\n"q","1"\n"q"x,2\n', r"bad.csv:3: not valid CSV"),
     ("bad.parquet", b"not parquet at all", r"bad.parquet: not a readable parquet file"),
@@ -139,6 +143,14 @@ def test_rows_without_an_answer_are_skipped_and_counted_in_one_warning(tmp_path,
 def test_an_unreadable_file_is_named_with_its_line(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataFormatError, match=message):
+        DatasetTask(str(tmp_path / name)).problems("train")
+
+
+@pytest.mark.parametrize("name,content", [("empty.jsonl", b""), ("blank.jsonl", b"\n  \n"), ("empty.json", b""),
+                                          ("blank.json", b" \n"), ("empty.csv", b""), ("empty.parquet", b"")])
+def test_an_empty_file_is_called_empty(tmp_path, name, content):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataFormatError, match=f"^{re.escape(str(tmp_path / name))} is empty$"):
         DatasetTask(str(tmp_path / name)).problems("train")
 
 

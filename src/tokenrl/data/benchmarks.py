@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tokenrl.data.hub import DataUnavailableError, HubSource, load_source
-from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, read_jsonl
+from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def _json_array(path: Path) -> list[Row]:
     try:
         rows = json.loads(_require(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise DataFormatError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+        raise json_error(path, err) from None
     if not isinstance(rows, list):
         raise DataFormatError(f"{path}: expected a JSON array of records")
     return [(f"{path}[{i}]", row) for i, row in enumerate(rows)]

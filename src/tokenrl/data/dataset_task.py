@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tokenrl.data.hub import DataUnavailableError, load_rows
-from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, read_jsonl
+from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl, require_data
 from tokenrl.data.tasks import Task
 from tokenrl.rewards.verifiers import last_boxed
 
@@ -33,9 +33,9 @@ EXTRACTORS: dict[str, Callable[[str], str | None]] = {
 
 
 def read_file(path: Path) -> list[Row]:
-    """Rows of a local .jsonl / .json (an array of objects) / .parquet / .csv file; errors name the file and line."""
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
+    """Rows of a local .jsonl / .json (an array of objects) / .parquet / .csv file; errors name the file and line
+    (and the column of a JSON error), or say that the file is empty."""
+    require_data(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return [(f"{path}:{lineno}", row) for lineno, row in read_jsonl(path, ())]
@@ -43,7 +43,7 @@ def read_file(path: Path) -> list[Row]:
         try:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
-            raise DataFormatError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+            raise json_error(path, err) from None
         except UnicodeDecodeError:
             raise DataFormatError(f"{path}: not UTF-8 text") from None
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):

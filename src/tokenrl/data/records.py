@@ -1,4 +1,4 @@
-"""The one record shape every task and benchmark yields, and a JSONL reader whose errors name file and line."""
+"""The one record shape every task and benchmark yields, and a JSONL reader whose errors name file, line and column."""
 from __future__ import annotations
 
 import json
@@ -26,20 +26,37 @@ class DataFormatError(ValueError):
     """A data file that cannot be read; the message names the file and line."""
 
 
-def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, row) of a JSONL file; a malformed row or a missing field raises naming file:line."""
+def json_error(path: Path, err: json.JSONDecodeError, lineno: int | None = None) -> DataFormatError:
+    """The error naming file, line and column of a JSON decoding error; `lineno` is the file's line of a JSONL row
+    (the decoder saw that line alone)."""
+    reason = err.msg.removesuffix(" at")      # "Invalid control character at" and the like
+    return DataFormatError(f"{path}:{lineno or err.lineno}: not valid JSON ({reason} at column {err.colno})")
+
+
+def require_data(path: Path) -> Path:
+    """`path`, an existing file with more than whitespace in it."""
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
     with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            if chunk.strip():
+                return path
+    raise DataFormatError(f"{path} is empty")
+
+
+def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, row) of a JSONL file; an empty file, a malformed row or a missing field raises naming
+    file:line (and the column of a JSON error)."""
+    with require_data(path).open("rb") as handle:
         for lineno, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8"))
+                row = json.loads(raw.decode("utf-8").rstrip("\r\n"))   # columns count on this line
             except UnicodeDecodeError:
                 raise DataFormatError(f"{path}:{lineno}: not UTF-8 text") from None
             except json.JSONDecodeError as err:
-                raise DataFormatError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+                raise json_error(path, err, lineno) from None
             if not isinstance(row, dict):
                 raise DataFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             missing = [key for key in required if not row.get(key) and row.get(key) != 0]
