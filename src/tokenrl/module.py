@@ -37,6 +37,7 @@ from tokenrl.lightning_backend import lightning_backend
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.passes import PolicyPasses, shared_prefix_blocker
 from tokenrl.models.sharding import gathered_root, is_sharded, shard
+from tokenrl.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
@@ -59,7 +60,8 @@ class GRPOModule(L.LightningModule):
                  optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
                  reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
                  validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0,
-                 sample_writer: SampleWriter | None = None, fast_path: FastPath = FastPath()) -> None:
+                 sample_writer: SampleWriter | None = None, fast_path: FastPath = FastPath(),
+                 preemption: PreemptionWatch | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
@@ -74,6 +76,7 @@ class GRPOModule(L.LightningModule):
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.sample_writer, self.seed, self.fast_path = sample_writer, seed, fast_path
         self.path_reported = False   # the run's log says once which fast-path shortcuts the update takes
+        self.preemption = preemption or PreemptionWatch()   # a signal stops the run at the step's next safe point
         self.policy: torch.nn.Module | None = None   # the causal LM; under FSDP its root unit (models/sharding.py)
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
@@ -81,6 +84,7 @@ class GRPOModule(L.LightningModule):
         self.refill_position = 0   # prompts drawn so far from the data module's refill stream (dynamic sampling)
         self.reward_history: list[float] = []   # mean reward of every rollout step (checkpointed)
         self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
+        self.boundary: dict[str, Any] = {}   # refill position and RNG states after the last completed step
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
@@ -111,7 +115,23 @@ class GRPOModule(L.LightningModule):
         for reference in self._reference:
             if not is_sharded(reference):   # FSDP placed it already
                 reference.to(self.device)
+        log.info("building the %s rollout engine", self.rollout_cfg["engine"])
         self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, self.optimizer_steps)
+        if isinstance(self.engine, HFEngine):
+            self.engine.interrupt = lambda: self.preemption.requested
+
+    def on_train_start(self) -> None:
+        self.mark_step_boundary()
+        if self.global_rank == 0:
+            log.info("step %d/%d: generating (the first step also warms up; a line follows each step)",
+                     self.rollout_step + 1, self.total_steps)
+
+    def on_train_epoch_end(self) -> None:
+        self.trainer.should_stop = True   # one pass over the prompt schedule is the run (train.py: max_epochs=-1)
+
+    def mark_step_boundary(self) -> None:
+        """Record what a checkpoint taken before the next step completes must hold (a preemption mid-step)."""
+        self.boundary = {"refill_position": self.refill_position, "rng": rng_state()}
 
     def on_fit_end(self) -> None:
         self.collector.scorer.close()
@@ -135,12 +155,14 @@ class GRPOModule(L.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         if batch.step != self.rollout_step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {self.rollout_step}")
+        self.preemption.check()
         timer = StepTimer()
         who = Generation(self.rollout_step, self.optimizer_steps, self.global_rank, self.trainer.world_size)
         scored, sampling_metrics = self.collector.collect(self.engine, batch, who, timer, self._refill,
                                                           self._everyone, self.engine_context)
         with timer("generate"):
             self.engine.sleep()
+        self.preemption.check()   # safe: nothing of this step is applied yet (the engine wakes at the next generate)
         fused = self._fused_statistics(len(scored.rollouts.texts))
         with timer("statistics"):
             train = TrainBatch(self.rollout_step, scored.rollouts, scored.scores, scored.rewards,
@@ -150,6 +172,7 @@ class GRPOModule(L.LightningModule):
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
                                row_offset=self.global_rank * len(scored.rollouts.texts))
         entropy_coef = self.entropy_control.alpha   # this step's α (the update reads the same)
+        self.preemption.check()   # the last safe point: an update that has begun runs to its end
         with timer("update"):
             lr, update = self._update(train)
         if fused:
@@ -170,6 +193,7 @@ class GRPOModule(L.LightningModule):
             if self.global_rank == 0:
                 self.sample_writer.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights,
                                          would, update.first_epoch_shaping)
+        self.mark_step_boundary()
 
     def _fused_statistics(self, rows: int) -> bool:
         """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
@@ -228,9 +252,12 @@ class GRPOModule(L.LightningModule):
 
     # ----------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The state after the last completed step (also when a preemption saves in the middle of the next one)."""
         checkpoint["tokenrl"] = {"rollout_step": self.rollout_step, "optimizer_steps": self.optimizer_steps,
-                                 "reward_history": self.reward_history, "refill_position": self.refill_position,
-                                 "entropy_control": self.entropy_control.state_dict(), "rng": rng_state()}
+                                 "reward_history": self.reward_history,
+                                 "refill_position": self.boundary.get("refill_position", self.refill_position),
+                                 "entropy_control": self.entropy_control.state_dict(),
+                                 "rng": self.boundary.get("rng") or rng_state()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["tokenrl"]

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import resource
+import signal
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -11,13 +14,15 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
-from tokenrl.checkpointing import AtomicCheckpointIO, SaveLastOnTrainEnd
+from tokenrl.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
 from tokenrl.algorithms.fast_path import FastPath
+from tokenrl.config_check import check_config
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
@@ -26,12 +31,17 @@ from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
+from tokenrl.preemption import Preempted, PreemptionWatch
 from tokenrl.progress import ProgressLog
+from tokenrl.resume import checkpoint_step, kept_metric_rows, resolve_checkpoint, run_dir_override
 from tokenrl.samples import SampleWriter
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+# errors of the user's settings, files or disk: one line on the console, the traceback in train.log
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteError)
+DEBUG_ENV = "TOKENRL_DEBUG"   # =1: the traceback of a user error on the console too
 
 
 def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
@@ -80,19 +90,26 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                         reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
                         validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
                         total_steps=cfg.total_steps, sample_writer=sample_writer,
-                        fast_path=FastPath.from_node(cfg.get("fast_path")))
+                        fast_path=FastPath.from_node(cfg.get("fast_path")), preemption=PreemptionWatch())
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
-    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps)]   # one log line per rollout step (console, train.log)
+    # one log line per rollout step (console, train.log); preemption signals → last.ckpt
+    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), module.preemption]
     if cfg.checkpoint.enabled:
-        callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", filename="step{step:04d}",
-                                         auto_insert_metric_name=False, save_last=True, save_top_k=1,
-                                         monitor=cfg.checkpoint.monitor, mode=cfg.checkpoint.mode,
-                                         every_n_train_steps=cfg.checkpoint.every_n_steps))
-        callbacks.append(SaveLastOnTrainEnd(output_dir / "checkpoints" / "last.ckpt"))
-    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=callbacks,
+        callbacks.append(RunCheckpoint(output_dir / "checkpoints", cfg.checkpoint.every_n_steps,
+                                       cfg.checkpoint.monitor, cfg.checkpoint.mode))
+    # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (module.py)
+    trainer = instantiate(cfg.trainer, max_epochs=-1, logger=loggers or False, callbacks=callbacks,
                           enable_checkpointing=bool(cfg.checkpoint.enabled), plugins=[AtomicCheckpointIO()])
     return module, datamodule, trainer
+
+
+def carry_metrics(trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
+    """Put the kept rows of the interrupted run's metrics.csv ahead of the resumed run's (the CSV logger replaces
+    the file it finds; its first save writes these rows, then the new ones)."""
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger) and rows:
+            logger.experiment.metrics[:0] = rows
 
 
 def peak_memory_gib(device: torch.device) -> dict[str, float]:
@@ -103,12 +120,32 @@ def peak_memory_gib(device: torch.device) -> dict[str, float]:
     return peaks
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train as configured; returns (and writes to summary.json) the final metrics and the mean reward
-    of the first and the last 5 rollout steps (the learning check of the README)."""
+def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check the config, train as configured; returns (and writes to summary.json) the final metrics and the mean
+    reward of the first and the last 5 rollout steps (the learning check of the README). `overrides`: the command
+    line's, to find keys that `+` added. A preemption signal ends it with SystemExit(128 + the signal's number)
+    after last.ckpt is written."""
+    for warning in check_config(cfg, overrides):
+        log.warning(warning)
+    output_dir = Path(cfg.paths.output_dir)
+    ckpt_path = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
+    kept_rows = []
+    if ckpt_path is not None:
+        remove_stale_temporaries(output_dir / "checkpoints")
+        kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", checkpoint_step(ckpt_path))
     L.seed_everything(cfg.seed, workers=True)
+    log.info("loading the model (%s, init=%s), the tokenizer and the task's data", cfg.model.get("source", "?"),
+             cfg.model.init)
     module, datamodule, trainer = build_components(cfg)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    carry_metrics(trainer, kept_rows)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except Preempted as stop:
+        saved = module.preemption.saved
+        log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
+                    module.rollout_step, cfg.total_steps,
+                    f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off")
+        raise SystemExit(128 + stop.signum) from None
     history = module.reward_history
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
                "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
@@ -126,14 +163,35 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
+def report_user_error(err: BaseException) -> None:
+    """One line on the console naming what to fix; the traceback in train.log (and on the console with
+    TOKENRL_DEBUG=1)."""
+    debug = os.environ.get(DEBUG_ENV) == "1"
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (err,), (type(err), err, err.__traceback__))
+    for handler in files:
+        handler.handle(record)
+    hint = "" if debug else f" (traceback: {files[0].baseFilename if files else 'TOKENRL_DEBUG=1'})"
+    print(f"error: {err}{hint}", file=sys.stderr)
+    if debug:
+        import traceback
+        traceback.print_exception(err)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def train(cfg: DictConfig) -> float | None:
-    summary = run(cfg)
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    try:
+        summary = run(cfg, overrides)
+    except USER_ERRORS as err:
+        report_user_error(err)
+        raise SystemExit(2) from None
     return summary.get(cfg.get("optimized_metric") or "", None)
 
 
 def main() -> None:
     reexec_with_tcmalloc()
+    sys.argv[1:] = run_dir_override(sys.argv[1:])
     train()
 
 

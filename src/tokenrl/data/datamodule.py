@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import random
-import warnings
 from functools import lru_cache
 from typing import Iterator
 
@@ -21,8 +20,6 @@ from tokenrl.data.tasks import Task
 from tokenrl.rewards.verifiers import resolve
 
 log = logging.getLogger(__name__)
-# the schedule's length is exact: it runs in the main process only (num_workers=0)
-warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined.*")
 
 
 class PromptBatch:
@@ -63,7 +60,9 @@ def rank_shard(count: int, rank: int, world_size: int, field: str) -> slice:
 class PromptSchedule(IterableDataset):
     """Yields PromptBatch for steps start..stop-1; epoch e visits problems in permutation(seed, e).
 
-    With several ranks, rank r gets the r-th contiguous slice of each step's global batch.
+    With several ranks, rank r gets the r-th contiguous slice of each step's global batch. No `__len__`, on purpose:
+    Lightning would count a resumed run's restored batch progress against it and stop early (a run resumed at step k
+    of N ran N − 2k steps); the schedule ends by itself after step stop − 1.
     """
 
     def __init__(self, problems: list[Problem], prompt_ids: list[list[int]], batch_size: int, seed: int,
@@ -80,9 +79,6 @@ class PromptSchedule(IterableDataset):
         for step in range(self.start, self.stop):
             idx = self.indices(step)[self.shard]
             yield PromptBatch(step, [self.problems[i] for i in idx], [self.prompt_ids[i] for i in idx])
-
-    def __len__(self) -> int:
-        return max(0, self.stop - self.start)
 
 
 class RolloutDataModule(L.LightningDataModule):

@@ -1,9 +1,12 @@
 """The `hf` engine: transformers `generate` on the trainer's own model object (always in sync)."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from torch import nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase,
+                          StoppingCriteria, StoppingCriteriaList)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tokenrl.rollout.base import (RolloutBatch, RolloutEngine, SamplingParams, left_pad,
@@ -35,6 +38,16 @@ class SampledLogprobRecorder(LogitsProcessor):
         return torch.stack(self.values, dim=1)
 
 
+class StopWhen(StoppingCriteria):
+    """Stops every sequence once `interrupt()` is true (checked after each generated token)."""
+
+    def __init__(self, interrupt: Callable[[], bool]) -> None:
+        self.interrupt = interrupt
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.interrupt(), dtype=torch.bool, device=input_ids.device)
+
+
 class HFEngine(RolloutEngine):
     """Samples with `model.generate`; temperature/top-k/top-p are applied by our own processors so the
     recorded log-probs are those of the distribution actually sampled from."""
@@ -44,6 +57,7 @@ class HFEngine(RolloutEngine):
         self.weights_version = weights_version
         self.tokenizer = tokenizer
         self.eos_ids = sorted({tokenizer.eos_token_id, *self._config_eos(model)} - {None})
+        self.interrupt: Callable[[], bool] = lambda: False   # true: stop every sequence now (a preemption signal)
 
     @staticmethod
     def _config_eos(model: nn.Module) -> list[int]:
@@ -72,7 +86,8 @@ class HFEngine(RolloutEngine):
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                      generation_config=config, logits_processor=processors)
+                                      generation_config=config, logits_processor=processors,
+                                      stopping_criteria=StoppingCriteriaList([StopWhen(self.interrupt)]))
         self.model.train(was_training)
         response = out[:, ids.shape[1]:].cpu()
         logprobs = recorder.finish(out[:, -1]).cpu()

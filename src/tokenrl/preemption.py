@@ -1,0 +1,89 @@
+"""Preemption: on SIGTERM (SLURM and cloud preemption, `scancel`, `kill`) or SIGUSR1 / SIGUSR2 (SLURM's warning before
+the time limit, `#SBATCH --signal`), the run abandons the current rollout step at its next safe point, writes
+`last.ckpt` atomically with the state after the last completed step, and exits with 128 + the signal's number (what
+a shell reports for a process killed by it; schedulers read it as "terminated by the signal").
+
+Safe points: between generation, statistics and update, and inside HF `generate` after every token (a
+`StoppingCriteria`); an update that has begun runs to its end (its optimizer steps cannot be half-undone), then the
+run stops after that step. A signal's previous handler (submitit's requeue on a SLURM job) runs after the checkpoint
+is written, so a requeued job finds it (`ckpt_path=auto`).
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+import lightning as L
+
+log = logging.getLogger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class Preempted(Exception):
+    """Raised at a safe point after a preemption signal; `signum` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"received {signal.Signals(signum).name}")
+
+
+class PreemptionWatch(L.Callback):
+    """Installs the handlers for the fit, turns a received signal into `Preempted` at the module's safe points
+    (`check`), and writes `last.ckpt` when `Preempted` ends the fit (`on_exception`)."""
+
+    def __init__(self, signals: tuple[int, ...] = SIGNALS) -> None:
+        self.signals = signals
+        self.signum: int | None = None
+        self.received_at = 0.0
+        self.saved: str | None = None
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum, self.received_at = signum, time.monotonic()
+            log.warning("received %s: stopping at the next safe point and writing last.ckpt",
+                        signal.Signals(signum).name)
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def check(self) -> None:
+        """Raise `Preempted` if a signal arrived (call only where the state equals the last completed step's)."""
+        if self.signum is not None:
+            raise Preempted(self.signum)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for signum in self.signals:
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handle)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.check()   # the step is complete: stop before the next one
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, Preempted):
+            return
+        checkpoint = trainer.checkpoint_callback
+        if checkpoint is not None and hasattr(checkpoint, "save_last_now"):
+            self.saved = str(checkpoint.save_last_now(trainer))
+            log.warning("preempted: wrote %s (the state after step %d) %.1f s after the signal", self.saved,
+                        pl_module.rollout_step, time.monotonic() - self.received_at)
+        else:
+            log.warning("preempted at step %d; checkpointing is off, nothing was saved", pl_module.rollout_step)
+        previous = self.previous.get(exception.signum)
+        self.restore()
+        if callable(previous):
+            previous(exception.signum, None)   # e.g. submitit's requeue: after the checkpoint exists

@@ -1,0 +1,82 @@
+"""Resuming a run: which checkpoint (`ckpt_path=<file>` or `ckpt_path=auto`), the step it holds, and keeping the
+resumed run in its original folder with one `metrics.csv`.
+
+`python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`run_dir_override` adds
+`hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
+the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
+from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job).
+"""
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+AUTO = "auto"
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The rollout steps done in the checkpoint at `path` (memory-mapped: the weights are not read)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        return int(checkpoint["tokenrl"]["rollout_step"])
+    except KeyError:
+        raise ValueError(f"ckpt_path={path}: not a tokenrl checkpoint (it has no 'tokenrl' state)") from None
+
+
+def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_steps: int) -> str | None:
+    """The checkpoint to resume from, checked: it exists, is a tokenrl checkpoint, and leaves steps to train."""
+    if ckpt_path is None:
+        return None
+    if str(ckpt_path) == AUTO:
+        own = Path(output_dir) / "checkpoints" / "last.ckpt"
+        if not own.is_file():
+            log.info("ckpt_path=auto: no %s yet, starting from step 0", own)
+            return None
+        ckpt_path = str(own)
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file (a run's checkpoints are in "
+                                "logs/train/runs/<time>/checkpoints/: last.ckpt, stepNNNN.ckpt)")
+    step = checkpoint_step(path)
+    if step >= total_steps:
+        raise ValueError(f"ckpt_path={ckpt_path} holds {step} rollout steps and total_steps={total_steps}: nothing is "
+                         f"left to train; set total_steps above {step} to continue training")
+    log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
+    return str(path)
+
+
+def run_dir_override(argv: list[str]) -> list[str]:
+    """`argv` plus `hydra.run.dir=<run>` when it resumes (`ckpt_path=<run>/checkpoints/<file>`, a single run, no
+    run dir given), so the resumed run writes into the run it continues."""
+    if any(arg in ("-m", "--multirun") or arg.startswith("hydra.run.dir=") for arg in argv):
+        return argv
+    paths = [arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")]
+    if not paths or paths[-1] in ("", "null", AUTO):
+        return argv
+    run = Path(paths[-1]).expanduser().resolve().parent.parent
+    if Path(paths[-1]).expanduser().resolve().parent.name != "checkpoints" or not (run / ".hydra").is_dir():
+        return argv   # a checkpoint outside a run folder: a new run folder
+    return [*argv, f"hydra.run.dir={run}"]
+
+
+def kept_metric_rows(metrics_csv: str | Path, steps_done: int) -> list[dict[str, Any]]:
+    """The rows of an interrupted run's metrics.csv that a resume from step `steps_done` keeps: training rows of
+    steps 1..steps_done (`train/rollout_step`) and validations before step `steps_done` (`val/at_step`)."""
+    path = Path(metrics_csv)
+    if not path.is_file():
+        return []
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+
+    def kept(row: dict[str, str]) -> bool:
+        if row.get("train/rollout_step"):
+            return float(row["train/rollout_step"]) <= steps_done
+        if row.get("val/at_step"):
+            return float(row["val/at_step"]) < steps_done
+        return True
+    return [{key: value for key, value in row.items() if value != ""} for row in rows if kept(row)]
