@@ -1,6 +1,8 @@
 """Tasks, the resumable prompt schedule, and bad data files named by file and line."""
 from __future__ import annotations
 
+import json
+import logging
 import re
 
 import pytest
@@ -65,6 +67,39 @@ def test_malformed_row_names_file_and_line(tmp_path):
     path.write_text('{"question": "q", "answer": "no final answer"}\n')
     with pytest.raises(DataFormatError, match=r"train.jsonl:1: field 'answer' has no '#### <number>'"):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
+
+
+def write_gsm8k(data_dir, finals: list[str]):
+    (data_dir / "gsm8k").mkdir(exist_ok=True)
+    path = data_dir / "gsm8k" / "train.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"Work.\n#### {final}"}) + "\n"
+                            for i, final in enumerate(finals)))
+    return path
+
+
+def test_gold_answers_the_verifier_cannot_read_are_counted_and_a_split_of_none_is_refused(tmp_path, caplog):
+    path = write_gsm8k(tmp_path, ["72", "many", "1,234", "lots", "5"])
+    with caplog.at_level(logging.WARNING, logger="tokenrl"):
+        assert len(BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")) == 5
+    assert [r.getMessage() for r in caplog.records] == [
+        f"2 of 5 rows of gsm8k_train ({path}) cannot be scored by verifier 'gsm8k_strict' (their gold answers are "
+        f"not a plain number, so they always score 0): gsm8k-train-2: 'many', gsm8k-train-4: 'lots'"]
+    with pytest.raises(ValueError, match=re.escape(
+            f"none of the 5 rows of gsm8k_train ({path}) can be scored by verifier 'choice': no gold answer is an "
+            f"option letter A-D (gsm8k-train-1: '72', gsm8k-train-2: 'many', gsm8k-train-3: '1234', gsm8k-train-4: "
+            f"'lots', gsm8k-train-5: '5'). Set task.verifier to one that reads these answers (null: the benchmark's "
+            f"own).")):
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k", verifier="choice").problems("train")
+    write_gsm8k(tmp_path, ["many", "lots"])
+    with pytest.raises(ValueError, match=re.escape(
+            f"none of the 2 rows of gsm8k_train ({path}) can be scored by verifier 'gsm8k_strict': no gold answer is "
+            f"a plain number (gsm8k-train-1: 'many', gsm8k-train-2: 'lots'). Check that the data is this benchmark's.")):
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
+    write_gsm8k(tmp_path, ["72", "-5", "3.5"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tokenrl"):
+        BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
+    assert not caplog.records
 
 
 @needs_data

@@ -128,6 +128,34 @@ def test_rows_without_an_answer_are_skipped_and_counted_in_one_warning(tmp_path,
         f"extract)"]
 
 
+def test_gold_answers_the_verifier_cannot_read_are_counted_with_their_lines(tmp_path, caplog):
+    rows = sums(6)
+    rows[1]["answer"], rows[4]["answer"] = "1 plus 2 #### many", "#### lots"
+    source = write_jsonl(tmp_path / "p.jsonl", rows)
+    task = DatasetTask(str(source), answer_extractor="gsm8k", verifier="gsm8k_strict", test_fraction=0.34)
+    with caplog.at_level(logging.WARNING, logger="tokenrl"):
+        assert len(task.problems("train") + task.problems("test")) == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        f"2 of 6 rows of {source} (train) cannot be scored by verifier 'gsm8k_strict' (their gold answers are not a "
+        f"plain number, so they always score 0): {source}:2: 'many', {source}:5: 'lots'"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tokenrl"):
+        DatasetTask(str(write_jsonl(tmp_path / "good.jsonl", sums(6))), answer_extractor="gsm8k",
+                    verifier="gsm8k_strict").problems("train")
+    assert not caplog.records
+
+
+def test_a_file_whose_golds_the_verifier_cannot_read_is_refused_naming_the_field(tmp_path):
+    source = write_jsonl(tmp_path / "p.jsonl", sums(6))      # whole solutions: the extractor is missing
+    with pytest.raises(ValueError, match=re.escape(
+            f"none of the 6 rows of {source} (train) can be scored by verifier 'gsm8k_strict': no gold answer is a "
+            f"plain number ({source}:1: '0 plus 1 #### 1', {source}:2: '1 plus 2 #### 3', {source}:3: '2 plus 3 #### "
+            f"5', {source}:4: '3 plus 4 #### 7', {source}:5: '4 plus 5 #### 9', ...). The gold answers are field "
+            f"'answer' (task.answer_field): cut the final answer out of it with task.answer_extractor (boxed or gsm8k) "
+            f"or task.answer_pattern, or set task.verifier to one that reads them.")):
+        DatasetTask(str(source), verifier="gsm8k_strict").problems("train")
+
+
 @pytest.mark.parametrize("name,content,message", [
     ("bad.jsonl", b'{"question": "q", "answer": "1"}\n{"question": \n',
      r"bad.jsonl:2: not valid JSON \(Expecting value at column 14\)$"),
@@ -146,11 +174,13 @@ def test_an_unreadable_file_is_named_with_its_line(tmp_path, name, content, mess
         DatasetTask(str(tmp_path / name)).problems("train")
 
 
-@pytest.mark.parametrize("name,content", [("empty.jsonl", b""), ("blank.jsonl", b"\n  \n"), ("empty.json", b""),
-                                          ("blank.json", b" \n"), ("empty.csv", b""), ("empty.parquet", b"")])
-def test_an_empty_file_is_called_empty(tmp_path, name, content):
+@pytest.mark.parametrize("name,content,message", [
+    ("empty.jsonl", b"", "is empty"), ("blank.jsonl", b"\n  \n", "is empty"), ("empty.json", b"", "is empty"),
+    ("blank.json", b" \n", "is empty"), ("empty.csv", b"", "is empty"), ("empty.parquet", b"", "is empty"),
+    ("empty.json", b"[]", "(train) has no rows"), ("header.csv", b"question,answer\n", "(train) has no rows")])
+def test_an_empty_file_is_called_empty(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
-    with pytest.raises(DataFormatError, match=f"^{re.escape(str(tmp_path / name))} is empty$"):
+    with pytest.raises(DataFormatError, match=f"^{re.escape(str(tmp_path / name))} {re.escape(message)}$"):
         DatasetTask(str(tmp_path / name)).problems("train")
 
 

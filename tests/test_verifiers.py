@@ -28,7 +28,9 @@ import pytest
 import sympy
 
 from tokenrl.rewards.normalize import math_forms
-from tokenrl.rewards.verifiers import boxed_all, extract_choice, gsm8k_flexible, gsm8k_strict, last_boxed, resolve
+from tokenrl.rewards import verifiers
+from tokenrl.rewards.verifiers import (GOLD_FORMS, boxed_all, extract_choice, gsm8k_flexible, gsm8k_strict,
+                                     last_boxed, resolve)
 
 RULES = {
     # math
@@ -637,3 +639,28 @@ def test_boxed_all_lists_every_box_and_rejects_an_unclosed_one():
 def test_unknown_verifier_lists_valid_ones():
     with pytest.raises(KeyError, match="gsm8k_strict"):
         resolve("nope")
+
+
+# (verifier, gold answer, a response that scores 1 on it, or None where the gold is one no response can match)
+GOLDS = [
+    ("gsm8k_strict", "1,234", "#### 1234"), ("gsm8k_strict", "$18", "#### 18"), ("gsm8k_strict", "-3.50", "#### -3.5"),
+    ("gsm8k_strict", "many", None), ("gsm8k_strict", "5-3", None), ("gsm8k_strict", "1e3", None),
+    ("gsm8k_flexible", "72", "So 72."), ("gsm8k_flexible", "72 apples", None),
+    ("choice", " b ", r"\boxed{B}"), ("choice", "E", None), ("choice", "(A)", None),
+    ("math", r"\frac{1}{2}", r"\boxed{\frac12}"), ("math", "many", r"\boxed{many}"),
+    ("math", "3 4", r"\boxed{7}"),                    # math_forms rejects it, math-verify reads it (as 7)
+    ("math", r"\text{(E)},", None), ("math", r"\frac{1}{", None), ("math", "x+", None),
+]
+
+
+@pytest.mark.parametrize("verifier,gold,scores", GOLDS)
+def test_a_gold_reads_as_scorable_exactly_when_a_response_can_score_on_it(verifier, gold, scores):
+    assert GOLD_FORMS[verifier][1]([gold]) == [scores is not None]
+    if scores is not None:
+        assert resolve(verifier)(scores, gold) == 1.0
+
+
+def test_math_verify_reads_a_bounded_number_of_golds(monkeypatch):
+    """Past the bound, golds math_forms rejects count as readable (prose golds would cost seconds at start-up)."""
+    monkeypatch.setattr(verifiers, "_MATH_VERIFY_CHECKS", 1)
+    assert GOLD_FORMS["math"][1](["x+", "1", r"\frac{1}{"]) == [False, True, True]

@@ -19,12 +19,13 @@ import random
 import re
 import tarfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from tokenrl.data.hub import DataUnavailableError, HubSource, load_source
 from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl
+from tokenrl.rewards.verifiers import check_golds
 
 log = logging.getLogger(__name__)
 
@@ -253,16 +254,25 @@ class Benchmark:
     def hub(self) -> HubSource:
         return HUB[self.name]
 
-    def load(self, data_dir: str | Path | None = None) -> list[Problem]:
-        """From `data_dir` when given (the local route), else from the Hub; DataUnavailableError names both."""
+    def load(self, data_dir: str | Path | None = None, verifier: str | None = None) -> list[Problem]:
+        """From `data_dir` when given (the local route), else from the Hub; DataUnavailableError names both.
+        `verifier` replaces the benchmark's own; gold answers it can never match are reported (check_golds)."""
         if data_dir:
-            return self.convert(self.read_local(Path(data_dir).expanduser() / LOCAL[self.name]))
-        try:
-            return self.load_hub()
-        except DataUnavailableError as err:
-            raise DataUnavailableError(
-                f"benchmark {self.name!r} is not available. Hub route: {self.hub.describe()}: {err} Local route: set "
-                f"TOKENRL_DATA_DIR (or paths.data_dir=...) to a folder holding {LOCAL[self.name]}.") from None
+            path = Path(data_dir).expanduser() / LOCAL[self.name]
+            problems, source = self.convert(self.read_local(path)), str(path)
+        else:
+            try:
+                problems, source = self.load_hub(), self.hub.describe()
+            except DataUnavailableError as err:
+                raise DataUnavailableError(
+                    f"benchmark {self.name!r} is not available. Hub route: {self.hub.describe()}: {err} Local route: "
+                    f"set TOKENRL_DATA_DIR (or paths.data_dir=...) to a folder holding {LOCAL[self.name]}.") from None
+        if verifier:
+            problems = [replace(p, verifier=verifier) for p in problems]
+        check_golds(problems, f"{self.name} ({source})",
+                    fix=("Set task.verifier to one that reads these answers (null: the benchmark's own)."
+                         if verifier else "Check that the data is this benchmark's."))
+        return problems
 
     def load_hub(self, path: str | None = None, cache_dir: str | None = None) -> list[Problem]:
         """The Hub route; `path` replaces the repository id (a local folder laid out as the Hub repository)."""

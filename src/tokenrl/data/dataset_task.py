@@ -18,7 +18,7 @@ from typing import Any, Callable
 from tokenrl.data.hub import DataUnavailableError, load_rows
 from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl, require_data
 from tokenrl.data.tasks import Task
-from tokenrl.rewards.verifiers import last_boxed
+from tokenrl.rewards.verifiers import check_golds, last_boxed
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,11 @@ class DatasetTask(Task):
         return self._splits[split][: self.limit or None]
 
     def _load(self) -> dict[str, list[Problem]]:
-        train = self._problems(self._rows(self.source, self.train_split), "train")
+        train = self._problems(self._rows(self.source, self.train_split), "train", self.source)
         if self.test_split:
             test_source = str(Path(self.test_split).expanduser().resolve()) if self.local else self.source
-            return {"train": train, "test": self._problems(self._rows(test_source, self.test_split), "test")}
+            return {"train": train,
+                    "test": self._problems(self._rows(test_source, self.test_split), "test", test_source)}
         if len(train) < 2:
             raise ValueError(f"task.source={self.source}: {len(train)} usable row(s), too few to hold out a test split")
         order = list(range(len(train)))
@@ -157,27 +158,34 @@ class DatasetTask(Task):
             text = (self.extract(text) or "").strip()
         return text
 
-    def _problems(self, rows: list[Row], label: str) -> list[Problem]:
-        out, skipped = [], 0
-        for index, (where, row) in enumerate(rows, start=1):
+    def _problems(self, rows: list[Row], label: str, source: str) -> list[Problem]:
+        """The problems of one source's rows; its gold answers are checked against the verifier (check_golds)."""
+        if not rows:
+            raise DataFormatError(f"{source} ({label}) has no rows")
+        out, where, skipped = [], [], 0
+        for index, (place, row) in enumerate(rows, start=1):
             for role, key in self.fields.items():
                 if key not in row:
-                    raise DataFormatError(f"{where}: no field {key!r} (task.{role}_field); the fields are "
+                    raise DataFormatError(f"{place}: no field {key!r} (task.{role}_field); the fields are "
                                           f"{sorted(row)}")
             question = row[self.fields["question"]]
             if not isinstance(question, str) or not question.strip():
-                raise DataFormatError(f"{where}: field {self.fields['question']!r} is empty or not text")
+                raise DataFormatError(f"{place}: field {self.fields['question']!r} is empty or not text")
             answer = self._answer(row[self.fields["answer"]])
             if not answer:
                 skipped += 1
                 continue
             out.append(Problem(f"{label}-{index}", question, answer, self.verifier))
+            where.append(place)
         if skipped:
             how = " or no match of task.answer_pattern" if self.pattern else (
                 " or nothing to extract" if self.extract else "")
-            log.warning("%s (%s): skipped %d of %d rows without an answer (field %r empty%s)", self.source, label,
+            log.warning("%s (%s): skipped %d of %d rows without an answer (field %r empty%s)", source, label,
                         skipped, len(rows), self.fields["answer"], how)
         if not out:
-            raise ValueError(f"task.source={self.source} ({label}): no row has an answer in field "
-                             f"{self.fields['answer']!r}")
+            raise ValueError(f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}")
+        check_golds(out, f"{source} ({label})", where,
+                    fix=f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final "
+                        f"answer out of it with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or "
+                        f"task.answer_pattern, or set task.verifier to one that reads them.")
         return out

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 from abc import ABC, abstractmethod
 
 from tokenrl.data.benchmarks import benchmark
@@ -71,7 +70,4 @@ class BenchmarkTask(Task):
         self.limit = limit
 
     def problems(self, split: str) -> list[Problem]:
-        problems = self.splits[split].load(self.data_dir)[: self.limit or None]
-        if self.verifier:
-            problems = [replace(p, verifier=self.verifier) for p in problems]
-        return problems
+        return self.splits[split].load(self.data_dir, self.verifier)[: self.limit or None]

@@ -11,15 +11,22 @@
   last "answer is X" / "Answer: X" names it without a hedge ("A or B").
 The rules behind each decision are tabled, case by case, in tests/test_verifiers.py.
 A verifier may also be named as `package.module:function`.
+`check_golds` reports, at load time, the gold answers a verifier could never match (`#### many` for gsm8k).
 """
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from fractions import Fraction
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tokenrl.rewards.normalize import bracket_kind, math_forms, number_bases
+
+if TYPE_CHECKING:
+    from tokenrl.data.records import Problem
+
+log = logging.getLogger(__name__)
 
 Verifier = Callable[[str, str], float]
 
@@ -154,11 +161,16 @@ def _parse_forms(forms: list[str], trusted: bool) -> list:
     return parsed
 
 
+def _gold(answer: str) -> tuple[str, bool]:
+    """A math gold as the checks read it, and whether it is an equation."""
+    answer = re.sub(r"(?<!\\)\$", " ", answer)     # OlympiadBench joins several answers as `69$,$84`
+    return answer, re.search(r"=|\\approx(?![a-zA-Z])", answer) is not None
+
+
 def _math_equal(box: str, answer: str) -> bool:
     from math_verify import verify
 
-    answer = re.sub(r"(?<!\\)\$", " ", answer)     # OlympiadBench joins several answers as `69$,$84`
-    gold_is_equation = re.search(r"=|\\approx(?![a-zA-Z])", answer) is not None
+    answer, gold_is_equation = _gold(answer)
     forms = math_forms(box, gold_is_equation)
     if forms is None:
         return False
@@ -220,6 +232,66 @@ def extract_choice(response: str) -> str | None:
 
 def choice(response: str, answer: str) -> float:
     return float(extract_choice(response) == answer.strip().upper())
+
+
+def _golds_number(answers: list[str]) -> list[bool]:
+    return [_number(answer) is not None for answer in answers]
+
+
+def _golds_letter(answers: list[str]) -> list[bool]:
+    return [answer.strip().upper() in ("A", "B", "C", "D") for answer in answers]
+
+
+_MATH_VERIFY_CHECKS = 200    # golds math_forms rejects that math-verify then reads, at most (~0.5-2 ms each)
+
+
+def _golds_math(answers: list[str]) -> list[bool]:
+    """A boxed copy of the gold scores when `math_forms` reads it; else only a box math-verify finds equal can, so
+    math-verify must read the gold as an expression, not leave it as text (`\\text{(E)},`). It reads the first
+    _MATH_VERIFY_CHECKS such golds; later ones count as readable (prose golds, which its fallback reads, would
+    otherwise cost seconds at start-up)."""
+    out, left = [], _MATH_VERIFY_CHECKS
+    for answer in answers:
+        text, is_equation = _gold(answer)
+        readable = math_forms(text, is_equation) is not None or left <= 0
+        if not readable:
+            left -= 1
+            readable = any(not isinstance(form, str) for form in _parse_forms([text], trusted=True))
+        out.append(readable)
+    return out
+
+
+# What a gold answer must be for its verifier ever to score 1 (the verifier's own reading of the gold): gsm8k_* compare
+# plain numbers, so `many` or `5-3` never scores; choice compares the letter A-D a response commits to; math reads
+# free-form LaTeX, so only golds that no box can equal are caught (_golds_math).
+GOLD_FORMS: dict[str, tuple[str, Callable[[list[str]], list[bool]]]] = {
+    "gsm8k_strict": ("a plain number", _golds_number),
+    "gsm8k_flexible": ("a plain number", _golds_number),
+    "math": ("LaTeX the math verifier reads", _golds_math),
+    "choice": ("an option letter A-D", _golds_letter),
+}
+
+
+def check_golds(problems: Sequence[Problem], split: str, where: Sequence[str] | None = None, fix: str = "") -> None:
+    """Warn, with examples, about problems whose gold answer their verifier can never match (GOLD_FORMS); raise
+    ValueError when none of a verifier's problems can be scored. `split` names the rows, `where[i]` problem i (else
+    its id), `fix` ends the error. Verifiers named as `module:function` are not checked."""
+    groups: dict[str, list[int]] = {}
+    for index, problem in enumerate(problems):
+        if problem.verifier in GOLD_FORMS:
+            groups.setdefault(problem.verifier, []).append(index)
+    for name, indices in groups.items():
+        form, readable = GOLD_FORMS[name]
+        bad = [i for i, ok in zip(indices, readable([problems[i].answer for i in indices])) if not ok]
+        if not bad:
+            continue
+        examples = ", ".join(f"{where[i] if where else problems[i].id}: {problems[i].answer!r}" for i in bad[:5])
+        examples += ", ..." if len(bad) > 5 else ""
+        if len(bad) == len(indices):
+            raise ValueError(f"none of the {len(indices)} rows of {split} can be scored by verifier {name!r}: no "
+                             f"gold answer is {form} ({examples}). {fix}".rstrip())
+        log.warning("%d of %d rows of %s cannot be scored by verifier %r (their gold answers are not %s, so they "
+                    "always score 0): %s", len(bad), len(indices), split, name, form, examples)
 
 
 VERIFIERS: dict[str, Verifier] = {
