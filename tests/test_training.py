@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -254,6 +256,61 @@ def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, ext
     assert resumed.rollout_step == 3 and len(resumed_rec.losses) == 1
     assert resumed_rec.losses[0] == pytest.approx(straight.losses[2], abs=1e-7)
     assert resumed_rec.after_step[0] == straight.after_step[2]   # identical weights after step 3
+
+
+class CopyLastCheckpoint(L.Callback):
+    """Before each step, copies last.ckpt (the state after the previous step) to `folder/after<k>.ckpt`: what a
+    copy taken then, or a kill during step k+1, leaves to resume from."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        if last.is_file():
+            shutil.copy(last, self.folder / f"after{module.rollout_step}.ckpt")
+
+
+@pytest.mark.parametrize("extra", [
+    [], ["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
+         "algorithm.gen_prompts_per_step=2"],
+    ["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"]],
+    ids=["plain", "dynamic_sampling", "validation"])
+def test_resume_from_any_point_of_a_six_step_run_finishes_it_exactly(tiny_cfg, tmp_path, extra):
+    """Resumed from a copy of last.ckpt after step 2 or 4, or from the best stepNNNN.ckpt, a 6-step run ends at
+    step 6 with the uninterrupted run's rewards and weights (a resumed run used to stop after 6 − 2k steps)."""
+    overrides = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=6", "checkpoint.enabled=true",
+                 "checkpoint.every_n_steps=1", *extra]
+    copies = tmp_path / "copies"
+    straight, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'straight'}"), CopyLastCheckpoint(copies))
+    assert straight.rollout_step == 6 and len(straight.reward_history) == 6
+    best = next((tmp_path / "straight" / "checkpoints").glob("step*.ckpt"))
+    points = [copies / "after2.ckpt", copies / "after4.ckpt"]
+    if torch.load(best, weights_only=True)["tokenrl"]["rollout_step"] < 6:
+        points.append(best)
+    for n, point in enumerate(points):
+        resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / f'resumed{n}'}"), ckpt_path=str(point))
+        assert resumed.rollout_step == 6, point.name
+        assert resumed.reward_history == straight.reward_history, point.name
+        assert fingerprint(resumed.policy) == fingerprint(straight.policy), point.name
+
+
+def test_a_finished_run_resumed_with_a_larger_total_steps_trains_the_new_steps(tiny_cfg, tmp_path):
+    """last.ckpt of a finished run (written at train end, its epoch complete) continues to the new total_steps."""
+    base = ["total_steps=2", "checkpoint.enabled=true", "checkpoint.every_n_steps=10"]
+    fit(tiny_cfg(*base, f"paths.output_dir={tmp_path / 'first'}"))
+    longer = [*base[1:], "total_steps=4", f"paths.output_dir={tmp_path / 'longer'}"]
+    resumed, _ = fit(tiny_cfg(*longer), ckpt_path=str(tmp_path / "first" / "checkpoints" / "last.ckpt"))
+    straight, _ = fit(tiny_cfg(*longer[:-1], f"paths.output_dir={tmp_path / 'straight'}"))
+    assert resumed.rollout_step == 4 and resumed.reward_history == straight.reward_history
+
+
+def test_a_short_run_writes_one_last_checkpoint(tiny_cfg, tmp_path):
+    """total_steps < checkpoint.every_n_steps: only last.ckpt, holding the final step (not also last-v1.ckpt)."""
+    fit(tiny_cfg("total_steps=2", "checkpoint.enabled=true", "checkpoint.every_n_steps=10"))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["tokenrl"]["rollout_step"] == 2
 
 
 def test_run_writes_summary_and_logs(tiny_cfg, tmp_path):

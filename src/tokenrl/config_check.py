@@ -20,6 +20,8 @@ from tokenrl.algorithms.config import AlgorithmConfig
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
 CLOSED_NODES = ("", "validation", "samples", "fast_path", "diagnostics", "checkpoint", "rollout", "model", "algorithm",
                 "paths")
+# Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
+OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing")}
 # Nodes built by `hydra.utils.instantiate`: each key must be a keyword of their `_target_`.
 TARGET_NODES = ("selector", "task", "trainer", "algorithm.optimizer")
 # Trainer keys tokenrl sets itself: the training length is `total_steps` rollout steps.
@@ -101,6 +103,9 @@ def _value_problems(cfg: DictConfig) -> list[str]:
     for path, (ok, allowed) in RULES.items():
         if OmegaConf.select(cfg, path, default="<absent>") == "<absent>":
             continue   # a node a config does not have (an eval config, a run without validation)
+        parent, _, leaf = path.rpartition(".")
+        if OmegaConf.is_interpolation(_select(cfg, parent), leaf):
+            continue   # a copy of another key (validation.top_p: ${rollout.top_p}): reported there
         value = OmegaConf.select(cfg, path)
         if not ok(value):
             problems.append(f"{path}={value!r}: must be {allowed}")
@@ -148,7 +153,7 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
     problems = []
     for key in _added_keys(overrides):
         parent, _, leaf = key.rpartition(".")
-        if parent in CLOSED_NODES and parent not in TARGET_NODES:
+        if parent in CLOSED_NODES and leaf not in OPTIONAL_KEYS.get(parent, ()):
             node = _select(cfg, parent)
             siblings = [k for k in node if k != leaf] if isinstance(node, DictConfig) else []
             where = f"`{parent}`" if parent else "the top level"

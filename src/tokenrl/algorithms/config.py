@@ -82,7 +82,10 @@ class AlgorithmConfig:
                              "IS weight is already clipped and detached); set algorithm.dual_clip=null")
         if self.filter_groups is not None:
             _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
-        for name in ("group_size", "prompts_per_step", "micro_batch_size", "ppo_epochs", "mini_batches",
+        if self.group_size < 2:
+            raise ValueError(f"algorithm.group_size={self.group_size} must be >= 2: GRPO's advantage compares each "
+                             "response with the others of its group, so a group of one gives every advantage 0")
+        for name in ("prompts_per_step", "micro_batch_size", "ppo_epochs", "mini_batches",
                      "gen_prompts_per_step", "max_gen_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
