@@ -1,6 +1,8 @@
-"""A model preset whose hub source cannot be reached fails in seconds, with the message naming the offline routes."""
+"""A model preset whose hub source cannot be reached fails in seconds, with the message naming the offline routes,
+and the advised offline overrides build the model."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -34,3 +36,45 @@ def test_an_unreachable_hub_model_fails_in_seconds(tmp_path):
         assert float(seconds) < 5
         assert message.startswith("model.source='Qwen/Qwen2.5-0.5B' is neither a prepared local folder nor reachable "
                                   "on the hub. Offline: run `bash scripts/setup.sh`")
+
+
+ADVICE_PROBE = """
+import json, re, sys
+import torch
+from omegaconf import OmegaConf
+from tests.conftest import compose_config
+from tokenrl.models import build_model, build_tokenizer
+
+def build(overrides):
+    cfg = OmegaConf.to_container(compose_config(overrides).model, resolve=True)
+    return build_tokenizer(cfg), build_model(cfg)
+
+for command in json.loads(sys.argv[1]):
+    try:
+        build(command)
+    except FileNotFoundError as err:
+        advice = re.search(r"add `([^`]*)`", str(err)).group(1).split()
+        tokenizer, model = build(command + advice)
+        ids = torch.tensor([tokenizer("What is 2 + 3?")["input_ids"]])
+        print(json.dumps({"error": str(err), "advice": advice, "vocab": [len(tokenizer), model.config.vocab_size],
+                          "logits": list(model(ids).logits.shape)}))
+"""
+
+
+def test_the_offline_advice_builds_the_model(tmp_path):
+    """Offline with nothing cached, a hub model fails naming the option and advising overrides; the command with
+    exactly those overrides added builds the tokenizer and the model and runs a forward pass. `model.init=random`
+    alone (the former advice) still loads the tokenizer from the hub id, so it fails too and gets the same advice."""
+    hub = ["model=smollm2_135m", "model.source=HuggingFaceTB/SmolLM2-135M-Instruct"]
+    commands = {"model.source='HuggingFaceTB/SmolLM2-135M-Instruct'": [hub, hub + ["model.init=random"]],
+                "model.tokenizer='Qwen/Qwen2.5-0.5B'": [["model=tiny", "model.tokenizer=Qwen/Qwen2.5-0.5B"]]}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run([sys.executable, "-c", ADVICE_PROBE, json.dumps(sum(commands.values(), []))], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == 3, done.stderr[-3000:]
+    options = [option for option, runs in commands.items() for _ in runs]
+    for option, result, vocab in zip(options, results, [49152, 49152, 128]):
+        assert result["error"].startswith(f"{option} is neither a prepared local folder nor reachable on the hub.")
+        assert result["advice"] == ["model.init=random", "model.tokenizer=char"]
+        assert result["vocab"] == [vocab, vocab] and result["logits"] == [1, 14, vocab]

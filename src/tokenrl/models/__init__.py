@@ -20,9 +20,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _load_pretrained(source: str, loader: Any, **kwargs: Any) -> Any:
+def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kwargs: Any) -> Any:
     """A local folder, or a hub id (from the Hugging Face cache alone when the Hub does not answer, so an offline
-    run fails in seconds instead of retrying for a minute)."""
+    run fails in seconds instead of retrying for a minute); `field` is the option that named it."""
     local = Path(source).expanduser()
     try:
         if local.exists():
@@ -34,9 +34,10 @@ def _load_pretrained(source: str, loader: Any, **kwargs: Any) -> Any:
         return loader.from_pretrained(source, **kwargs)
     except OSError:
         raise FileNotFoundError(
-            f"model.source={source!r} is neither a prepared local folder nor reachable on the hub. "
-            f"Offline: run `bash scripts/setup.sh` (prepares the default model) or set model.source=/path/to/hf_folder; "
-            f"for tests and throughput runs set model.init=random.") from None
+            f"{field}={source!r} is neither a prepared local folder nor reachable on the hub. "
+            f"Offline: run `bash scripts/setup.sh` (prepares the default model) or set {field}=/path/to/hf_folder; "
+            f"for tests and throughput runs, random weights with a character tokenizer need no files: add "
+            f"`model.init=random model.tokenizer=char`.") from None
 
 
 def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
@@ -45,7 +46,7 @@ def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
     if name == "char":
         tokenizer = build_char_tokenizer(int(cfg["architecture"]["vocab_size"]))
     else:
-        tokenizer = _load_pretrained(name, AutoTokenizer)
+        tokenizer = _load_pretrained(name, AutoTokenizer, "model.tokenizer" if cfg.get("tokenizer") else "model.source")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
