@@ -57,14 +57,19 @@ class PreemptionWatch(L.Callback):
             raise Preempted(self.signum)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.previous = {signum: signal.getsignal(signum) for signum in self.signals}   # before Lightning's
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Installed after Lightning's own handlers (registered just before training starts), which would end the
+        fit with exit status 0 and no checkpoint at the end of the step."""
         for signum in self.signals:
-            self.previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.restore()
 
     def restore(self) -> None:
+        """The handlers from before the fit (Lightning restores its own originals at teardown too)."""
         for signum, handler in self.previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self.previous = {}
@@ -86,4 +91,5 @@ class PreemptionWatch(L.Callback):
         previous = self.previous.get(exception.signum)
         self.restore()
         if callable(previous):
-            previous(exception.signum, None)   # e.g. submitit's requeue: after the checkpoint exists
+            previous(exception.signum, None)   # the handler from before the fit (submitit's requeue), now that the
+                                               # checkpoint exists

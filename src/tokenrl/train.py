@@ -171,7 +171,8 @@ def report_user_error(err: BaseException) -> None:
     record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (err,), (type(err), err, err.__traceback__))
     for handler in files:
         handler.handle(record)
-    hint = "" if debug else f" (traceback: {files[0].baseFilename if files else 'TOKENRL_DEBUG=1'})"
+    where = f"in {files[0].baseFilename}; " if files else ""
+    hint = "" if debug else f"\n(the traceback is {where}TOKENRL_DEBUG=1 prints it here)"
     print(f"error: {err}{hint}", file=sys.stderr)
     if debug:
         import traceback

@@ -1,0 +1,131 @@
+"""`python train.py` as a user runs it, in a subprocess: a kill during a checkpoint save, a preemption signal, and
+every row of docs/errors.md (each bad input gets its one-line message and exit status, the traceback in train.log)."""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RUN = ["debug=default", "logger=csv", "total_steps=6", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
+            "task.verifier=tests.helpers.rewards:length_reward", "validation.every_n_steps=0"]
+ENV = {**os.environ, "TOKENRL_MALLOC": "system", "OMP_NUM_THREADS": "1"}
+
+
+def train(*args: str, module: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", module] if module else [sys.executable, str(ROOT / "train.py")]
+    return subprocess.run([*command, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+                          **kwargs)
+
+
+def state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["tokenrl"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    """The uninterrupted 6-step run's final state."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    done = train(*TINY_RUN, f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return state(run_dir)
+
+
+def test_a_kill_during_a_save_resumes_in_the_same_folder_to_the_same_result(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    killed = train("3", *TINY_RUN, f"hydra.run.dir={run_dir}", module="tests.helpers.kill_mid_save")
+    assert killed.returncode == -signal.SIGKILL
+    checkpoints = run_dir / "checkpoints"
+    assert state(run_dir)["rollout_step"] == 2   # the save of step 3 never replaced last.ckpt
+    assert list(checkpoints.glob(".*.tmp")), "the killed save leaves its partial temporary file"
+
+    resumed = train(*TINY_RUN, f"ckpt_path={checkpoints / 'last.ckpt'}", f"paths.log_dir={tmp_path / 'logs'}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not (tmp_path / "logs").exists(), "the resumed run writes into the run it continues"
+    assert not list(checkpoints.glob(".*.tmp")), "stale temporaries are removed at start-up"
+    final = state(run_dir)
+    assert final["rollout_step"] == 6 and final["reward_history"] == straight["reward_history"]
+    with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
+        steps = [float(row["train/rollout_step"]) for row in csv.DictReader(handle) if row.get("train/rollout_step")]
+    assert steps == [1, 2, 3, 4, 5, 6]   # one metrics.csv: steps 1-2 kept, step 3 onwards from the resumed run
+    assert "resuming from" in (run_dir / "train.log").read_text()
+
+
+def test_sigterm_mid_run_writes_last_ckpt_promptly_and_a_resume_completes_the_run(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TINY_RUN,
+                                f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if "step 2/6 |" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    output = process.stdout.read()
+    process.wait(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, output[-2000:]
+    assert time.monotonic() - sent < 60
+    stopped = state(run_dir)
+    assert 2 <= stopped["rollout_step"] < 6
+    assert "stopped by SIGTERM" in output and "ckpt_path=" in output
+
+    resumed = train(*TINY_RUN, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    final = state(run_dir)
+    assert final["rollout_step"] == 6 and final["reward_history"] == straight["reward_history"]
+
+
+def error_table() -> list[tuple[str, int, str]]:
+    """(overrides, exit status, message) of each row of docs/errors.md's table."""
+    rows = []
+    for line in (ROOT / "docs" / "errors.md").read_text().splitlines():
+        match = re.match(r"\| `python train\.py (.*?)` \| (\d+) \| `(.*?)` \|", line)
+        if match:
+            rows.append((match.group(1), int(match.group(2)), match.group(3)))
+    return rows
+
+
+def test_the_error_table_has_its_rows():
+    assert len(error_table()) >= 10
+
+
+@pytest.fixture(scope="module")
+def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every row of the table run at once (each start-up is mostly imports: the rows overlap on several cores)."""
+    base = tmp_path_factory.mktemp("table")
+    started = {}
+    for n, (overrides, _, _) in enumerate(error_table()):
+        run_dir = base / str(n)
+        command = [sys.executable, str(ROOT / "train.py"), "debug=default", *overrides.split(), f"hydra.run.dir={run_dir}"]
+        started[overrides] = (subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True), run_dir)
+    done = {}
+    for overrides, (process, run_dir) in started.items():
+        stdout, stderr = process.communicate(timeout=600)
+        done[overrides] = (subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), run_dir)
+    return done
+
+
+@pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
+def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides, status, message):
+    done, run_dir = table_runs[overrides]
+    assert done.returncode == status, done.stderr[-3000:]
+    assert message in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
+    if status == 2:   # tokenrl's own errors: the traceback is in the run's train.log
+        assert "Traceback" in (run_dir / "train.log").read_text()
+
+
+def test_tokenrl_debug_prints_the_traceback(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "debug=default", "total_steps=-1",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, env={**ENV, "TOKENRL_DEBUG": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "Traceback" in done.stderr
