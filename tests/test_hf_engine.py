@@ -39,3 +39,18 @@ def test_rollout_layout():
         assert row.sum() > 0
         # the mask is a prefix
         assert torch.equal(row, torch.sort(row, descending=True).values)
+
+
+def test_an_interrupt_stops_every_sequence_within_a_token():
+    """`engine.interrupt` (a preemption signal) ends generation after the token being generated."""
+    from tests.helpers.tiny import PROMPTS, tiny_policy
+    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.hf import HFEngine
+
+    model, tok = tiny_policy()
+    engine = HFEngine(model, tok)
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=40)
+    assert engine.generate(ids, params, seed=0).response_ids.shape[1] > 1
+    engine.interrupt = lambda: True
+    assert engine.generate(ids, params, seed=0).response_ids.shape[1] == 1
