@@ -3,6 +3,7 @@ on the concatenated batch; a whole step under DDP equals one process and all-red
 step under FSDP, with gradient clipping, equals one process; the ddp trainer preset starts and trains a step."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -46,6 +47,26 @@ def test_ddp_preset_trains_on_two_cpu_processes(tmp_path, extra):
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
     if extra:
         assert '"train/filled_groups": 0.0' in (tmp_path / "train.log").read_text()
+
+
+def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkpoint(tmp_path):
+    """Under the DDP subprocess launcher only rank 0 gets the signal; both ranks stop (none hangs in a collective)."""
+    process = subprocess.Popen([sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu",
+                                "trainer.devices=2", "trainer.precision=32-true", "model=tiny", "total_steps=6",
+                                "logger=none", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
+                                "validation.every_n_steps=0", "trainer.enable_progress_bar=false",
+                                f"hydra.run.dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        if "step 2/6 |" in line:
+            break
+    process.send_signal(signal.SIGTERM)
+    output = process.stdout.read()
+    process.wait(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert output.count("stopped by SIGTERM") == 1   # rank 0 says it once
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["tokenrl"]
+    assert 2 <= state["rollout_step"] < 6
 
 
 def _one_step(out, world, strategy="ddp", *overrides):

@@ -165,6 +165,7 @@ def test_slurm_launcher_config_composes():
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 1, 1)
     assert cfg.hydra.sweeper.params.seed == "0,1,2,3,4"
+    assert cfg.ckpt_path == "auto" and launcher.signal_delay_s >= 120   # a requeued job resumes from its last.ckpt
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

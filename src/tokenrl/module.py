@@ -155,14 +155,14 @@ class GRPOModule(L.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         if batch.step != self.rollout_step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {self.rollout_step}")
-        self.preemption.check()
+        self.check_preempted()
         timer = StepTimer()
         who = Generation(self.rollout_step, self.optimizer_steps, self.global_rank, self.trainer.world_size)
         scored, sampling_metrics = self.collector.collect(self.engine, batch, who, timer, self._refill,
                                                           self._everyone, self.engine_context)
         with timer("generate"):
             self.engine.sleep()
-        self.preemption.check()   # safe: nothing of this step is applied yet (the engine wakes at the next generate)
+        self.check_preempted()   # safe: nothing of this step is applied yet (the engine wakes at the next generate)
         fused = self._fused_statistics(len(scored.rollouts.texts))
         with timer("statistics"):
             train = TrainBatch(self.rollout_step, scored.rollouts, scored.scores, scored.rewards,
@@ -172,7 +172,7 @@ class GRPOModule(L.LightningModule):
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
                                row_offset=self.global_rank * len(scored.rollouts.texts))
         entropy_coef = self.entropy_control.alpha   # this step's α (the update reads the same)
-        self.preemption.check()   # the last safe point: an update that has begun runs to its end
+        self.check_preempted()   # the last safe point: an update that has begun runs to its end
         with timer("update"):
             lr, update = self._update(train)
         if fused:
@@ -235,6 +235,11 @@ class GRPOModule(L.LightningModule):
         local = torch.tensor([float(train.stats.entropy[valid].sum()), float(valid.sum())], device=self.device)
         total = self.all_gather(local).reshape(-1, 2).sum(0)
         return float(total[0] / total[1].clamp_min(1.0))
+
+    def check_preempted(self) -> None:
+        """Raise `Preempted` once any rank got a preemption signal: every rank stops at the same safe point."""
+        mine = self.preemption.requested
+        self.preemption.check(not self._everyone(not mine) if self.trainer.world_size > 1 else mine)
 
     def _everyone(self, mine: bool) -> bool:
         return bool(self.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)

@@ -3,10 +3,11 @@ the time limit, `#SBATCH --signal`), the run abandons the current rollout step a
 `last.ckpt` atomically with the state after the last completed step, and exits with 128 + the signal's number (what
 a shell reports for a process killed by it; schedulers read it as "terminated by the signal").
 
-Safe points: between generation, statistics and update, and inside HF `generate` after every token (a
-`StoppingCriteria`); an update that has begun runs to its end (its optimizer steps cannot be half-undone), then the
-run stops after that step. A signal's previous handler (submitit's requeue on a SLURM job) runs after the checkpoint
-is written, so a requeued job finds it (`ckpt_path=auto`).
+Safe points: before a step, between generation, statistics and update, after a validation, and inside HF `generate`
+after every token (a `StoppingCriteria`); an update that has begun runs to its end (its optimizer steps cannot be
+half-undone), then the run stops before the next step. With several ranks every rank stops at the same safe point
+(`GRPOModule.check_preempted` asks all of them), though the signal may reach only one. A signal's previous handler
+(submitit's requeue on a SLURM job) runs after the checkpoint is written, so a requeued job finds it (`ckpt_path=auto`).
 """
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ class PreemptionWatch(L.Callback):
     def requested(self) -> bool:
         return self.signum is not None
 
-    def check(self) -> None:
-        """Raise `Preempted` if a signal arrived (call only where the state equals the last completed step's)."""
-        if self.signum is not None:
-            raise Preempted(self.signum)
+    def check(self, anyone: bool | None = None) -> None:
+        """Raise `Preempted` if a signal arrived here, or, with several ranks, `anyone` (whether any rank got one, so
+        every rank stops at the same point). Call only where the state equals the last completed step's."""
+        if self.requested if anyone is None else anyone:
+            raise Preempted(self.signum or signal.SIGTERM)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.previous = {signum: signal.getsignal(signum) for signum in self.signals}   # before Lightning's
@@ -74,19 +76,16 @@ class PreemptionWatch(L.Callback):
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self.previous = {}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        self.check()   # the step is complete: stop before the next one
-
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, Preempted):
             return
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and hasattr(checkpoint, "save_last_now"):
             self.saved = str(checkpoint.save_last_now(trainer))
-            log.warning("preempted: wrote %s (the state after step %d) %.1f s after the signal", self.saved,
-                        pl_module.rollout_step, time.monotonic() - self.received_at)
-        else:
+            if self.requested:   # the rank the signal reached (others stopped with it)
+                log.warning("preempted: wrote %s (the state after step %d) %.1f s after the signal", self.saved,
+                            pl_module.rollout_step, time.monotonic() - self.received_at)
+        elif self.requested:
             log.warning("preempted at step %d; checkpointing is off, nothing was saved", pl_module.rollout_step)
         previous = self.previous.get(exception.signum)
         self.restore()

@@ -142,9 +142,10 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except Preempted as stop:
         saved = module.preemption.saved
-        log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
-                    module.rollout_step, cfg.total_steps,
-                    f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off")
+        if trainer.is_global_zero:
+                log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
+                        module.rollout_step, cfg.total_steps,
+                        f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off")
         raise SystemExit(128 + stop.signum) from None
     history = module.reward_history
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,

@@ -41,7 +41,7 @@ class PeriodicValidation(L.Callback):
         start = time.perf_counter()
         with module.engine_context():
             metrics = {f"val/{key}": value for key, value in self.validator(module.engine, module.collector.scorer).items()}
-        module.preemption.check()   # a signal cut its generation short: its numbers are not a validation
+        module.check_preempted()   # a signal cut its generation short: its numbers are not a validation
         if trainer.world_size > 1:
             metrics = {key: float(module.all_gather(torch.tensor(value, device=module.device)).mean())
                        for key, value in metrics.items()}
