@@ -131,5 +131,6 @@ def test_the_selectors_warmup_is_one_top_level_knob_named_for_them(tmp_path):
         cfg = compose_config([f"selector={selector}", "selector_warmup_steps=7"], output_dir=tmp_path)
         assert instantiate(cfg.selector).warmup_steps == 7
     cfg = compose_config([], output_dir=tmp_path)
-    assert cfg.selector_warmup_steps == 20 and "warmup_steps" not in cfg   # not to be confused with the lr warm-up
+    assert cfg.selector_warmup_steps == 0 and "warmup_steps" not in cfg   # not to be confused with the lr warm-up
+    assert compose_config(["experiment=ict_paper"], output_dir=tmp_path).selector_warmup_steps == 20   # the paper's Θ
     assert cfg.algorithm.lr_warmup_steps == 0

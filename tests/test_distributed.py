@@ -69,6 +69,22 @@ def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkp
     assert 2 <= state["rollout_step"] < 6
 
 
+def _fsdp_fit(out, ckpt="-", *overrides):
+    done = subprocess.run([sys.executable, "tests/helpers/fsdp_fit.py", str(out), str(ckpt), *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out / "result.pt", weights_only=True)
+
+
+def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path):
+    """Lightning restores an FSDP checkpoint after on_fit_start, where the engine is built: the engine must follow
+    (the collector refused the first step: "the engine missed a weight sync")."""
+    _fsdp_fit(tmp_path / "first", "-", "total_steps=1")
+    resumed = _fsdp_fit(tmp_path / "resumed", tmp_path / "first" / "checkpoints" / "last.ckpt", "total_steps=2")
+    straight = _fsdp_fit(tmp_path / "straight", "-", "total_steps=2")
+    assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"]
+
+
 def _one_step(out, world, strategy="ddp", *overrides):
     done = subprocess.run([sys.executable, "tests/helpers/ddp_step.py", str(out), str(world), strategy, *overrides],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

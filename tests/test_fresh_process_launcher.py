@@ -33,3 +33,23 @@ def test_five_job_vllm_sweep_does_not_grow_in_memory(tmp_path):
         assert summary["rollout_steps"] == 1
         peaks.append(summary["peak_host_memory_gib"])
     assert max(peaks[1:]) < peaks[0] + 0.4, f"peak host memory per job grows: {peaks}"
+
+
+def test_a_ddp_job_of_a_multirun_trains_its_own_overrides_in_its_own_folder(tmp_path):
+    """Lightning's DDP launcher starts rank 1 from sys.argv: inside a fresh-process job that must be the job's own
+    overrides and folder, not the sweep's command line (which re-ran the whole sweep in every rank)."""
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [sys.executable, "train.py", "-m", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+         "trainer.precision=32-true", "model=tiny", "seed=3,4", "total_steps=1", "logger=csv",
+         "checkpoint.enabled=false", "validation.every_n_steps=0", "samples.every_n_steps=0",
+         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path / 'logs'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("Launching 2 jobs") == 1   # no rank launched the sweep again
+    assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith(".")) == ["0", "1", "multirun.yaml"]
+    assert not (tmp_path / "logs").exists()   # no rank wrote a run folder of its own
+    for job, seed in (("0", 3), ("1", 4)):
+        assert json.loads((sweep / job / "summary.json").read_text())["rollout_steps"] == 1
+        rank1 = (sweep / job / "train_ddp_process_1.log").read_text()
+        assert f"seed={seed}" in rank1 or f"Seed set to {seed}" in rank1, rank1[-2000:]

@@ -256,12 +256,13 @@ def test_prompt_owners_rejects_a_group_with_two_prompts():
 
 
 def test_shared_prefix_blocker_plain_checkpointed_and_lora():
-    """None for a plain model; a gradient-checkpointing reason once it is enabled; None for a LoRA-wrapped model and a
-    reason for a LoRA-wrapped model with checkpointing."""
+    """None for a plain model; a gradient-checkpointing reason once it is enabled, for the update only (the no-grad
+    passes pause it); None for a LoRA-wrapped model and a reason for a LoRA-wrapped model with checkpointing."""
     model = tiny_qwen2()
     assert shared_prefix_blocker(model) is None
     model.gradient_checkpointing_enable()
     assert "gradient checkpointing" in shared_prefix_blocker(model)
+    assert shared_prefix_blocker(model, with_grad=False) is None
 
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(tiny_qwen2(), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
@@ -283,3 +284,24 @@ def test_lora_shared_prefix_gradients_equal_padded_and_reference(exact_norm):
     assert trainable and all("lora_" in n for n in trainable)
     assert all(p.dtype == torch.float64 for p in model.parameters())
     check_layouts_against_reference(model, ragged_batch(8), 8)
+
+
+def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_norm):
+    """With gradient checkpointing on and the policy in training mode, transformers drops the KV cache: the statistics
+    and reference passes pause checkpointing, so their shared-prefix layout equals the padded one (without the pause
+    the responses would run without their prompt)."""
+    from tokenrl.models.passes import PolicyPasses
+
+    policy, reference = tiny_qwen2(seed=0).train(), tiny_qwen2(seed=1)
+    policy.gradient_checkpointing_enable()
+    reference.gradient_checkpointing_enable()
+    batch = ragged_batch(seed=3)
+    shared, padded = (PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all",
+                                   share_prefix=share) for share in (True, False))
+    assert torch.allclose(shared.reference_logprobs(batch), padded.reference_logprobs(batch), atol=1e-6)
+    stats, expected = shared.statistics(batch), padded.statistics(batch)
+    for name in ("logprobs", "entropy", "renyi2", "js"):
+        assert torch.allclose(getattr(stats, name), getattr(expected, name), atol=1e-6), name
+    assert all(layer.gradient_checkpointing for layer in policy.model.layers)   # back on for the update
+    with torch.no_grad(), pytest.raises(AttributeError):   # the pause is what makes it possible: transformers
+        layout_logprobs(policy, batch, share_prefix=True)    # returns no cache to share

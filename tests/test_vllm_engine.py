@@ -240,3 +240,24 @@ def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
     gaps = [float(row["train/logprob_gap_max"]) for row in rows if row.get("train/logprob_gap_max")]
     assert len(gaps) == 2 and max(gaps) < 1e-4, gaps
+
+
+def test_starting_an_engine_leaves_the_trainers_global_state_alone():
+    """vLLM seeds torch's, NumPy's and Python's RNGs with its engine seed when it starts: the trainer's draws after
+    building an engine must be those it would have made without one (and its matmul precision and threads kept)."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    torch.set_float32_matmul_precision("highest")
+    threads = torch.get_num_threads()
+    expected = (torch.rand(4), np.random.rand(4), random.random())
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    _, _, engine = policy_and_engine("rollout.max_new_tokens=4")
+    try:
+        drawn = (torch.rand(4), np.random.rand(4), random.random())
+        assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
+        assert torch.get_float32_matmul_precision() == "highest" and torch.get_num_threads() == threads
+    finally:
+        engine.close()

@@ -1,10 +1,17 @@
 """One rollout step of the ICT paper's shape on a GPU: time per phase, generated and trained tokens/s, peak GPU memory
-per phase and the update's MFU, for the Qwen2.5-0.5B and 1.5B architectures with random weights (`model.init=random`:
-no download).
+per phase and the update's MFU, for the Qwen2.5-0.5B and 1.5B architectures with random weights (`model.init=random`)
+and, by default, the character tokenizer (`--tokenizer char`: no download, GPU machines are often offline; the
+preamble is sized in the tokenizer's own tokens, so the step's shape does not depend on it; `--tokenizer hub` uses the
+model's Hub tokenizer).
 
     python scripts/bench/gpu_step.py [--models qwen0.5b qwen1.5b] [--prompts 32] [--group 8] [--max-new-tokens 1024]
                                      [--prompt-tokens 160] [--steps 2] [--engine hf] [--device cuda]
-                                     [--fast-path off on] [--no-gradient-checkpointing]
+                                     [--fast-path off on] [--no-gradient-checkpointing] [--tokenizer char]
+                                     [--layers N]
+
+Each (model, fast path) variant runs in a process of its own, as scripts/bench/step.py does: vLLM refuses a second
+engine in one process, and a process's peak memory would carry the previous variant's model. `--layers N` keeps the
+architecture but only N decoder layers (a quick check of the script itself).
 
 The step is the real module under the real Lightning Trainer (`trainer=gpu`: bf16-mixed autocast over fp32 master
 weights, gradient checkpointing as the presets set it), `selector=ict` with `warmup_steps=0` (the statistics pass
@@ -22,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,7 +45,10 @@ from machine import machine_info
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from omegaconf import open_dict  # noqa: E402
+
 from tests.conftest import compose_config  # noqa: E402
+from tokenrl.models import build_tokenizer  # noqa: E402
 from tokenrl.train import build_components  # noqa: E402
 
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
@@ -67,11 +79,11 @@ class LastStep(L.Callback):
 
 
 def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str) -> dict:
-    words = max(1, args.prompt_tokens // 22)   # ≈ 22 tokens per preamble sentence with Qwen's tokenizer
-    preamble = (PREAMBLE_WORD * words).strip()
     trainer = ["trainer=gpu"] if args.device == "cuda" else ["trainer=cpu"]
     cfg = compose_config([
-        f"model={name}", "model.init=random", "task=arithmetic", f"task.instruction='{preamble} Answer with the number.'",
+        f"model={name}", "model.init=random", "task=arithmetic",
+        *([] if args.tokenizer == "hub" else ["model.tokenizer=char"]),
+        *([f"model.architecture.num_hidden_layers={args.layers}"] if args.layers else []),
         f"task.max_new_tokens={args.max_new_tokens}", f"rollout={args.engine}", "rollout.max_prompt_length=4096",
         "selector=ict", "selector.warmup_steps=0", f"algorithm.prompts_per_step={args.prompts}",
         f"algorithm.group_size={args.group}", f"total_steps={args.steps}", "logger=none", "checkpoint.enabled=false",
@@ -80,6 +92,10 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
           for switch in ("shared_prefix", "fused_statistics", "pack")),
         *(["model.gradient_checkpointing=false"] if args.no_gradient_checkpointing else []),
         f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
+    sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])   # in the tokenizer used
+    preamble = (PREAMBLE_WORD * max(1, args.prompt_tokens // sentence_tokens)).strip()
+    with open_dict(cfg):
+        cfg.task.instruction = f"{preamble} Answer with the number."
     L.seed_everything(0)
     module, datamodule, fit_trainer = build_components(cfg)
     recorder = LastStep()
@@ -90,7 +106,8 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
     generated = last["train/response_len"] * rows
     trained = generated + rows * last["train/prompt_len"] if "train/prompt_len" in last else None
     params = sum(p.numel() for p in module.policy.parameters())
-    result = {"model": name, "fast_path": fast_path, "parameters": params, "rows": rows, "generated_tokens": generated,
+    result = {"model": name, "fast_path": fast_path, "pid": os.getpid(), "parameters": params, "rows": rows,
+              "generated_tokens": generated,
               "trained_tokens": trained,
               **{key: value for key, value in last.items() if key.startswith(("time/", "memory/"))},
               "generated_tokens_per_s": generated / last["time/generate"]}
@@ -99,10 +116,18 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
         peak = peak_tflops(gpu_record().get("gpu", ""))
         if peak:
             result["update_mfu"] = 6 * params * trained / last["time/update"] / (peak * 1e12)
-    del module, fit_trainer
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
     return result
+
+
+def run_in_own_process(name: str, fast_path: str) -> dict:
+    """This script with the same arguments, for one variant, in a fresh process; its result."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "variant.json"
+        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", name, fast_path,
+                               "--variant-out", str(out)])
+        if done.returncode:
+            sys.exit(f"variant {name} (fast path {fast_path}) failed with exit status {done.returncode}")
+        return json.loads(out.read_text())
 
 
 def main() -> None:
@@ -117,12 +142,19 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--fast-path", nargs="+", default=["on"], choices=["off", "on"])
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--tokenizer", default="char", choices=["char", "hub"])
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")
+    parser.add_argument("--variant", nargs=2, metavar=("MODEL", "FAST_PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--variant-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run this on a GPU machine (or --device cpu --models tiny for a smoke run)")
-    results = [run_model(name, args, args.out.parent / "gpu_step_runs", fast_path)
-               for name in args.models for fast_path in args.fast_path]
+    if args.variant:   # a child process: one variant
+        name, fast_path = args.variant
+        args.variant_out.write_text(json.dumps(run_model(name, args, args.out.parent / "gpu_step_runs", fast_path)))
+        return
+    results = [run_in_own_process(name, fast_path) for name in args.models for fast_path in args.fast_path]
     phases = ("generate", "reward", "statistics", "update", "sync")
     print(f"{'model':<10} {'fast':>4} " + " ".join(f"{p + ' s':>12}" for p in phases)
           + f" {'gen tok/s':>10} {'train tok/s':>11} {'MFU':>6} " + " ".join(f"{p + ' GiB':>15}" for p in phases))
@@ -135,7 +167,7 @@ def main() -> None:
               "machine": {**machine_info(), **gpu_record()},
               "versions": {"python": platform.python_version(), "torch": torch.__version__,
                            "transformers": __import__("transformers").__version__, "lightning": L.__version__},
-              "settings": vars(args) | {"out": str(args.out)}, "results": results}
+              "settings": vars(args) | {"out": str(args.out), "variant_out": None}, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")

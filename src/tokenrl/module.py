@@ -99,12 +99,13 @@ class GRPOModule(L.LightningModule):
         if isinstance(strategy, FSDPStrategy):
             policy, references = shard(policy, strategy), [shard(reference, strategy) for reference in references]
         self.policy, self._reference = policy, references
-        self.prefix_blocker = ("fast_path.shared_prefix=false" if not self.fast_path.shared_prefix
-                               else shared_prefix_blocker(policy))
+        off = "fast_path.shared_prefix=false" if not self.fast_path.shared_prefix else None
+        self.prefix_blocker = off or shared_prefix_blocker(policy, with_grad=False)   # statistics, reference passes
+        self.update_prefix_blocker = off or shared_prefix_blocker(policy, with_grad=True)
         self.passes = PolicyPasses(policy, references[0] if references else None, self.sampling.temperature,
                                    self.cfg.micro_batch_size, int(self.model_cfg["stats_chunk_size"]), self.with_js,
                                    self.selector.js_peers, share_prefix=self.prefix_blocker is None,
-                                   trim=self.fast_path.pack)
+                                   share_prefix_update=self.update_prefix_blocker is None, trim=self.fast_path.pack)
 
     def setup(self, stage: str) -> None:
         self.configure_model()
@@ -121,6 +122,10 @@ class GRPOModule(L.LightningModule):
             self.engine.interrupt = lambda: self.preemption.requested
 
     def on_train_start(self) -> None:
+        """Under FSDP Lightning restores a checkpoint after `on_fit_start` (`restore_checkpoint_after_setup`): the engine
+        built there serves the weights from before the restore, so it is synced here to the restored ones."""
+        if self.engine.weights_version != self.optimizer_steps:
+            self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.mark_step_boundary()
         if self.global_rank == 0:
             log.info("step %d/%d: generating (the first step also warms up; a line follows each step)",
@@ -200,12 +205,18 @@ class GRPOModule(L.LightningModule):
         blocker = ("fast_path.fused_statistics=false" if not self.fast_path.fused_statistics
                    else fused_blocker(self.cfg, self.selector, self.with_js, rows))
         if not self.path_reported and self.global_rank == 0:
-            log.info("update path: shared prefix %s; statistics %s; micro-batches %s",
-                     "on" if self.prefix_blocker is None else f"off ({self.prefix_blocker})",
+            log.info("update path: shared prefix %s; statistics %s; micro-batches %s", self._prefix_phrase(),
                      "from the update's forward" if blocker is None else f"from a separate pass ({blocker})",
                      "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width")
             self.path_reported = True
         return blocker is None
+
+    def _prefix_phrase(self) -> str:
+        """Where the shared-prefix layout runs, for the update-path log line."""
+        update, no_grad = self.update_prefix_blocker, self.prefix_blocker
+        if update == no_grad:
+            return "on" if update is None else f"off ({update})"
+        return f"off in the update ({update}), on in the statistics and reference passes"
 
     def _update(self, train: TrainBatch) -> tuple[float, UpdateResult]:
         """The PPO update with Lightning's backend and this step's entropy-bonus α; returns the lr it used and its

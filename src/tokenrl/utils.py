@@ -1,13 +1,36 @@
-"""Small shared helpers: derived seeds and a step timer (with peak GPU memory per phase)."""
+"""Small shared helpers: derived seeds, a step timer (with peak GPU memory per phase), and keeping the process's
+global torch state across a library call that changes it."""
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import torch
+
+
+@contextmanager
+def global_state_kept() -> Iterator[None]:
+    """Restores, after the block, what the trainer relies on and a library may change: the RNG states of torch (CPU
+    and every initialised GPU), NumPy and Python, float32 matmul precision and torch's thread count. vLLM seeds all
+    three RNGs with its engine seed and may set the precision and threads when an engine starts."""
+    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        torch.set_float32_matmul_precision(precision)
+        torch.set_num_threads(threads)
 
 
 def derived_seed(*parts: object) -> int:

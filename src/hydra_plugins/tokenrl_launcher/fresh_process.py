@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import sys
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -38,6 +39,11 @@ def _run_one_job(payload: bytes) -> bytes:
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{index}"
         sweep_config.hydra.job.num = index
+        # Lightning's DDP launcher starts ranks 1.. as `sys.argv[0] sys.argv[1:] hydra.run.dir=<hydra.run.dir>`: make
+        # that this job's own overrides and folder, not the sweep's command line (`-m`, the lists), which the spawned
+        # process inherited and which re-ran the whole sweep in every rank
+        sweep_config.hydra.run.dir = str(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
+    sys.argv = [sys.argv[0], *overrides]
     HydraConfig.instance().set_config(sweep_config)
     return cloudpickle.dumps(run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
                                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))

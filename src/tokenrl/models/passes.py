@@ -3,8 +3,9 @@ log-probs, and the update's forward with gradient, each right for a plain, LoRA 
 `fast_path` asks for (models/response_forward.py) where the model allows it."""
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -17,22 +18,38 @@ from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.rollout.base import RolloutBatch
 
 
-def shared_prefix_blocker(model: nn.Module) -> str | None:
-    """Why `model` cannot run the shared-prefix layout (None: it can): FSDP runs the update through the root's single
-    forward, and transformers turns the KV cache off under gradient checkpointing."""
+def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
+    """Why a pass over `model` cannot run the shared-prefix layout (None: it can): FSDP runs every pass through the
+    root's single forward; gradient checkpointing turns transformers' KV cache off, but only in the update (`with_grad`):
+    the no-grad passes pause it (`checkpointing_paused`)."""
     if is_sharded(model):
         return "FSDP updates through the root module's own forward"
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(base, "is_gradient_checkpointing", False):
-        return "gradient checkpointing turns transformers' KV cache off"
+    if with_grad and getattr(base, "is_gradient_checkpointing", False):
+        return "gradient checkpointing turns transformers' KV cache off in the update"
     return None
+
+
+@contextmanager
+def checkpointing_paused(model: nn.Module) -> Iterator[None]:
+    """Gradient checkpointing off for a no-grad pass: it saves nothing without gradients, and transformers' layers drop
+    the KV cache (the shared prompt) while it is on in training mode (`GradientCheckpointingLayer.__call__`)."""
+    layers = [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True]
+    for layer in layers:
+        layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.gradient_checkpointing = True
 
 
 @dataclass
 class PolicyPasses:
     """`reference` is the frozen copy (None: a LoRA policy, whose reference is itself with adapters off). Under FSDP
     (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered.
-    share_prefix / trim: the layouts of models/response_forward.py (callers pass them only where the model allows)."""
+    share_prefix (the no-grad passes) / share_prefix_update / trim: the layouts of models/response_forward.py (callers
+    pass them only where the model allows: `shared_prefix_blocker`)."""
 
     policy: nn.Module
     reference: nn.Module | None
@@ -42,12 +59,13 @@ class PolicyPasses:
     with_js: bool
     js_peers: str
     share_prefix: bool = False
+    share_prefix_update: bool = False
     trim: bool = False
 
     @torch.no_grad()
     def statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
         """log π, entropy, Rényi-2 (and JS when asked) of every response token under the current policy."""
-        with gathered_root(self.policy):
+        with gathered_root(self.policy), checkpointing_paused(self.policy):
             return compute_token_stats(self.policy, rollouts, self.temperature, self.micro_batch_size,
                                        self.stats_chunk_size, with_js=self.with_js if with_js is None else with_js,
                                        js_peers=self.js_peers, share_prefix=self.share_prefix, trim=self.trim)
@@ -58,7 +76,7 @@ class PolicyPasses:
         model = self.reference if self.reference is not None else self.policy
         adapters_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         out = torch.zeros(rollouts.response_ids.shape)
-        with gathered_root(model), adapters_off:
+        with gathered_root(model), adapters_off, checkpointing_paused(model):
             for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
                 out[rows] = response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix,
                                               self.trim).float().cpu()
@@ -70,7 +88,7 @@ class PolicyPasses:
         if is_sharded(self.policy):
             logits = forward_response_logits(self.policy, part)
         else:
-            logits = response_logits(self.policy, part, self.share_prefix, self.trim)
+            logits = response_logits(self.policy, part, self.share_prefix_update, self.trim)
         width = logits.shape[1]
         log_pi = torch.log_softmax(logits.float() / self.temperature, dim=-1)   # shared by log π(o_t) and H_t
         logp = log_pi.gather(-1, part.response_ids[:, :width, None].to(logits.device)).squeeze(-1)

