@@ -59,6 +59,8 @@ def test_a_bad_setting_is_named_with_what_is_allowed(override, expected):
     (["selector=ict", "selector_warmup_steps=20", "total_steps=20"], "selector_warmup_steps=20: selector "
                                                                      "ICTSelector updates every token"),
     (["selector=random", "selector_warmup_steps=25", "total_steps=20"], "never selects"),
+    (["rollout=vllm", "rollout.max_num_batched_tokens=1024"], "rollout.max_num_batched_tokens=1024: below "
+                                                               "rollout.max_model_len=2048 without chunked prefill"),
 ])
 def test_a_broken_relation_is_named(overrides, expected):
     [problem] = problems(*overrides)

@@ -6,6 +6,8 @@ import csv
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -254,10 +256,29 @@ def test_starting_an_engine_leaves_the_trainers_global_state_alone():
     threads = torch.get_num_threads()
     expected = (torch.rand(4), np.random.rand(4), random.random())
     torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
-    _, _, engine = policy_and_engine("rollout.max_new_tokens=4")
+    _, _, engine = policy_and_engine("rollout.max_new_tokens=4", "rollout.max_num_seqs=8",
+                                     "rollout.max_num_batched_tokens=4096")
     try:
         drawn = (torch.rand(4), np.random.rand(4), random.random())
         assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
         assert torch.get_float32_matmul_precision() == "highest" and torch.get_num_threads() == threads
+        scheduler = engine.llm.llm_engine.vllm_config.scheduler_config   # the batch limits reach the engine
+        assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (8, 4096)
+        assert engine.runner == "V1"   # the CPU build (no Triton); GPUs default to V2, and the run's log says which
     finally:
         engine.close()
+
+
+def test_the_engine_folder_is_the_same_for_the_same_model_in_every_run(tmp_path, monkeypatch):
+    """vLLM keys its compile cache on the model path: one folder per architecture and tokenizer, not one per run."""
+    from tests.helpers.tiny import tiny_policy
+    from tokenrl.rollout.vllm_engine import engine_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model, tokenizer = tiny_policy()
+    first, again = engine_folder(model, tokenizer), engine_folder(model, tokenizer)
+    assert first == again and (tmp_path / "tokenrl" / "vllm-models").is_dir()
+    assert (Path(first) / "config.json").is_file()
+    model.config.rms_norm_eps = 1e-3   # another architecture: another folder
+    assert engine_folder(model, tokenizer) != first
+    assert [p.name for p in (tmp_path / "tokenrl" / "vllm-models").iterdir() if p.name.startswith(".")] == []

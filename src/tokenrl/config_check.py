@@ -85,6 +85,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rollout.top_k": (lambda v: _is_int(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
     "rollout.max_new_tokens": _int(1),
     "rollout.max_prompt_length": _int(1),
+    "rollout.max_num_batched_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
+    "rollout.max_num_seqs": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
 }
 
 
@@ -131,6 +133,12 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"algorithm.mini_batches={algorithm.mini_batches}: the {rows} responses of a step "
                         f"(algorithm.prompts_per_step={algorithm.prompts_per_step} × algorithm.group_size="
                         f"{algorithm.group_size}) must split into equal mini-batches")
+    rollout = cfg.rollout
+    batched = rollout.get("max_num_batched_tokens")
+    if batched and not rollout.get("enable_chunked_prefill") and batched < rollout.get("max_model_len", 0):
+        problems.append(f"rollout.max_num_batched_tokens={batched}: below rollout.max_model_len="
+                        f"{rollout.max_model_len} without chunked prefill, vLLM refuses to start; raise it or set "
+                        "rollout.enable_chunked_prefill=true")
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
     if _is_int(warmup) and _is_int(cfg.total_steps) and warmup >= cfg.total_steps:
         problems.append(f"selector_warmup_steps={warmup}: selector {cfg.selector._target_.rsplit('.', 1)[-1]} "

