@@ -35,9 +35,28 @@ OVERRIDES = ["model=tiny", "logger=none", "checkpoint.enabled=false", "validatio
              "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0", "trainer.precision=32-true"]
 
 
+def _full_state_dict_on_cpu(module, world_size, rank0_only=True):
+    """Lightning's full-state-dict context without `offload_to_cpu`: on a CPU device torch's offload aliases the
+    unsharded buffer that it frees on leaving the context, and Lightning's checkpoint then clones freed memory (a
+    segfault). A CPU-only artefact of these tests: on GPUs the offload is a real copy."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return FSDP.state_dict_type(module, StateDictType.FULL_STATE_DICT,
+                                FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+                                FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only))
+
+
 class CPUFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDPStrategy, unchanged: Lightning refuses the class itself with a CPU accelerator (an exact-type
-    check in `_AcceleratorConnector._check_strategy_and_fallback`) although torch's FSDP runs on CPU over gloo."""
+    """Lightning's FSDPStrategy, which Lightning refuses with a CPU accelerator (an exact-type check in
+    `_AcceleratorConnector._check_strategy_and_fallback`) although torch's FSDP runs on CPU over gloo; its checkpoints
+    gather without offloading (`_full_state_dict_on_cpu`)."""
+
+    def setup_environment(self) -> None:
+        import lightning.pytorch.strategies.fsdp as lightning_fsdp
+
+        lightning_fsdp._get_full_state_dict_context = _full_state_dict_on_cpu
+        super().setup_environment()
 
 
 class PerPromptEngine(HFEngine):
