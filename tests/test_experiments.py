@@ -19,7 +19,8 @@ EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.y
 SHRINK = ["model=tiny", "rollout=hf", "trainer=cpu", "trainer.precision=32-true", "logger=none", "total_steps=1",
           "rollout.max_new_tokens=8", "rollout.max_prompt_length=2048", "checkpoint.enabled=false",
           "trainer.enable_progress_bar=false", "algorithm.prompts_per_step=2",
-          "validation.every_n_steps=0", "samples.every_n_steps=1"]
+          "validation.every_n_steps=0", "samples.every_n_steps=1",
+          "selector_warmup_steps=0"]   # the one step selects (a Θ >= total_steps is refused at start-up)
 # what each paper setting must pin: model, training data, selector class
 SETTINGS = {
     "cpu_study": ("smollm2_135m", "ArithmeticTask", "UniformSelector"),

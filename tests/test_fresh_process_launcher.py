@@ -4,6 +4,7 @@ the multirun folder layout is Hydra's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,5 +52,28 @@ def test_a_ddp_job_of_a_multirun_trains_its_own_overrides_in_its_own_folder(tmp_
     assert not (tmp_path / "logs").exists()   # no rank wrote a run folder of its own
     for job, seed in (("0", 3), ("1", 4)):
         assert json.loads((sweep / job / "summary.json").read_text())["rollout_steps"] == 1
-        rank1 = (sweep / job / "train_ddp_process_1.log").read_text()
-        assert f"seed={seed}" in rank1 or f"Seed set to {seed}" in rank1, rank1[-2000:]
+        assert f"[rank: 1] Seed set to {seed}" in done.stdout + done.stderr   # rank 1 ran its job's overrides
+
+
+def test_slot_devices_give_each_parallel_slot_its_own_gpus():
+    from hydra_plugins.tokenrl_launcher.fresh_process import slot_devices
+
+    assert slot_devices(2, 1, ["0", "1", "2"]) == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    assert slot_devices(2, 2, ["4", "5", "6", "7"]) == [{"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]
+    assert slot_devices(2, 1, []) == [{}, {}]   # a CPU machine: nothing set
+    with pytest.raises(ValueError, match=r"n_jobs=3 × gpus_per_job=1 needs 3 GPUs and 2 are visible"):
+        slot_devices(3, 1, ["0", "1"])
+
+
+def test_launcher_local_runs_each_slot_on_its_own_gpu(tmp_path):
+    """Two jobs side by side (launcher=local) see different CUDA_VISIBLE_DEVICES, each one of the parent's."""
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [sys.executable, "train.py", "-m", "debug=default", "launcher=local", "seed=0,1", "total_steps=1",
+         "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false",
+         f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = {line.split("CUDA_VISIBLE_DEVICES=")[1].strip() for job in ("0", "1")
+            for line in (sweep / job / "train.log").read_text().splitlines() if "CUDA_VISIBLE_DEVICES=" in line}
+    assert seen == {"5", "7"}

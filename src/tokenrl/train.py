@@ -134,6 +134,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", checkpoint_step(ckpt_path))
     L.seed_everything(cfg.seed, workers=True)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        log.info("CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
     log.info("loading the model (%s, init=%s), the tokenizer and the task's data", cfg.model.get("source", "?"),
              cfg.model.init)
     module, datamodule, trainer = build_components(cfg)

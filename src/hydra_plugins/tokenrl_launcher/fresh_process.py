@@ -6,11 +6,17 @@ Hydra's basic launcher runs every job in the launching process, and joblib's lok
 here every job gets a spawned process of its own that exits after it, so job k starts as clean as job 0.
 Each job goes through Hydra's own `run_job` (as the joblib launcher does), so `<sweep.dir>/<n>/`, the job's
 `.hydra/` folder, logging and return values are what the basic launcher gives.
+
+Devices: with `gpus_per_job` = g > 0 and GPUs visible, the i-th of the `n_jobs` parallel slots gets GPUs
+i·g … i·g + g − 1 of the visible ones as its `CUDA_VISIBLE_DEVICES` (every job of that slot, one after another), so
+parallel jobs never share a GPU; without GPUs nothing is set.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import queue
 import sys
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -49,10 +55,36 @@ def _run_one_job(payload: bytes) -> bytes:
                                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
 
 
-def _in_fresh_process(payload: bytes) -> JobReturn:
-    """One job in a newly spawned process that exits after it (spawn: never fork a parent holding CUDA state)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as process:
+def _set_environment(values: dict[str, str]) -> None:
+    os.environ.update(values)   # in the spawned process, before anything initialises CUDA
+
+
+def _in_fresh_process(payload: bytes, environment: dict[str, str]) -> JobReturn:
+    """One job in a newly spawned process that exits after it (spawn: never fork a parent holding CUDA state), with
+    `environment` set in it first."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_set_environment, initargs=(environment,)) as process:
         return cloudpickle.loads(process.submit(_run_one_job, payload).result())
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set, else every device torch counts (none on CPU)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def slot_devices(n_jobs: int, gpus_per_job: int, visible: list[str]) -> list[dict[str, str]]:
+    """The environment of each parallel slot: its own `gpus_per_job` GPUs of `visible` (none set without GPUs)."""
+    if gpus_per_job < 1 or not visible:
+        return [{} for _ in range(n_jobs)]
+    if n_jobs * gpus_per_job > len(visible):
+        raise ValueError(f"hydra.launcher.n_jobs={n_jobs} × gpus_per_job={gpus_per_job} needs {n_jobs * gpus_per_job} "
+                         f"GPUs and {len(visible)} are visible ({','.join(visible)}); lower n_jobs")
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(visible[slot * gpus_per_job:(slot + 1) * gpus_per_job])}
+            for slot in range(n_jobs)]
 
 
 def _died(index: int, overrides: Sequence[str], error: BaseException) -> JobReturn:
@@ -66,10 +98,10 @@ def _died(index: int, overrides: Sequence[str], error: BaseException) -> JobRetu
 class FreshProcessLauncher(Launcher):
     """Up to `n_jobs` jobs at a time, each in a spawned process used for that job only."""
 
-    def __init__(self, n_jobs: int = 1) -> None:
+    def __init__(self, n_jobs: int = 1, gpus_per_job: int = 0) -> None:
         if int(n_jobs) < 1:
             raise ValueError(f"hydra.launcher.n_jobs={n_jobs} must be >= 1")
-        self.n_jobs = int(n_jobs)
+        self.n_jobs, self.gpus_per_job = int(n_jobs), int(gpus_per_job)
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
@@ -91,8 +123,19 @@ class FreshProcessLauncher(Launcher):
         payloads = [cloudpickle.dumps((initial_job_idx + offset, list(overrides), self.hydra_context, self.config,
                                        self.task_function, singleton_state))
                     for offset, overrides in enumerate(job_overrides)]
+        free: queue.Queue[dict[str, str]] = queue.Queue()
+        for environment in slot_devices(self.n_jobs, self.gpus_per_job, visible_gpus()):
+            free.put(environment)
+
+        def in_a_slot(payload: bytes) -> JobReturn:
+            environment = free.get()
+            try:
+                return _in_fresh_process(payload, environment)
+            finally:
+                free.put(environment)
+
         with ThreadPoolExecutor(max_workers=self.n_jobs) as slots:
-            futures = [slots.submit(_in_fresh_process, payload) for payload in payloads]
+            futures = [slots.submit(in_a_slot, payload) for payload in payloads]
             returns: list[Any] = []
             for offset, (future, overrides) in enumerate(zip(futures, job_overrides)):
                 try:
