@@ -28,6 +28,7 @@ from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
+from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
 from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
@@ -104,6 +105,24 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     return module, datamodule, trainer
 
 
+def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trainer) -> MemoryPlan:
+    """The memory plan of this run on its device (memory_plan.py), logged before the model loads; a run that cannot
+    fit stops here with the table."""
+    datamodule.setup("fit")   # the prompts: the plan's prompt length is the longest one's
+    device = str(trainer.strategy.root_device)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    plan = plan_memory(container, architecture_shape(container["model"]), device, device_capacity_gib(device),
+                       prompt_tokens=max(map(len, datamodule.train_prompt_ids)))
+    if trainer.is_global_zero:
+        log.info("memory plan per process (worst case: every response runs to rollout.max_new_tokens):\n%s",
+                 plan.table())
+    if not plan.fits():
+        raise ValueError(f"this run needs about {plan.peak()[1]:.1f} GiB on {device}, more than its "
+                         f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size, "
+                         "rollout.max_new_tokens, LoRA (model.lora) or a larger device")
+    return plan
+
+
 def carry_metrics(trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
     """Put the kept rows of the interrupted run's metrics.csv ahead of the resumed run's (the CSV logger replaces
     the file it finds; its first save writes these rows, then the new ones)."""
@@ -139,6 +158,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     log.info("loading the model (%s, init=%s), the tokenizer and the task's data", cfg.model.get("source", "?"),
              cfg.model.init)
     module, datamodule, trainer = build_components(cfg)
+    plan = check_memory(cfg, datamodule, trainer)
     carry_metrics(trainer, kept_rows)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -155,7 +175,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
                "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
                **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/"))},
                **{k: v for k, v in module.last_validation.items() if k.startswith("val/")},
-               **peak_memory_gib(module.device)}
+               **peak_memory_gib(module.device), "memory_plan_peak_gib": plan.peak()[1]}
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
