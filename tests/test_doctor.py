@@ -1,0 +1,47 @@
+"""doctor.py: `python -m tokenrl.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two processes),
+writes its report, and exits non-zero when a check fails."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+from tokenrl.doctor import checks, environment
+
+
+def doctor(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "doctor.json"
+    done = subprocess.run([sys.executable, "-m", "tokenrl.doctor", "--out", str(out), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1200)
+    return done, json.loads(out.read_text())
+
+
+def test_the_doctor_passes_here_and_reports_every_check(tmp_path):
+    done, report = doctor(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert report["ok"] and report["environment"]["torch"] and report["memory_plan"]["peak_gib"] > 0
+    statuses = {check["check"]: check["status"] for check in report["checks"]}
+    expected_vllm = "passed" if report["environment"]["vllm"] else "skipped"
+    assert statuses == {"hf, one CPU process": "passed", "vllm, one CPU process": expected_vllm,
+                        "hf, DDP over 2 CPU processes": "passed"}
+    for check in report["checks"]:
+        if check["status"] == "passed":
+            assert check["logprob_gap_max"] <= 1e-3 and check["weights_finite"]
+    assert "all checks passed" in done.stdout
+
+
+def test_a_failing_check_fails_the_doctor(tmp_path):
+    done, report = doctor(tmp_path, "--only", "hf", "--extra", "algorithm.optimizer.lr=1e39")
+    assert done.returncode == 1 and not report["ok"]
+    [check] = report["checks"]
+    assert check["status"] == "failed" and check["reason"]
+
+
+def test_a_machine_without_gpus_runs_ddp_on_two_cpu_processes():
+    env = {**environment(), "gpus": [], "vllm": None}
+    found = {check.kind: check for check in checks(env)}
+    assert found["vllm"].skipped.startswith("vLLM is not installed")
+    assert "trainer.devices=2" in found["ddp"].overrides and not found["ddp"].skipped
+    two_gpus = {**env, "gpus": [{"name": "GPU", "memory_gib": 80.0}] * 2}
+    assert "trainer.devices=2" in {check.kind: check for check in checks(two_gpus)}["ddp"].overrides
