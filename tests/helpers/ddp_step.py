@@ -6,9 +6,12 @@ all-reduced gradients (DDP) and of optimizer steps, the global gradient norm see
 of the module's state dict.
 
     python tests/helpers/ddp_step.py OUT_DIR WORLD [ddp|fsdp] [OVERRIDE ...]
+
+DDP_STEP_ACCELERATOR=gpu runs the ranks on GPUs (NCCL) instead of CPU processes (gloo).
 """
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 from pathlib import Path
@@ -125,8 +128,9 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
 
 
 def main(out: Path, world: int, strategy: str, overrides: list[str]) -> None:
-    trainer = ["trainer=cpu"] if world == 1 else [
-        f"trainer={strategy}", "trainer.accelerator=cpu", f"trainer.devices={world}"]
+    accelerator = os.environ.get("DDP_STEP_ACCELERATOR", "cpu")   # gpu: the same check over NCCL (gpu_check.sh)
+    trainer = [f"trainer={'cpu' if accelerator == 'cpu' else 'gpu'}"] if world == 1 else [
+        f"trainer={strategy}", f"trainer.accelerator={accelerator}", f"trainer.devices={world}"]
     if strategy == "fsdp" and world > 1:
         trainer.append(f"trainer.strategy._target_={__name__}.{CPUFSDPStrategy.__name__}")
     one_step(out, trainer + overrides)
