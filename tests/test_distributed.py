@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, compose_config
 from tests.helpers.ddp_selection import full_batch, select
 
 
@@ -76,6 +76,14 @@ def _fsdp_fit(out, ckpt="-", *overrides):
     return torch.load(out / "result.pt", weights_only=True)
 
 
+def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
+    from hydra.utils import instantiate
+
+    precision = instantiate(compose_config(["trainer=fsdp"]).trainer.strategy.mixed_precision)
+    assert (precision.param_dtype, precision.reduce_dtype, precision.buffer_dtype) == (torch.bfloat16, torch.float32,
+                                                                                      torch.float32)
+
+
 def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path):
     """Lightning restores an FSDP checkpoint after on_fit_start, where the engine is built: the engine must follow
     (the collector refused the first step: "the engine missed a weight sync")."""
@@ -111,7 +119,8 @@ def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path):
     over both ranks' shards — and ends with the weights of one process on the whole batch. The first optimizer step's
     gradient norm is above 1.0, so both runs really clip it to 1.0 (the second one, 0.004, is left alone)."""
     clip = "algorithm.grad_clip=1.0"
-    single, fsdp = _one_step(tmp_path / "one", 1, "ddp", clip), _one_step(tmp_path / "two", 2, "fsdp", clip)
+    fp32 = "trainer.strategy.mixed_precision.param_dtype=null"   # the sharding's math, not the preset's bf16 gathers
+    single, fsdp = _one_step(tmp_path / "one", 1, "ddp", clip), _one_step(tmp_path / "two", 2, "fsdp", clip, fp32)
     assert fsdp["counts"][:, 1].tolist() == [2, 2]                 # optimizer steps per rank
     assert single["grad_norms"][0] == pytest.approx(1.0, abs=1e-5)
     assert fsdp["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)

@@ -1,11 +1,14 @@
 """A model preset whose hub source cannot be reached fails in seconds, with the message naming the offline routes,
-and the advised offline overrides build the model."""
+and the advised offline overrides build the model; the KL reference is built in its dtype."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
+import torch
 
 from tests.conftest import ROOT
 
@@ -40,6 +43,7 @@ def test_an_unreachable_hub_model_fails_in_seconds(tmp_path):
 
 ADVICE_PROBE = """
 import json, re, sys
+import pytest
 import torch
 from omegaconf import OmegaConf
 from tests.conftest import compose_config
@@ -78,3 +82,39 @@ def test_the_offline_advice_builds_the_model(tmp_path):
         assert result["error"].startswith(f"{option} is neither a prepared local folder nor reachable on the hub.")
         assert result["advice"] == ["model.init=random", "model.tokenizer=char"]
         assert result["vocab"] == [vocab, vocab] and result["logits"] == [1, 14, vocab]
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_the_reference_is_the_policy_in_its_dtype_without_a_full_precision_copy(dtype, monkeypatch):
+    """Every parameter equals the policy's cast to `reference_dtype`, buffers keep theirs (RoPE's fp32 inverse
+    frequencies), tied embeddings stay tied, nothing is left on the meta device, and the policy is never deep-copied
+    (a 7B fp32 copy is 28 GiB of host memory per rank)."""
+    import copy
+
+    from tests.helpers.tiny import tiny_policy
+    from tokenrl.models import build_reference
+
+    policy, tokenizer = tiny_policy()
+    real_deepcopy = copy.deepcopy
+
+    def no_model_copies(obj, *args, **kwargs):
+        assert not isinstance(obj, torch.nn.Module), "the policy was deep-copied"
+        return real_deepcopy(obj, *args, **kwargs)
+
+    monkeypatch.setattr(copy, "deepcopy", no_model_copies)
+    reference = build_reference(policy, dtype)
+    expected_dtype = torch.bfloat16 if dtype else torch.float32
+    params = dict(reference.named_parameters())
+    for name, param in policy.named_parameters():
+        assert params[name].dtype == expected_dtype and torch.equal(params[name], param.detach().to(expected_dtype))
+        assert not params[name].requires_grad
+    for (name, buffer), (_, copied) in zip(policy.named_buffers(), reference.named_buffers()):
+        assert copied.dtype == buffer.dtype and torch.equal(copied, buffer), name
+    assert not any(t.is_meta for t in [*reference.parameters(), *reference.buffers()])
+    assert reference.lm_head.weight is reference.model.embed_tokens.weight   # tied, as the policy's
+    assert not reference.training
+    ids = torch.tensor([tokenizer("What is 2 + 3?")["input_ids"]])
+    with torch.no_grad():
+        want = policy.eval()(ids).logits
+        got = reference(ids).logits.float()
+    assert torch.allclose(got, want, atol=1e-6 if dtype is None else 0.1)

@@ -23,6 +23,7 @@ if __name__ == "__main__":
     cfg = compose_config(OVERRIDES + ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
                                       f"trainer.strategy._target_=tests.helpers.ddp_step.{CPUFSDPStrategy.__name__}",
                                       "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
+                                      "trainer.strategy.mixed_precision.param_dtype=null",
                                       # an optimizer with state: Lightning's FSDP load indexes the first state entry
                                       "algorithm.optimizer._target_=torch.optim.AdamW", "algorithm.optimizer.lr=1e-3",
                                       f"paths.output_dir={out}", *sys.argv[3:]])

@@ -19,8 +19,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import torch
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 
@@ -38,6 +39,18 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
         raise ValueError(f"{type(base).__name__} names no decoder layer class in `_no_split_modules` "
                          f"({sorted(names)}): cannot wrap it per layer for FSDP")
     return classes
+
+
+def mixed_precision(param_dtype: str | None = "bf16", reduce_dtype: str | None = "fp32",
+                    buffer_dtype: str | None = "fp32") -> MixedPrecision:
+    """FSDP's mixed precision from dtype names (fp32 | bf16 | fp16 | None: the model's own), for configs/trainer/fsdp.yaml:
+    verl's choice is bf16 all-gathers, fp32 gradient reduction, fp32 buffers."""
+    from tokenrl.models import torch_dtype
+
+    def dtype(name: str | None) -> torch.dtype | None:
+        return None if name is None else torch_dtype(name)
+    return MixedPrecision(param_dtype=dtype(param_dtype), reduce_dtype=dtype(reduce_dtype),
+                          buffer_dtype=dtype(buffer_dtype))
 
 
 def shard(model: nn.Module, strategy: Any) -> FullyShardedDataParallel:
