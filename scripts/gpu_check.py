@@ -7,8 +7,8 @@ versions, date, each step's status, seconds and output tail). Run it first whene
 1. doctor       tokenrl-doctor: versions, devices, hf / vLLM / DDP steps on the GPU(s)
 2. tests        the GPU tests (tests/test_gpu.py: bf16-mixed steps, FSDP on one GPU = plain, FSDP export, vLLM)
 3. ddp_no_sync  DDP over NCCL all-reduces once per optimizer step (tests/test_distributed.py's check; ≥ 2 GPUs)
-4. step_0.5b    scripts/bench/gpu_step.py, Qwen2.5-0.5B shape: fast path off / on, gradient checkpointing on
-5. step_0.5b_nockpt   the same without gradient checkpointing (the shared prefix in the update)
+4. step_0.5b    scripts/bench/gpu_step.py, Qwen2.5-0.5B shape: fast path off / on (the preset: no checkpointing)
+5. step_0.5b_ckpt     the same with gradient checkpointing (the memory it saves, the time it costs)
 6. step_1.5b    Qwen2.5-1.5B shape, fast path on, gradient checkpointing on and off
 7. fsdp_resume  trainer=fsdp on the GPUs: 2 steps with a checkpoint, then a resume to step 3
 8. autocast_hf  one bf16-mixed step generating with the hf engine under autocast (tests/test_gpu.py's step test)
@@ -42,11 +42,11 @@ def steps(gpus: int, work: Path) -> dict[str, list[list[str]] | str]:
                           "tests/test_distributed.py", "-k", "all_reduces_once"]] if gpus >= 2 else "needs 2 GPUs"),
         "step_0.5b": [[*BENCH, "--models", "qwen0.5b", "--fast-path", "off", "on",
                        "--out", str(work / "step_0.5b.json")]],
-        "step_0.5b_nockpt": [[*BENCH, "--models", "qwen0.5b", "--no-gradient-checkpointing",
-                              "--out", str(work / "step_0.5b_nockpt.json")]],
+        "step_0.5b_ckpt": [[*BENCH, "--models", "qwen0.5b", "--gradient-checkpointing", "on",
+                            "--out", str(work / "step_0.5b_ckpt.json")]],
         "step_1.5b": [[*BENCH, "--models", "qwen1.5b", "--out", str(work / "step_1.5b.json")],
-                      [*BENCH, "--models", "qwen1.5b", "--no-gradient-checkpointing",
-                       "--out", str(work / "step_1.5b_nockpt.json")]],
+                      [*BENCH, "--models", "qwen1.5b", "--gradient-checkpointing", "on",
+                       "--out", str(work / "step_1.5b_ckpt.json")]],
         "fsdp_resume": [[sys.executable, "train.py", *tiny, "total_steps=2", f"hydra.run.dir={work / 'fsdp'}"],
                         [sys.executable, "train.py", *tiny, "total_steps=3",
                          f"ckpt_path={work / 'fsdp' / 'checkpoints' / 'last.ckpt'}"]],

@@ -16,7 +16,7 @@ from gpu_check import steps  # noqa: E402
 
 def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
     plan = steps(1, tmp_path)
-    assert list(plan) == ["doctor", "tests", "ddp_no_sync", "step_0.5b", "step_0.5b_nockpt", "step_1.5b",
+    assert list(plan) == ["doctor", "tests", "ddp_no_sync", "step_0.5b", "step_0.5b_ckpt", "step_1.5b",
                           "fsdp_resume", "autocast_hf"]
     assert plan["ddp_no_sync"] == "needs 2 GPUs" and isinstance(steps(2, tmp_path)["ddp_no_sync"], list)
     for commands in plan.values():

@@ -6,7 +6,7 @@ model's Hub tokenizer).
 
     python scripts/bench/gpu_step.py [--models qwen0.5b qwen1.5b] [--prompts 32] [--group 8] [--max-new-tokens 1024]
                                      [--prompt-tokens 160] [--steps 2] [--engine hf] [--device cuda]
-                                     [--fast-path off on] [--no-gradient-checkpointing] [--tokenizer char]
+                                     [--fast-path off on] [--gradient-checkpointing on|off] [--tokenizer char]
                                      [--layers N]
 
 Each (model, fast path) variant runs in a process of its own, as scripts/bench/step.py does: vLLM refuses a second
@@ -14,13 +14,13 @@ engine in one process, and a process's peak memory would carry the previous vari
 architecture but only N decoder layers (a quick check of the script itself).
 
 The step is the real module under the real Lightning Trainer (`trainer=gpu`: bf16-mixed autocast over fp32 master
-weights, gradient checkpointing as the presets set it), `selector=ict` with `warmup_steps=0` (the statistics pass
+weights, gradient checkpointing as the presets set it: off at 0.5B and 1.5B, on at 7B), `selector=ict` with `warmup_steps=0` (the statistics pass
 computes JS), KL to a frozen reference, one mini-batch. Prompts are the arithmetic task's questions behind a fixed
 GSM8K-length preamble (`--prompt-tokens` is approximate); a random model rarely stops, so responses run to
 `--max-new-tokens` — the worst case of the paper's shape. `--fast-path off on` runs each model with every
-`fast_path.*` shortcut off, then on (docs/algorithms.md §12); the Qwen presets checkpoint gradients, which turns the
-shared prefix off (transformers drops the KV cache there): `--no-gradient-checkpointing` measures it on. The first `--steps − 1` steps warm up (CUDA context,
-kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt + response tokens of the
+`fast_path.*` shortcut off, then on (docs/algorithms.md §12); `--gradient-checkpointing on|off` overrides the preset
+(on, the update cannot share the prompt: transformers drops the KV cache there). The first `--steps − 1` steps warm
+up (CUDA context, kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt + response tokens of the
 batch) / update time / the GPU's dense bf16 peak (a table below; omitted for unknown GPUs); attention FLOPs and the
 gradient-checkpointing recompute are not counted, as MFU is usually quoted. Prints a table; writes
 benchmarks/gpu_step.json (GPU, driver, versions, date). `--device cpu --models tiny` is a smoke run of the script.
@@ -90,7 +90,8 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
         "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false", *trainer,
         *(f"fast_path.{switch}={'true' if fast_path == 'on' else 'false'}"
           for switch in ("shared_prefix", "fused_statistics", "pack")),
-        *(["model.gradient_checkpointing=false"] if args.no_gradient_checkpointing else []),
+        *([f"model.gradient_checkpointing={args.gradient_checkpointing == 'on'}"] if args.gradient_checkpointing
+          else []),
         f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
     sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])   # in the tokenizer used
     preamble = (PREAMBLE_WORD * max(1, args.prompt_tokens // sentence_tokens)).strip()
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm_gpu"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--fast-path", nargs="+", default=["on"], choices=["off", "on"])
-    parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--gradient-checkpointing", choices=["on", "off"], help="default: the model preset's")
     parser.add_argument("--tokenizer", default="char", choices=["char", "hub"])
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")

@@ -78,11 +78,13 @@ def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
     """Parameter counts and sizes of the configured model, built on the meta device (no memory, no weights read)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from tokenrl.models import _load_pretrained
+
     if model_cfg["init"] == "random":
         arch = dict(model_cfg["architecture"])
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     else:
-        config = AutoConfig.from_pretrained(model_cfg["source"])
+        config = _load_pretrained(model_cfg["source"], AutoConfig)   # offline: the same error as the model's load
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -120,12 +122,15 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
                 "optimizer state": moments * shape.trainable * weight_bytes / GIB,
                 "reference": (shape.parameters * reference_bytes if uses_reference else 0) / GIB,
                 "process": BASELINE_GIB["cuda" if device.startswith("cuda") else "cpu"]}
+    asleep = {}   # what the engine holds while the trainer computes: nothing when it sleeps (GPU sleep mode)
     if rollout["engine"] == "vllm":
         engine_weights = shape.parameters * DTYPE_BYTES[str(rollout["dtype"])] / GIB
+        on_gpu = device.startswith("cuda")
         kv = (float(rollout["gpu_memory_utilization"]) * capacity_gib - engine_weights
-              if device.startswith("cuda") and capacity_gib else float(rollout["kv_cache_gib"]))
-        resident["engine weights + KV"] = engine_weights + max(kv, 0.0)
-        generation = {}
+              if on_gpu and capacity_gib else float(rollout["kv_cache_gib"]))
+        generation = {"engine weights + KV": engine_weights + max(kv, 0.0)}
+        if not (on_gpu and int(rollout.get("sleep_level", 0)) > 0):
+            asleep = dict(generation)
     else:
         kv_per_token = 2 * shape.layers * shape.kv_width * weight_bytes
         generation = {"KV cache": rows * (prompt + response) * kv_per_token / GIB,
@@ -145,8 +150,8 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
     chunk = min(int(model["stats_chunk_size"]), micro * response)
     statistics = {"logits": 4 * chunk * shape.vocab * 4 / GIB, "hidden states": tokens * shape.hidden * act_bytes / GIB}
     plan = MemoryPlan(device, capacity_gib)
-    plan.phases = {"generate": {**resident, **generation}, "statistics": {**resident, **statistics},
-                   "update": {**resident, **update}}
+    plan.phases = {"generate": {**resident, **generation}, "statistics": {**resident, **asleep, **statistics},
+                   "update": {**resident, **asleep, **update}}
     return plan
 
 

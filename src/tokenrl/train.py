@@ -165,7 +165,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     except Preempted as stop:
         saved = module.preemption.saved
         if trainer.is_global_zero:
-                log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
+            log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
                         module.rollout_step, cfg.total_steps,
                         f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off")
         raise SystemExit(128 + stop.signum) from None

@@ -32,7 +32,7 @@ def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kw
             if loader is AutoModelForCausalLM:   # its PEFT-adapter lookup ignores local_files_only otherwise
                 kwargs["adapter_kwargs"] = {"local_files_only": True}
         return loader.from_pretrained(source, **kwargs)
-    except OSError:
+    except (OSError, ValueError):   # ValueError: huggingface_hub's HFValidationError for a path that is no repo id
         raise FileNotFoundError(
             f"{field}={source!r} is neither a prepared local folder nor reachable on the hub. "
             f"Offline: run `bash scripts/setup.sh` (prepares the default model) or set {field}=/path/to/hf_folder; "
