@@ -128,7 +128,7 @@ class GRPOModule(L.LightningModule):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.mark_step_boundary()
         if self.global_rank == 0:
-            log.info("step %d/%d: generating (the first step also warms up; a line follows each step)",
+            log.info("starting step %d/%d (a validation first when one is due; a line follows each step)",
                      self.rollout_step + 1, self.total_steps)
 
     def on_train_epoch_end(self) -> None:
