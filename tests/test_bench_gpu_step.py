@@ -7,8 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
 def test_gpu_step_bench_smoke_run_writes_its_results(tmp_path):
     out = tmp_path / "gpu_step.json"

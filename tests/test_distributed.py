@@ -13,6 +13,8 @@ import torch
 from tests.conftest import ROOT, compose_config
 from tests.helpers.ddp_selection import full_batch, select
 
+pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
+
 
 def test_global_scope_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
     done = subprocess.run([sys.executable, "tests/helpers/ddp_selection.py", str(tmp_path)], cwd=ROOT,

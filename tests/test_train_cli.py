@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RUN = ["debug=default", "logger=csv", "total_steps=6", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
             "task.verifier=tests.helpers.rewards:length_reward", "validation.every_n_steps=0"]

