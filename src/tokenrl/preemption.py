@@ -78,6 +78,7 @@ class PreemptionWatch(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, Preempted):
+            self.restore()   # a crash: the handlers from before the fit, nothing to save here
             return
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and hasattr(checkpoint, "save_last_now"):
