@@ -24,11 +24,11 @@ def test_checkpoint_step_reads_the_rollout_step(tmp_path):
 
 def test_resolve_checkpoint(tmp_path):
     run = tmp_path / "run"
-    assert resolve_checkpoint(None, run, 6) is None
-    assert resolve_checkpoint("auto", run, 6) is None   # nothing yet: a fresh start
+    assert resolve_checkpoint(None, run, 6) == (None, 0)
+    assert resolve_checkpoint("auto", run, 6) == (None, 0)   # nothing yet: a fresh start
     last = write_checkpoint(run / "checkpoints" / "last.ckpt", 2)
-    assert resolve_checkpoint("auto", run, 6) == str(last)
-    assert resolve_checkpoint(str(last), tmp_path / "elsewhere", 6) == str(last)
+    assert resolve_checkpoint("auto", run, 6) == (str(last), 2)
+    assert resolve_checkpoint(str(last), tmp_path / "elsewhere", 6) == (str(last), 2)
     with pytest.raises(FileNotFoundError, match=r"ckpt_path=/no/such.ckpt: no such file"):
         resolve_checkpoint("/no/such.ckpt", run, 6)
     with pytest.raises(ValueError, match=r"holds 2 rollout steps and total_steps=2: nothing is left to train; set "

@@ -1,10 +1,10 @@
-"""utils.py: derived seeds and the global state kept across a library call."""
+"""utils.py: derived seeds, RNG states that round-trip, and the global state kept across a library call."""
 import random
 
 import numpy as np
 import torch
 
-from tokenrl.utils import derived_seed, global_state_kept
+from tokenrl.utils import derived_seed, global_state_kept, restore_rng_state, rng_state
 
 
 def test_global_state_kept_undoes_what_the_block_changes():
@@ -24,3 +24,11 @@ def test_global_state_kept_undoes_what_the_block_changes():
 def test_derived_seeds_are_stable_and_distinct():
     assert derived_seed(0, "shuffle", 3) == derived_seed(0, "shuffle", 3) != derived_seed(0, "shuffle", 4)
     assert 0 <= derived_seed("x") < 2**31
+
+
+def test_rng_states_round_trip():
+    state = rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    restore_rng_state(state)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]

@@ -1,6 +1,6 @@
 """Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target), the run's
-checkpoint policy (periodic + best + exactly one `last.ckpt` holding the final state), clean-up of the temporaries a
-killed save leaves, and the RNG states a checkpoint carries.
+checkpoint policy (periodic + best + exactly one `last.ckpt` holding the final state), and clean-up of the temporaries a
+killed save leaves (the RNG states a checkpoint carries: utils.rng_state).
 
 An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
 """
@@ -9,14 +9,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -105,17 +103,3 @@ class RunCheckpoint(ModelCheckpoint):
         """Write the current state to last.ckpt now; returns its path."""
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         return Path(self.last_model_path)
-
-
-def rng_state() -> dict[str, Any]:
-    """torch's, NumPy's and Python's RNG states in plain types (checkpoints load with torch.load(weights_only=True))."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-            "python": random.getstate()}
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    random.setstate(state["python"])

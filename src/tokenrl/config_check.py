@@ -12,7 +12,7 @@ import inspect
 import math
 from typing import Any, Callable, Iterable
 
-from hydra.utils import get_class, get_method
+from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
@@ -172,13 +172,10 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
             continue
         target = node._target_
         try:
-            factory = get_class(target) if not node.get("_partial_") else get_method(target)
+            factory = get_method(target)   # any callable: a class or a function (`_partial_`)
         except Exception:   # noqa: BLE001 — hydra raises several kinds; the message is what matters
-            try:
-                factory = get_method(target)
-            except Exception:   # noqa: BLE001
-                problems.append(f"{path}._target_={target!r}: cannot be imported")
-                continue
+            problems.append(f"{path}._target_={target!r}: cannot be imported")
+            continue
         parameters = inspect.signature(factory).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             continue

@@ -107,7 +107,7 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
-    mixed = "bf16" in str(cfg["trainer"].get("precision", "")) or "16" in str(cfg["trainer"].get("precision", ""))
+    mixed = "16" in str(cfg["trainer"].get("precision", ""))   # bf16-mixed, 16-mixed: activations in 16 bits
     act_bytes = 2 if mixed else weight_bytes
     rows = int(algorithm["prompts_per_step"]) * int(algorithm["group_size"])
     micro = min(int(algorithm["micro_batch_size"]), rows)

@@ -27,7 +27,6 @@ from tokenrl.algorithms.schedule import with_linear_warmup
 from tokenrl.algorithms.token_stats import needs_js
 from tokenrl.algorithms.train_batch import TrainBatch
 from tokenrl.algorithms.update import UpdateResult, fused_blocker, ppo_update
-from tokenrl.checkpointing import restore_rng_state, rng_state
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
 from tokenrl.distributed import gather_variable
@@ -45,7 +44,7 @@ from tokenrl.rollout.hf import HFEngine
 from tokenrl.samples import SampleWriter
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step_metrics import step_metrics
-from tokenrl.utils import StepTimer, derived_seed
+from tokenrl.utils import StepTimer, derived_seed, restore_rng_state, rng_state
 
 # prompts stay on the host on purpose (see transfer_batch_to_device); Lightning warns about the override
 warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")

@@ -28,15 +28,16 @@ def checkpoint_step(path: str | Path) -> int:
         raise ValueError(f"ckpt_path={path}: not a tokenrl checkpoint (it has no 'tokenrl' state)") from None
 
 
-def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_steps: int) -> str | None:
-    """The checkpoint to resume from, checked: it exists, is a tokenrl checkpoint, and leaves steps to train."""
+def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_steps: int) -> tuple[str | None, int]:
+    """The checkpoint to resume from and the rollout steps it holds ((None, 0): start fresh), checked: it exists, is a
+    tokenrl checkpoint, and leaves steps to train."""
     if ckpt_path is None:
-        return None
+        return None, 0
     if str(ckpt_path) == AUTO:
         own = Path(output_dir) / "checkpoints" / "last.ckpt"
         if not own.is_file():
             log.info("ckpt_path=auto: no %s yet, starting from step 0", own)
-            return None
+            return None, 0
         ckpt_path = str(own)
     path = Path(ckpt_path).expanduser()
     if not path.is_file():
@@ -47,7 +48,7 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_step
         raise ValueError(f"ckpt_path={ckpt_path} holds {step} rollout steps and total_steps={total_steps}: nothing is "
                          f"left to train; set total_steps above {step} to continue training")
     log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
-    return str(path)
+    return str(path), step
 
 
 def run_dir_override(argv: list[str]) -> list[str]:
@@ -58,10 +59,10 @@ def run_dir_override(argv: list[str]) -> list[str]:
     paths = [arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")]
     if not paths or paths[-1] in ("", "null", AUTO):
         return argv
-    run = Path(paths[-1]).expanduser().resolve().parent.parent
-    if Path(paths[-1]).expanduser().resolve().parent.name != "checkpoints" or not (run / ".hydra").is_dir():
+    folder = Path(paths[-1]).expanduser().resolve().parent
+    if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
         return argv   # a checkpoint outside a run folder: a new run folder
-    return [*argv, f"hydra.run.dir={run}"]
+    return [*argv, f"hydra.run.dir={folder.parent}"]
 
 
 def kept_metric_rows(metrics_csv: str | Path, steps_done: int) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.preemption import Preempted, PreemptionWatch
 from tokenrl.progress import ProgressLog
-from tokenrl.resume import checkpoint_step, kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.resume import kept_metric_rows, resolve_checkpoint, run_dir_override
 from tokenrl.samples import SampleWriter
 
 log = logging.getLogger(__name__)
@@ -147,11 +147,11 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     for warning in check_config(cfg, overrides):
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
-    ckpt_path = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
+    ckpt_path, steps_done = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
     kept_rows = []
     if ckpt_path is not None:
         remove_stale_temporaries(output_dir / "checkpoints")
-        kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", checkpoint_step(ckpt_path))
+        kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
     L.seed_everything(cfg.seed, workers=True)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])

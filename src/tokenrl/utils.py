@@ -1,5 +1,5 @@
-"""Small shared helpers: derived seeds, a step timer (with peak GPU memory per phase), and keeping the process's
-global torch state across a library call that changes it."""
+"""Small shared helpers: derived seeds, a step timer (with peak GPU memory per phase), the process's RNG states (what
+a checkpoint carries), and keeping the process's global torch state across a library call that changes it."""
 from __future__ import annotations
 
 import hashlib
@@ -7,26 +7,38 @@ import random
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 
+def rng_state() -> dict[str, Any]:
+    """torch's, NumPy's and Python's RNG states in plain types (checkpoints load with torch.load(weights_only=True))."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+            "python": random.getstate()}
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+
+
 @contextmanager
 def global_state_kept() -> Iterator[None]:
-    """Restores, after the block, what the trainer relies on and a library may change: the RNG states of torch (CPU
-    and every initialised GPU), NumPy and Python, float32 matmul precision and torch's thread count. vLLM seeds all
-    three RNGs with its engine seed and may set the precision and threads when an engine starts."""
-    states = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    """Restores, after the block, what the trainer relies on and a library may change: the RNG states (`rng_state`,
+    and every initialised GPU's), float32 matmul precision and torch's thread count. vLLM seeds torch's, NumPy's and
+    Python's RNGs with its engine seed and may set the precision and threads when an engine starts."""
+    states = rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
     try:
         yield
     finally:
-        torch.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
+        restore_rng_state(states)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
         torch.set_float32_matmul_precision(precision)
