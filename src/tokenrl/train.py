@@ -27,6 +27,7 @@ from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
+from tokenrl.devices import narrow_to_trainer_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
@@ -144,6 +145,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     reward of the first and the last 5 rollout steps (the learning check of the README). `overrides`: the command
     line's, to find keys that `+` added. A preemption signal ends it with SystemExit(128 + the signal's number)
     after last.ckpt is written."""
+    narrow_to_trainer_gpu(cfg)   # first: CUDA reads CUDA_VISIBLE_DEVICES once, when it starts
     for warning in check_config(cfg, overrides):
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
