@@ -8,8 +8,8 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
-from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.grpo import LossNormalizer, group_advantages, policy_loss, truncated_is_weights
+from tokenrl.algorithms.config import POLICY_LOSSES, TIS_MODES, AlgorithmConfig
+from tokenrl.algorithms.grpo import LossNormalizer, engine_is_weights, group_advantages, policy_loss
 
 
 def reference_advantages(rewards, groups, eps=1e-6):
@@ -146,7 +146,8 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     g = torch.Generator().manual_seed(100 + seed)
     engine = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.8   # a disagreeing engine
     cap = 2.0
-    weights = truncated_is_weights(old, engine, cap)
+    weights, outside = engine_is_weights(old, engine, torch.ones_like(old), "token_truncate", cap)
+    assert torch.equal(outside, weights == cap) or torch.equal(outside, (old - engine).exp() > cap)
     expected_w = [[min(math.exp(o - e), cap) for o, e in zip(orow, erow)] for orow, erow in zip(old.tolist(), engine.tolist())]
     assert torch.allclose(weights, torch.tensor(expected_w, dtype=torch.float64), atol=1e-12)
     assert (weights == cap).any() and (weights < 1).any()            # the cap and down-weighting both occur
@@ -296,14 +297,35 @@ def _kl_token(x, ref, estimator):
     return value
 
 
+def _clamped(log_ratio):
+    """A log-ratio (0-d tensor) clamped to ±20: outside, a constant (the clamp cuts the gradient)."""
+    if _num(log_ratio) > 20.0 or _num(log_ratio) < -20.0:
+        return torch.tensor(max(-20.0, min(20.0, _num(log_ratio))), dtype=torch.float64)
+    return log_ratio
+
+
+def _dppo_drops(x, old, a, divergence, low, high):
+    """DPPO's drop rule at one token, from the paper's definition (arXiv 2602.04879; verl's dppo_tv / dppo_kl):
+    binary TV |p − p_old| or binary KL of Bernoulli(p_old) ‖ Bernoulli(p) with verl's 1e-8, in Python floats."""
+    p, p_old = math.exp(x), math.exp(old)
+    if divergence == "tv":
+        distance = abs(p - p_old)
+    else:
+        distance = p_old * (old - x) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    return (a > 0 and p > p_old and distance > high) or (a < 0 and p < p_old and distance > low)
+
+
 def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", norm="selected", lo=0.2, hi=0.28,
                      ref=None, beta=0.0, estimator="k3", kl_masked=True, kl_w=None, drift=None, entropy=None,
-                     alpha=0.0, ent_masked=False, budget=0, dual=None, is_w=None):
+                     alpha=0.0, ent_masked=False, budget=0, dual=None, is_w=None, dppo=("tv", 0.15, 0.15),
+                     sapo=(1.0, 1.05)):
     """The loss of docs/algorithms.md §1.4/§11 by loops over rows and tokens: a 0-d tensor whose autograd graph reaches
-    the leaves `logp` (and `entropy`), the normaliser (pg, kl, entropy) and the number of clipped selected tokens.
+    the leaves `logp` (and `entropy`), the normaliser (pg, kl, entropy) and the number of clipped selected tokens (for
+    DPPO: dropped).
 
     logp (b, T) leaf; entropy (b, T) leaf or None; every other argument a tensor or a float, read as Python numbers.
-    adv: (b,) or (b, T); lo / hi: float or (b, T) (inf allowed); w: token weights (0: not selected).
+    adv: (b,) or (b, T); lo / hi: float or (b, T) (inf allowed); w: token weights (0: not selected); dppo: (divergence,
+    δ_low, δ_high); sapo: (τ_pos, τ_neg).
     """
     def py(x):
         return x.tolist() if isinstance(x, torch.Tensor) else x
@@ -320,36 +342,43 @@ def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", n
     pg_sum, kl_sum, ent_sum = [zero] * B, [zero] * B, [zero] * B
     clipped = 0
     for i in range(B):
-        if kind == "gspo":   # s_i: the mean (clamped) log-ratio over the row's selected tokens, 0 for none
-            picked = [max(-20.0, min(20.0, _num(logp[i, t]) - old[i][t])) for t in range(T) if sel[i][t]]
-            seq_log_ratio = sum(picked) / len(picked) if picked else 0.0
+        if kind in ("gspo", "gspo_seq"):   # log s_i: the mean (clamped) log-ratio over the row's selected tokens
+            picked = [_clamped(logp[i, t] - old[i][t]) for t in range(T) if sel[i][t]]
+            seq_log_ratio = sum(picked) / len(picked) if picked else zero
         for t in range(T):
             x = logp[i, t]
             a = adv[i] if not isinstance(adv[i], list) else adv[i][t]
-            if kind == "gspo":   # GSPO-token: value s_i, gradient through this token's log π only
-                r = torch.exp(x - x.detach() + seq_log_ratio)
+            if kind == "gspo":       # GSPO-token: value s_i, gradient through this token's log π only
+                r = torch.exp(x - x.detach() + _num(seq_log_ratio))
+            elif kind == "gspo_seq":  # GSPO: r = s_i itself, its gradient through every selected token of the row
+                r = torch.exp(seq_log_ratio)
             else:
-                log_ratio = x - old[i][t]
-                if _num(log_ratio) > 20.0 or _num(log_ratio) < -20.0:
-                    log_ratio = torch.tensor(max(-20.0, min(20.0, _num(log_ratio))), dtype=torch.float64)
-                r = torch.exp(log_ratio)
-            lower, upper = 1.0 - _at(lo, i, t), 1.0 + _at(hi, i, t)
-            if _num(r) < lower:
-                bounded = lower                      # a constant: no gradient through the clipped ratio
-            elif _num(r) > upper:
-                bounded = upper
+                r = torch.exp(_clamped(x - old[i][t]))
+            is_clipped = False
+            if kind == "sapo":       # SAPO: −σ(τ(r − 1))·4/τ·Â, τ by the sign of Â
+                tau = sapo[0] if a > 0 else sapo[1]
+                pg = -torch.sigmoid(tau * (r - 1.0)) * (4.0 / tau) * a
+            elif kind == "dppo":     # DPPO: −r·Â, or nothing where the token left the trust region
+                is_clipped = _dppo_drops(_num(x), old[i][t], a, *dppo)
+                pg = zero if is_clipped else -r * a
             else:
-                bounded = r
-            if kind == "cispo":
-                b_value = _num(bounded)
-                pg = -b_value * a * x
-                is_clipped = b_value != _num(r)
-            else:
-                unclipped, clip_branch = r * a, bounded * a
-                is_clipped = _num(clip_branch) < _num(unclipped)
-                pg = -(clip_branch if is_clipped else unclipped)
-                if dual is not None and a < 0 and _num(pg) > -dual * a:
-                    pg = torch.tensor(-dual * a, dtype=torch.float64)
+                lower, upper = 1.0 - _at(lo, i, t), 1.0 + _at(hi, i, t)
+                if _num(r) < lower:
+                    bounded = lower                      # a constant: no gradient through the clipped ratio
+                elif _num(r) > upper:
+                    bounded = upper
+                else:
+                    bounded = r
+                if kind == "cispo":
+                    b_value = _num(bounded)
+                    pg = -b_value * a * x
+                    is_clipped = b_value != _num(r)
+                else:
+                    unclipped, clip_branch = r * a, bounded * a
+                    is_clipped = _num(clip_branch) < _num(unclipped)
+                    pg = -(clip_branch if is_clipped else unclipped)
+            if dual is not None and kind not in ("cispo", "sapo") and a < 0 and _num(pg) > -dual * a:
+                pg = torch.tensor(-dual * a, dtype=torch.float64)
             if drift is not None:
                 pg = pg + drift[i][t] * torch.abs(x - old[i][t])
             if is_w is not None:
@@ -405,7 +434,8 @@ def ragged_case(seed, B=8, T=7):
 
 IMPL_NAMES = dict(kind="kind", agg="aggregation", norm="norm", lo="clip_low", hi="clip_high", beta="kl_coef",
                   estimator="kl_estimator", kl_masked="kl_masked", kl_w="kl_weights", drift="drift_coef",
-                  alpha="entropy_coef", ent_masked="entropy_masked", dual="dual_clip", is_w="is_weights")
+                  alpha="entropy_coef", ent_masked="entropy_masked", dual="dual_clip", is_w="is_weights", dppo="dppo",
+                  sapo="sapo")
 
 
 def both_losses(case, w=None, adv=None, **settings):
@@ -513,17 +543,18 @@ def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
         assert torch.allclose(pg[i], torch.full_like(pg[i], expected), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("kind", ["gspo", "gspo_seq", "dppo"])
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 @pytest.mark.parametrize("seed", range(3))
-def test_gspo_with_kl_dual_clip_and_weights_matches_the_loop(agg, seed):
+def test_gspo_with_kl_dual_clip_and_weights_matches_the_loop(kind, agg, seed):
     case = ragged_case(seed)
     old = case["old"] - 0.9 * (case["adv"] < 0).double()[:, None]     # large ratios on negative-advantage rows
     case = {**case, "old": old}
     weights = case["sel"] * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape,
                                                                            generator=case["gen"])].double()
-    impl, ref = both_losses(case, w=weights, kind="gspo", agg=agg, beta=0.05, dual=1.5, lo=0.1, hi=0.12)
+    impl, ref = both_losses(case, w=weights, kind=kind, agg=agg, beta=0.05, dual=1.5, lo=0.1, hi=0.12)
     assert_same(impl, ref)
-    plain, _ = both_losses(case, w=weights, kind="gspo", agg=agg, beta=0.05, lo=0.1, hi=0.12)
+    plain, _ = both_losses(case, w=weights, kind=kind, agg=agg, beta=0.05, lo=0.1, hi=0.12)
     assert plain["loss"] != pytest.approx(impl["loss"], abs=1e-9)      # the dual clip binds on some row
 
 
@@ -712,13 +743,13 @@ def per_token_fields(case, *, infinite=True):
 
 
 @pytest.mark.parametrize("field", ["clip", "kl_weights", "advantages", "drift", "weights", "all"])
-@pytest.mark.parametrize("kind", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("kind", POLICY_LOSSES)
 @pytest.mark.parametrize("agg", GSPO_AGGS)
 @pytest.mark.parametrize("seed", range(2))
 def test_per_token_fields_match_the_loop(field, kind, agg, seed):
     """A selection's per-token fields (clip ε with inf, KL weights — which also weigh token-mean's KL divisor —,
     (b, T) advantages, the drift penalty β_t·|logp − old|, fractional weights) against the loop, value and gradient;
-    each field changes the loss."""
+    each field changes the loss, except ε under DPPO and SAPO, which have no ratio clip (docs/algorithms.md §11.9)."""
     case = ragged_case(seed)
     case = {**case, "old": case["old"] + 0.3 * torch.randn(case["old"].shape, generator=case["gen"],
                                                            dtype=torch.float64)}
@@ -734,7 +765,11 @@ def test_per_token_fields_match_the_loop(field, kind, agg, seed):
         w = extra.get("w", case["sel"])
         assert impl["norm"][1] == float((case["resp"] * (w != 0) * settings["kl_w"]).sum())
     plain, _ = both_losses(case, **common)
-    assert impl["loss"] != pytest.approx(plain["loss"], abs=1e-9) or not torch.allclose(impl["grad"], plain["grad"])
+    if field == "clip" and kind in ("dppo", "sapo"):
+        assert impl["loss"] == plain["loss"] and torch.equal(impl["grad"], plain["grad"])
+    else:
+        assert impl["loss"] != pytest.approx(plain["loss"], abs=1e-9) or not torch.allclose(impl["grad"],
+                                                                                            plain["grad"])
 
 
 def test_infinite_clip_bounds_leave_the_ratio_unclipped():
@@ -780,7 +815,7 @@ def test_zero_one_masks_and_float_clips_keep_the_old_formula(agg, norm, kl_maske
 def test_all_zero_advantages_give_zero_policy_gradient_for_every_loss():
     case = ragged_case(0)
     zero = torch.zeros_like(case["adv"])
-    for kind in ("ppo", "gspo", "cispo"):
+    for kind in POLICY_LOSSES:
         for agg in GSPO_AGGS:
             impl, ref = both_losses(case, adv=zero, kind=kind, agg=agg, budget=8)
             assert_same(impl, ref)
@@ -796,3 +831,298 @@ def test_low_var_kl_is_finite_with_zero_gradient_far_out(d):
     value = kl_estimate(logp, logp.detach() + d, "low_var_kl")
     value.sum().backward()
     assert float(value.detach()) == 10.0 and float(logp.grad) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Issue #23: GSPO's sequence form, DPPO, SAPO and the engine's masked / sequence-level importance weights. Each against
+# the float64 loop (value and gradient) on ragged rows whose ratios are well away from 1 — π_θ has moved from π_old, as
+# from the second mini-batch of a rollout step on —, hand-computed cases, and a peer's unit-test value where one exists.
+# ---------------------------------------------------------------------------------------------------------------------
+
+def moved_case(seed, shift=0.45):
+    """ragged_case (12 rows) with π_old far from π_θ: π_old(o_t) = π_θ(o_t) + U(−shift, shift), kept in [0.02, 0.98],
+    so ratios fall on both sides of 1, well away from it, and probabilities move by more than 0.15 on many tokens (both
+    signs of Â, both directions of the move)."""
+    case = ragged_case(seed, B=12, T=9)
+    noise = shift * (2 * torch.rand(case["logp"].shape, generator=case["gen"], dtype=torch.float64) - 1)
+    old = (case["logp"].exp() + noise).clamp(0.02, 0.98).log()
+    old[5] = old[4]                                                   # rows 4 and 5 stay identical
+    return {**case, "old": old}
+
+
+def quadrants(case, dropped):
+    """How many selected tokens fall in each (sign of Â, direction of π, dropped?) cell."""
+    resp, sel, adv = case["resp"], case["sel"], case["adv"]
+    up = case["logp"] > case["old"]
+    cells = {}
+    for i in range(resp.shape[0]):
+        for t in range(resp.shape[1]):
+            if resp[i, t] and sel[i, t] and adv[i] != 0:
+                key = ("+" if adv[i] > 0 else "-", "up" if up[i, t] else "down", bool(dropped[i, t]))
+                cells[key] = cells.get(key, 0) + 1
+    return cells
+
+
+@pytest.mark.parametrize("divergence, delta", [("tv", 0.15), ("kl", 0.05)])
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", [0, 2, 4])   # seeds whose batch has tokens in every cell (checked below)
+def test_dppo_loss_and_gradient_match_the_loop(divergence, delta, agg, norm, seed):
+    """DPPO: pg_t = −r_t·Â (gradient −Â·r_t·w_t/D through the unclipped ratio), exactly 0 on a token that left the
+    trust region the way Â pushes it; a token that moved as far the other way keeps its gradient. Asymmetric bounds
+    (δ_high = 1.5·δ_low) so each side reads its own."""
+    case = moved_case(seed)
+    dppo = (divergence, delta, 1.5 * delta)
+    impl, ref = both_losses(case, kind="dppo", dppo=dppo, agg=agg, norm=norm, beta=0.03, budget=9)
+    assert_same(impl, ref)
+    from tokenrl.algorithms.grpo import dppo_dropped
+
+    dropped = dppo_dropped(case["logp"], case["old"], case["adv"][:, None], *dppo)
+    cells = quadrants(case, dropped)
+    assert cells.get(("+", "up", True)) and cells.get(("-", "down", True))           # both unsafe sides drop
+    assert not cells.get(("+", "down", True)) and not cells.get(("-", "up", True))   # the safe sides never do
+    assert impl["clipped"] == cells[("+", "up", True)] + cells[("-", "down", True)]
+    pg_only, _ = both_losses(case, kind="dppo", dppo=dppo, agg=agg, norm=norm, budget=9)
+    divisor = row_divisor(case, case["sel"], agg, norm, budget=9)
+    logp, old, resp, sel, adv = case["logp"], case["old"], case["resp"], case["sel"], case["adv"]
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            expected = 0.0
+            if resp[i, t] and sel[i, t] and not dropped[i, t]:
+                expected = -float(adv[i]) * math.exp(float(logp[i, t] - old[i, t])) / divisor[i]
+            assert float(pg_only["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
+
+
+def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
+    """p_old = 0.5 everywhere; binary TV δ = 0.15: token-mean loss Σ_kept −Â·r / 5 and its gradient, token by token.
+    The same rule as prime-rl's default loss (−keep·Â·r) and verl's dppo_tv mask (their values coincide here)."""
+    p = torch.tensor([[0.8, 0.2, 0.2, 0.8, 0.55]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0]], dtype=torch.float64)
+    logp = p.log().requires_grad_(True)
+    old = torch.full_like(p, 0.5).log()
+    resp = torch.ones(1, 5)
+    out = policy_loss(logp, old, adv, resp, resp, LossNormalizer.count(resp, resp, "token-mean", "selected", True),
+                      aggregation="token-mean", norm="selected", clip_low=0.2, clip_high=0.2, kind="dppo",
+                      dppo=("tv", 0.15, 0.15))
+    out.loss.backward()
+    # kept: token 1 (Â > 0, π fell), token 3 (Â < 0, π rose), token 4 (Â > 0, rose by 0.05 < δ); r = 0.4, 1.6, 1.1
+    assert float(out.loss) == pytest.approx((-0.4 + 1.6 - 1.1) / 5, abs=1e-15)
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.4 / 5, 0.0, 1.6 / 5, -1.1 / 5]], dtype=torch.float64),
+                               rtol=1e-14, atol=1e-15)
+    assert float(out.clipped_tokens) == 2.0
+    # binary KL: KL(Bern(0.5) ‖ Bern(0.8)) = 0.5·ln(0.5/0.8) + 0.5·ln(0.5/0.2) = 0.2231: over δ = 0.2, under δ = 0.25
+    from tokenrl.algorithms.grpo import dppo_dropped
+
+    kl = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log((0.5 + 1e-8) / (0.2 + 1e-8))
+    assert kl == pytest.approx(0.22314, abs=1e-5)
+    assert dppo_dropped(p.log(), old, adv, "kl", 0.2, 0.2).tolist() == [[True, False, True, False, False]]
+    assert not dppo_dropped(p.log(), old, adv, "kl", 0.25, 0.25).any()
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.05), (3.0, 6.0)])
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", range(3))
+def test_sapo_loss_and_gradient_match_the_loop(taus, agg, norm, seed):
+    """SAPO: pg_t = −σ(τ(r_t − 1))·4/τ·Â with τ = τ_pos where Â > 0, τ_neg where Â ≤ 0; its gradient
+    −4σ(1 − σ)·r_t·Â·w_t/D (the soft gate's weight times the ratio), token by token. The paper's temperatures and
+    steeper ones."""
+    case = moved_case(seed)
+    impl, ref = both_losses(case, kind="sapo", sapo=taus, agg=agg, norm=norm, beta=0.03, budget=9)
+    assert_same(impl, ref)
+    assert impl["clipped"] == 0
+    pg_only, _ = both_losses(case, kind="sapo", sapo=taus, agg=agg, norm=norm, budget=9)
+    divisor = row_divisor(case, case["sel"], agg, norm, budget=9)
+    logp, old, resp, sel, adv = case["logp"], case["old"], case["resp"], case["sel"], case["adv"]
+    weights = []
+    for i in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            expected = 0.0
+            if resp[i, t] and sel[i, t]:
+                a, r = float(adv[i]), math.exp(float(logp[i, t] - old[i, t]))
+                tau = taus[0] if a > 0 else taus[1]
+                gate = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+                weights.append(4 * gate * (1 - gate))
+                expected = -4 * gate * (1 - gate) * r * a / divisor[i]
+            assert float(pg_only["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
+    assert min(weights) < 0.95 and max(weights) <= 1.0                   # off-policy tokens are attenuated
+
+
+def test_sapo_gate_values_of_trl_and_its_on_policy_gradient_is_grpos():
+    """TRL's test_get_sapo_token_loss: ratio 1, τ = 1 gives the gate 2.0 (σ(0)·4/1), so pg = −2·Â; f(1) = 2/τ in
+    general. On-policy (r = 1) SAPO's gradient is GRPO's for any temperatures: 4σ(0)(1 − σ(0)) = 1."""
+    resp = torch.ones(2, 4)
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    normalizer = LossNormalizer.count(resp, resp, "token-mean", "selected", True)
+    grads = {}
+    for kind, taus in (("sapo", (1.0, 1.0)), ("sapo", (2.0, 5.0)), ("ppo", (1.0, 1.05))):
+        logp = torch.full((2, 4), -1.3, dtype=torch.float64, requires_grad=True)
+        out = policy_loss(logp, logp.detach(), adv, resp, resp, normalizer, aggregation="token-mean", norm="selected",
+                          clip_low=0.2, clip_high=0.2, kind=kind, sapo=taus)
+        out.loss.backward()
+        grads[kind, taus] = logp.grad
+        if taus == (1.0, 1.0):
+            assert float(out.loss) == pytest.approx(-2.0 * (1.0 - 0.5) / 2, abs=1e-15)   # mean of −2·Â per token
+        if taus == (2.0, 5.0):
+            assert float(out.loss) == pytest.approx((-(2 / 2.0) * 1.0 * 4 + (2 / 5.0) * 0.5 * 4) / 8, abs=1e-15)
+    torch.testing.assert_close(grads["sapo", (1.0, 1.0)], grads["ppo", (1.0, 1.05)], rtol=0, atol=1e-16)
+    torch.testing.assert_close(grads["sapo", (2.0, 5.0)], grads["ppo", (1.0, 1.05)], rtol=0, atol=1e-16)
+
+
+def gspo_targets(case, seed):
+    """`case` with π_old set so the mean log-ratio over each row's selected tokens is a chosen target (token noise
+    kept): sequence ratios on both sides of the clip range and inside it."""
+    targets = torch.tensor([0.3, 0.02, -0.05, -0.3, 0.08, 0.08, -0.2, 0.0], dtype=torch.float64)
+    targets = targets.roll(seed) if seed % 2 else targets
+    targets[5] = targets[4]
+    chosen = case["resp"] * case["sel"]
+    deviation = case["old"] - case["logp"]
+    row_mean = (deviation * chosen).sum(1, keepdim=True) / chosen.sum(1, keepdim=True).clamp_min(1)
+    return {**case, "old": case["logp"] + deviation - row_mean - targets[:, None]}
+
+
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", range(4))
+def test_gspo_sequence_loss_and_gradient_match_the_loop(agg, norm, seed):
+    """GSPO's sequence form: ℓ_i = −min(s_i·Â_i, clip(s_i)·Â_i), s_i = exp(mean of the row's selected log-ratios), its
+    gradient through s_i, ∂ℓ_i/∂logp_t = −Â_i·s_i/|S_i| on each selected token where the unclipped branch is active.
+    With seq-mean-token-mean and the `selected` normaliser the loss is the mean of ℓ_i over the rows with a selected
+    token (the paper's (1/G)Σ_i ℓ_i); fractional weights and a KL too, against the loop."""
+    case = gspo_targets(ragged_case(seed), seed)
+    lo, hi = 0.1, 0.12
+    impl, ref = both_losses(case, kind="gspo_seq", agg=agg, norm=norm, lo=lo, hi=hi, budget=9)
+    assert_same(impl, ref)
+    logp, old, resp, sel, adv = case["logp"], case["old"], case["resp"], case["sel"], case["adv"]
+    losses, grads = {}, torch.zeros_like(logp)
+    for i in range(logp.shape[0]):
+        picked = [t for t in range(logp.shape[1]) if resp[i, t] and sel[i, t]]
+        if not picked:
+            continue
+        s = math.exp(sum(float(logp[i, t] - old[i, t]) for t in picked) / len(picked))
+        a = float(adv[i])
+        losses[i] = -min(s * a, min(max(s, 1 - lo), 1 + hi) * a)
+        if s * a <= min(max(s, 1 - lo), 1 + hi) * a:                   # unclipped: the gradient flows through s_i
+            for t in picked:
+                grads[i, t] = -a * s / len(picked)
+    assert any(not 1 - lo <= math.exp(-v / float(adv[i])) <= 1 + hi for i, v in losses.items() if adv[i] != 0)
+    if agg == "seq-mean-token-mean" and norm == "selected":
+        assert impl["loss"] == pytest.approx(sum(losses.values()) / len(losses), abs=1e-13)
+        torch.testing.assert_close(impl["grad"], grads / len(losses), rtol=1e-10, atol=1e-14)
+    weights = case["sel"] * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape,
+                                                                           generator=case["gen"])].double()
+    impl, ref = both_losses(case, w=weights, kind="gspo_seq", agg=agg, norm=norm, lo=lo, hi=hi, beta=0.04, budget=9)
+    assert_same(impl, ref)
+
+
+@pytest.mark.parametrize("agg", GSPO_AGGS)
+@pytest.mark.parametrize("norm", ["selected", "all"])
+@pytest.mark.parametrize("seed", range(3))
+def test_gspo_sequence_and_token_forms_coincide_where_the_paper_says_and_differ_elsewhere(agg, norm, seed):
+    """GSPO §4.3: with one advantage and one ε per sequence, GSPO-token equals GSPO in loss and gradient — here for 0/1
+    weights in every aggregation and normaliser, with KL and dual clip. Per-token advantages (GTPO) or fractional
+    weights break the identity: the sequence form spreads each token's term over the whole row."""
+    case = gspo_targets(ragged_case(seed), seed)
+    common = dict(agg=agg, norm=norm, lo=0.1, hi=0.12, beta=0.04, dual=1.5, budget=9)
+    token, _ = both_losses(case, kind="gspo", **common)
+    sequence, _ = both_losses(case, kind="gspo_seq", **common)
+    assert sequence["loss"] == pytest.approx(token["loss"], abs=1e-13)
+    torch.testing.assert_close(sequence["grad"], token["grad"], rtol=1e-10, atol=1e-14)
+    assert sequence["clipped"] == token["clipped"] > 0
+    fields = per_token_fields(case, infinite=False)
+    for extra in ({"adv": fields["adv"]}, {"w": fields["w"]}):
+        token, _ = both_losses(case, kind="gspo", **extra, **common)
+        sequence, ref = both_losses(case, kind="gspo_seq", **extra, **common)
+        assert_same(sequence, ref)
+        assert not torch.allclose(sequence["grad"], token["grad"], rtol=1e-6, atol=1e-9)
+
+
+def loop_engine_weights(trainer, engine, resp, mode, cap, floor):
+    """TRL's vllm_importance_sampling_mode, by loops: per-token or per-row (product over the row's response tokens)
+    ratio, clamped to [floor, cap] (truncate) or kept only inside it (mask); and whether each token's ratio is outside."""
+    B, T = len(trainer), len(trainer[0])
+    weights, outside = [[1.0] * T for _ in range(B)], [[False] * T for _ in range(B)]
+    low = 0.0 if floor is None else floor
+    for i in range(B):
+        row = sum(trainer[i][t] - engine[i][t] for t in range(T) if resp[i][t])
+        for t in range(T):
+            log_ratio = row if mode.startswith("sequence") else (trainer[i][t] - engine[i][t] if resp[i][t] else 0.0)
+            r = math.exp(max(-20.0, min(20.0, log_ratio)))
+            outside[i][t] = r > cap or r < low
+            if mode.endswith("truncate"):
+                weights[i][t] = min(max(r, low), cap) if floor is not None else min(r, cap)
+            else:
+                weights[i][t] = 0.0 if outside[i][t] else r
+    return weights, outside
+
+
+@pytest.mark.parametrize("mode", TIS_MODES)
+@pytest.mark.parametrize("floor", [None, 0.5])
+@pytest.mark.parametrize("seed", range(3))
+def test_engine_importance_weights_match_the_loop_in_every_mode(mode, floor, seed):
+    """The engine→trainer weights of every mode against the loop, and in the loss (value and gradient): the weights
+    multiply each token's policy-gradient term, detached. Padding never enters a row's product (garbage there changes
+    nothing)."""
+    case = moved_case(seed, shift=0.2)
+    g = case["gen"]
+    trainer = case["old"]
+    engine = trainer + 0.25 * torch.randn(trainer.shape, generator=g, dtype=torch.float64)
+    engine[0, 0] = trainer[0, 0] + 3.0                                # a token the engine liked far more: r = e^-3
+    resp = case["resp"]
+    cap = 1.6
+    weights, outside = engine_is_weights(trainer, engine, resp, mode, cap, floor)
+    exp_w, exp_out = loop_engine_weights(trainer.tolist(), engine.tolist(), resp.tolist(), mode, cap, floor)
+    torch.testing.assert_close(weights, torch.tensor(exp_w, dtype=torch.float64), rtol=1e-13, atol=1e-15)
+    assert outside.tolist() == exp_out
+    valid = resp.bool()
+    assert 0 < int(outside[valid].sum()) < int(valid.sum())            # both inside and outside occur
+    garbage = engine.clone()
+    garbage[~valid] = 17.0
+    again, _ = engine_is_weights(trainer, garbage, resp, mode, cap, floor)
+    assert torch.equal(again[valid], weights[valid])
+    impl, ref = both_losses(case, is_w=weights, agg="seq-mean-token-mean", beta=0.02)
+    assert_same(impl, ref)
+
+
+def test_engine_importance_weights_by_hand():
+    """Row 0: token ratios 0.4, 1, 6 (product 2.4); row 1: 0.9, 1.1 and padding (product 0.99). Bounds [0.5, 5]
+    (IcePop's band in OpenRLHF): token_truncate clamps each, token_mask zeroes 0.4 and 6, the sequence modes act on
+    2.4 and 0.99 — both inside, so they keep them on every token of the row."""
+    ratios = torch.tensor([[0.4, 1.0, 6.0], [0.9, 1.1, 1.0]], dtype=torch.float64)
+    trainer = ratios.log()
+    engine = torch.zeros_like(trainer)
+    engine[1, 2] = -9.0                                                # padding: ignored
+    resp = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    expected = {"token_truncate": [[0.5, 1.0, 5.0], [0.9, 1.1, 1.0]], "token_mask": [[0.0, 1.0, 0.0], [0.9, 1.1, 1.0]],
+                "sequence_truncate": [[2.4] * 3, [0.99] * 3], "sequence_mask": [[2.4] * 3, [0.99] * 3]}
+    for mode, values in expected.items():
+        weights, outside = engine_is_weights(trainer, engine, resp, mode, 5.0, 0.5)
+        torch.testing.assert_close(weights[resp.bool()], torch.tensor(values, dtype=torch.float64)[resp.bool()],
+                                   rtol=1e-14, atol=1e-15)
+        assert int(outside[resp.bool()].sum()) == (2 if mode.startswith("token") else 0)
+    weights, outside = engine_is_weights(trainer, engine, resp, "sequence_mask", 2.0, None)   # 2.4 > 2: row 0 out
+    assert weights[0].tolist() == [0.0] * 3 and outside[0].all() and not outside[1, :2].any()
+    weights, _ = engine_is_weights(trainer, engine, resp, "sequence_truncate", 2.0, None)
+    assert weights[0].tolist() == [2.0] * 3
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(policy_loss="dppo", dppo_divergence="js"), r"algorithm.dppo_divergence='js' is not one of \('tv', 'kl'\)"),
+    (dict(dppo_low=0.0), r"algorithm.dppo_low=0.0 must be > 0"),
+    (dict(sapo_tau_neg=-1.0), r"algorithm.sapo_tau_neg=-1.0 must be > 0"),
+    (dict(policy_loss="sapo", dual_clip=3.0), r"algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss=sapo"),
+    (dict(tis_mode="token_clip", tis_cap=2.0), r"algorithm.tis_mode='token_clip' is not one of \('token_truncate'"),
+    (dict(tis_mode="token_mask"), r"algorithm.tis_mode=token_mask has no effect while algorithm.tis_cap=null"),
+    (dict(tis_min=0.5), r"algorithm.tis_min=0.5 has no effect while algorithm.tis_cap=null"),
+    (dict(tis_min=3.0, tis_cap=2.0), r"algorithm.tis_min=3.0 must lie in \(0, algorithm.tis_cap=2.0\)"),
+])
+def test_bad_dppo_sapo_and_engine_weight_settings_are_named(changes, message):
+    with pytest.raises(ValueError, match=message):
+        algorithm_config(**changes)
+
+
+def test_new_losses_are_named_and_valid_with_their_settings():
+    for kind in ("gspo_seq", "dppo", "sapo"):
+        assert algorithm_config(policy_loss=kind).policy_loss == kind
+    cfg = algorithm_config(tis_mode="sequence_mask", tis_min=0.5, tis_cap=5.0, dppo_divergence="kl")
+    assert (cfg.tis_mode, cfg.tis_min, cfg.tis_cap, cfg.dppo_divergence) == ("sequence_mask", 0.5, 5.0, "kl")

@@ -2,8 +2,9 @@
 
 Every check of the GRPO/DAPO settings lives here, and every error names the key as the command line writes it
 (`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is loaded; the hot path reads typed attributes.
-The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 (TIS), §11
-(loss variants, KL estimators, the entropy bonus and its adaptive coefficient).
+The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 and §11.13 (the
+engine's importance weights: truncated or masked, per token or per sequence), §11 (loss variants — GSPO, CISPO, DPPO,
+SAPO —, KL estimators, the entropy bonus and its adaptive coefficient).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any, Mapping
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-POLICY_LOSSES = ("ppo", "gspo", "cispo")
+POLICY_LOSSES = ("ppo", "gspo", "gspo_seq", "cispo", "dppo", "sapo")
+TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+DPPO_DIVERGENCES = ("tv", "kl")
 FILTER_METRICS = ("acc", "reward")
 NOT_LOSS_SETTINGS = ("name", "optimizer")   # keys of the node that other code reads (the optimizer factory, a label)
 DERIVED = ("response_budget",)              # fields set from other nodes, not from `algorithm`
@@ -46,6 +49,13 @@ class AlgorithmConfig:
     max_gen_rounds: int
     tis_cap: float | None
     policy_loss: str = "ppo"
+    tis_mode: str = "token_truncate"
+    tis_min: float | None = None
+    dppo_divergence: str = "tv"
+    dppo_low: float = 0.15
+    dppo_high: float = 0.15
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
     entropy_coef: float = 0.0
     entropy_masked: bool = False
     entropy_target: float | None = None
@@ -74,12 +84,17 @@ class AlgorithmConfig:
         _one_of("aggregation", self.aggregation, AGGREGATIONS)
         _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
         _one_of("policy_loss", self.policy_loss, POLICY_LOSSES)
+        _one_of("tis_mode", self.tis_mode, TIS_MODES)
+        _one_of("dppo_divergence", self.dppo_divergence, DPPO_DIVERGENCES)
         if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
             raise ValueError("algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
                              f"{self.response_budget}; build the config with the response budget")
         if self.policy_loss == "cispo" and self.dual_clip is not None:
             raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
                              "IS weight is already clipped and detached); set algorithm.dual_clip=null")
+        if self.policy_loss == "sapo" and self.dual_clip is not None:
+            raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=sapo (its "
+                             "soft gate is already bounded by 4/τ·|Â|); set algorithm.dual_clip=null")
         if self.filter_groups is not None:
             _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
         if self.group_size < 2:
@@ -94,6 +109,14 @@ class AlgorithmConfig:
                              "or null for off")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} must be > 0 (or null to turn the correction off)")
+        for name, off in (("tis_mode", "token_truncate"), ("tis_min", None)):
+            if self.tis_cap is None and getattr(self, name) != off:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} has no effect while algorithm.tis_cap=null "
+                                 "(the engine's importance weights are off): set algorithm.tis_cap, the upper bound "
+                                 "(2.0 for TIS; 5.0 with tis_min=0.5 for IcePop)")
+        if self.tis_min is not None and not 0 < self.tis_min < self.tis_cap:
+            raise ValueError(f"algorithm.tis_min={self.tis_min} must lie in (0, algorithm.tis_cap={self.tis_cap}) "
+                             "(or null for no lower bound)")
         if not 0 <= self.overlong_buffer <= max_new_tokens:
             raise ValueError(f"algorithm.overlong_buffer={self.overlong_buffer} must lie in [0, rollout.max_new_tokens="
                              f"{max_new_tokens}] (0 turns the shaping off)")
@@ -109,6 +132,9 @@ class AlgorithmConfig:
                      "entropy_coef_delta", "entropy_coef_max"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
+        for name in ("dppo_low", "dppo_high", "sapo_tau_pos", "sapo_tau_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be > 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"algorithm.grad_clip={self.grad_clip} must be > 0 (or null for no clipping)")
 

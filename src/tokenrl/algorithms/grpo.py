@@ -1,5 +1,5 @@
-"""GRPO math in one place: group advantages, the per-token policy loss (clipped PPO, GSPO or CISPO) with its KL,
-entropy and drift terms, and loss aggregation.
+"""GRPO math in one place: group advantages, the per-token policy loss (clipped PPO, GSPO-token or -sequence, CISPO,
+DPPO or SAPO) with its KL, entropy and drift terms, loss aggregation, and the engine's importance weights.
 
 Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and
 token-mean; docs/algorithms.md §1.4 for the masked interface and §11 for the token-level terms implemented here.
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenrl.algorithms.config import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from tokenrl.algorithms.config import AGGREGATIONS, DPPO_DIVERGENCES, KL_ESTIMATORS, POLICY_LOSSES, TIS_MODES
 
 NORMALIZERS = ("selected", "all")
 
@@ -101,17 +101,21 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 dual_clip: float | None = None, kl_estimator: str = "k3", kind: str = "ppo",
                 kl_weights: torch.Tensor | None = None, drift_coef: torch.Tensor | None = None,
                 entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                entropy_masked: bool = False) -> LossOutput:
+                entropy_masked: bool = False, dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
+                sapo: tuple[float, float] = (1.0, 1.05)) -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
     Per token (docs/algorithms.md §1.2, §11): pg_t = −min(r_t Â_t, clip(r_t, 1−ε_low,t, 1+ε_high,t) Â_t) (`ppo`),
-    r_t = exp(logp − old_logp) (log-ratio clamped to ±20); `gspo` uses r_t = exp(logp − sg(logp) + sg(s_i)), s_i the
-    mean log-ratio of the row's selected tokens (GSPO-token, arXiv 2507.18071); `cispo` is
-    pg_t = −sg(clip(r_t, 1−ε_low, 1+ε_high)) Â_t logp_t (MiniMax-M1, arXiv 2506.13585). Dual-clip c (arXiv
-    1912.09729; verl's `clip_ratio_c`): where Â < 0 the unweighted pg_t is capped at −c·Â. Then pg_t += β_t·|logp −
-    old_logp| (`drift_coef`, KL-Cov), pg_t ·= w_t (`is_weights`, TIS) and the token's weight (`token_mask`: 0/1 for a
-    mask). kl_t = `kl_estimate` × `kl_weights`; the entropy bonus −α·H_t (`entropy`, with gradient). ε may be a float or
-    a (b, T) tensor; `advantages` is (b,) (Â_i on every token) or (b, T) (per-token advantages).
+    r_t = exp(logp − old_logp) (log-ratio clamped to ±20); `gspo` uses r_t = exp(logp − sg(logp) + sg(log s_i)), log s_i
+    the mean log-ratio of the row's selected tokens (GSPO-token, arXiv 2507.18071), `gspo_seq` r_t = s_i with its
+    gradient (GSPO's sequence form, §11.10); `cispo` is pg_t = −sg(clip(r_t, 1−ε_low, 1+ε_high)) Â_t logp_t
+    (MiniMax-M1, arXiv 2506.13585); `dppo` is pg_t = −r_t Â_t, 0 where the token left the trust region (`dppo` =
+    (divergence, δ_low, δ_high), `dppo_dropped`, §11.11); `sapo` is pg_t = −σ(τ(r_t − 1))·4/τ·Â_t, τ = τ_pos where
+    Â > 0 else τ_neg (`sapo` = (τ_pos, τ_neg), §11.12). Dual-clip c (arXiv 1912.09729; verl's `clip_ratio_c`): where
+    Â < 0 the unweighted pg_t is capped at −c·Â. Then pg_t += β_t·|logp − old_logp| (`drift_coef`, KL-Cov), pg_t ·= w_t
+    (`is_weights`, the engine's importance weights) and the token's weight (`token_mask`: 0/1 for a mask). kl_t =
+    `kl_estimate` × `kl_weights`; the entropy bonus −α·H_t (`entropy`, with gradient). ε may be a float or a (b, T)
+    tensor (DPPO and SAPO have no ε); `advantages` is (b,) (Â_i on every token) or (b, T) (per-token advantages).
     """
     resp = response_mask.float()
     selected = resp * (token_mask != 0)
@@ -120,7 +124,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     w_entropy = selected if entropy_masked else resp
     denominator = denominator_mask(response_mask, token_mask, norm)
     adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
-    pg, is_clipped, dual_clipped = surrogate(logp, old_logp, adv, selected, kind, clip_low, clip_high, dual_clip)
+    pg, is_clipped, dual_clipped = surrogate(logp, old_logp, adv, selected, kind, clip_low, clip_high, dual_clip, dppo,
+                                             sapo)
     if drift_coef is not None:
         pg = pg + drift_coef.to(pg.dtype) * (logp - old_logp).abs()
     if is_weights is not None:
@@ -136,27 +141,58 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
 
 
 def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, selected: torch.Tensor, kind: str,
-              clip_low: float | torch.Tensor, clip_high: float | torch.Tensor,
-              dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pg_t, clipped?, dual-clipped?) of `policy_loss`'s policy-gradient term, before any weight."""
-    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
-    if kind == "gspo":
-        sequence = (log_ratio * selected).sum(1) / selected.sum(1).clamp_min(1.0)
-        log_ratio = logp - logp.detach() + sequence.detach()[:, None]
-    elif kind not in POLICY_LOSSES:
+              clip_low: float | torch.Tensor, clip_high: float | torch.Tensor, dual_clip: float | None,
+              dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
+              sapo: tuple[float, float] = (1.0, 1.05)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pg_t, clipped?, dual-clipped?) of `policy_loss`'s policy-gradient term, before any weight; `clipped` is the
+    clipped branch being the active minimum, for `dppo` the token being dropped, never for `sapo`."""
+    if kind not in POLICY_LOSSES:
         raise ValueError(f"algorithm.policy_loss={kind!r} is not one of {POLICY_LOSSES}")
+    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
+    if kind in ("gspo", "gspo_seq"):
+        sequence = (log_ratio * selected).sum(1) / selected.sum(1).clamp_min(1.0)
+        log_ratio = (logp - logp.detach() + sequence.detach()[:, None] if kind == "gspo"
+                     else sequence[:, None].expand_as(logp))
     ratio = torch.exp(log_ratio)
-    bounded = clip_ratio(ratio, clip_low, clip_high)
-    if kind == "cispo":
-        return -bounded.detach() * adv * logp, (bounded != ratio).to(logp.dtype), torch.zeros_like(logp)
-    unclipped, clipped = ratio * adv, bounded * adv
-    pg = -torch.minimum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(pg)
+    none = torch.zeros_like(logp)
+    if kind == "sapo":
+        tau = torch.full_like(adv, sapo[1]).masked_fill(adv > 0, sapo[0])
+        return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, none, none
+    if kind == "dppo":
+        dropped = dppo_dropped(logp, old_logp, adv, *dppo)
+        pg, is_clipped = torch.where(dropped, 0.0, -ratio * adv), dropped.to(logp.dtype)
+    else:
+        bounded = clip_ratio(ratio, clip_low, clip_high)
+        if kind == "cispo":
+            return -bounded.detach() * adv * logp, (bounded != ratio).to(logp.dtype), none
+        unclipped, clipped = ratio * adv, bounded * adv
+        pg = -torch.minimum(unclipped, clipped)
+        is_clipped = (clipped < unclipped).to(pg.dtype)   # the clipped branch is the active minimum
+    dual_clipped = none
     if dual_clip is not None:
         bound = -adv * dual_clip
         dual_clipped = ((adv < 0) & (pg > bound)).to(pg.dtype)
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-    return pg, (clipped < unclipped).to(pg.dtype), dual_clipped   # clipped: the clipped branch is the active minimum
+    return pg, is_clipped, dual_clipped
+
+
+def dppo_dropped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, divergence: str, low: float,
+                 high: float) -> torch.Tensor:
+    """DPPO's "drop rather than clip" (Qi et al., arXiv 2602.04879; prime-rl's default loss, verl's `dppo_tv` /
+    `dppo_kl`): with p = π_θ(o_t), p_old = π_old(o_t) and D the binary TV |p − p_old| (`tv`) or the binary KL
+    p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p + 1e-8)) (`kl`, verl's and TRL's form), a token
+    is dropped where it left the trust region the way its advantage pushes it: Â > 0, p > p_old and D > δ_high, or
+    Â < 0, p < p_old and D > δ_low. Detached (a 0/1 gate)."""
+    with torch.no_grad():
+        p, p_old = torch.exp(logp), torch.exp(old_logp)
+        if divergence == "tv":
+            distance = (p - p_old).abs()
+        elif divergence == "kl":
+            eps = 1e-8
+            distance = p_old * (old_logp - logp) + (1.0 - p_old) * torch.log((1.0 - p_old + eps) / (1.0 - p + eps))
+        else:
+            raise ValueError(f"algorithm.dppo_divergence={divergence!r} is not one of {DPPO_DIVERGENCES}")
+        return ((adv > 0) & (p > p_old) & (distance > high)) | ((adv < 0) & (p < p_old) & (distance > low))
 
 
 def clip_ratio(ratio: torch.Tensor, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor) -> torch.Tensor:
@@ -200,8 +236,21 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
     raise ValueError(f"algorithm.kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
 
 
-def truncated_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Token-level truncated importance sampling for a rollout engine that disagrees with the trainer:
-    w_t = min(π_trainer(o_t) / π_engine(o_t), C) (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
-    You Off-Policy RL Training"; verl's rollout TIS), computed in log space with the ratio clamped to e^±20."""
-    return torch.exp(torch.clamp(trainer_logp - engine_logp, -20.0, 20.0)).clamp(max=cap)
+def engine_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, response_mask: torch.Tensor, mode: str,
+                      cap: float, floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine→trainer importance weights of docs/algorithms.md §1.6/§11.13 and, per token, whether its ratio lies
+    outside [floor, cap]. `token_*`: r_t = π_trainer(o_t)/π_engine(o_t); `sequence_*`: r_i = Π_t r_t = exp(Σ_t log r_t)
+    over the row's response tokens, on every token of the row (TRL's `vllm_importance_sampling_mode`). `*_truncate`:
+    w = clamp(r, floor, cap) (TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+    Training"; no floor when None); `*_mask`: w = r·[floor ≤ r ≤ cap] (IcePop / masked IS: TRL's `token_mask` /
+    `sequence_mask`, OpenRLHF's `icepop`). Log-ratios (of a token, or of a row's sum) are clamped to ±20."""
+    if mode not in TIS_MODES:
+        raise ValueError(f"algorithm.tis_mode={mode!r} is not one of {TIS_MODES}")
+    log_ratio = torch.where(response_mask.bool(), trainer_logp - engine_logp, 0.0)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    outside = (ratio > cap) | (ratio < (0.0 if floor is None else floor))
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=floor, max=cap), outside
+    return torch.where(outside, 0.0, ratio), outside

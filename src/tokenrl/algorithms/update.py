@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.grpo import LossNormalizer, LossOutput, policy_loss, truncated_is_weights
+from tokenrl.algorithms.grpo import LossNormalizer, LossOutput, engine_is_weights, policy_loss
 from tokenrl.algorithms.micro_batches import micro_batches
 from tokenrl.algorithms.token_stats import TokenStats
 from tokenrl.algorithms.train_batch import TrainBatch
@@ -140,8 +140,7 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
     if batch.stats is None:
         return fused_update(batch, selector, cfg, backend, by_length, entropy_coef, with_js or selector.reads_groups)
     rollouts = batch.rollouts
-    is_weights = (None if cfg.tis_cap is None
-                  else truncated_is_weights(batch.stats.logprobs, rollouts.sampling_logprobs, cfg.tis_cap))
+    is_weights = None if cfg.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []   # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
@@ -178,7 +177,7 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
     """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
-    is_weights = None if cfg.tis_cap is None else torch.ones(shape)
+    is_weights = None if cfg.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
     parts = [rows.sort().values
              for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
     weights = torch.zeros(shape)
@@ -194,7 +193,8 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
         record_selection(weights, shaping, rows, selection)
         local = local + local_normalizer(cfg, part.response_mask, selection)
         if is_weights is not None:
-            is_weights[rows] = truncated_is_weights(forward.stats.logprobs, part.sampling_logprobs, cfg.tis_cap)
+            for whole, share in zip(is_weights, engine_weights(cfg, forward.stats.logprobs, part)):
+                whole[rows] = share.to(whole.device)
         out = micro_batch_loss(batch, rows, forward, forward.logprobs.detach(), selection, UNIT, cfg, is_weights,
                                entropy_coef)   # π_old = this forward's weights: r = 1 exactly, as the separate path
         backend.backward(out.loss, index == len(parts) - 1)
@@ -208,6 +208,14 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
     return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping)
 
 
+def engine_weights(cfg: AlgorithmConfig, trainer_logp: torch.Tensor,
+                   rollouts: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's importance weights of `rollouts` and which tokens' ratios fell outside their bounds
+    (`grpo.engine_is_weights` with `algorithm.tis_mode` / `tis_min` / `tis_cap`; docs/algorithms.md §1.6)."""
+    return engine_is_weights(trainer_logp, rollouts.sampling_logprobs.to(trainer_logp.device),
+                             rollouts.response_mask.to(trainer_logp.device), cfg.tis_mode, cfg.tis_cap, cfg.tis_min)
+
+
 def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool,
                 by_length: bool) -> list[torch.Tensor]:
     """Positions into `rows` of each micro-batch (algorithms/micro_batches.py)."""
@@ -218,9 +226,9 @@ def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, who
 
 def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, forward: UpdateForward, old_logp: torch.Tensor,
                      selection: Selection, normalizer: LossNormalizer, cfg: AlgorithmConfig,
-                     is_weights: torch.Tensor | None, entropy_coef: float) -> LossOutput:
+                     is_weights: tuple[torch.Tensor, torch.Tensor] | None, entropy_coef: float) -> LossOutput:
     """`policy_loss` of the micro-batch `rows` with the configured loss, clip, KL, entropy bonus and aggregation, and
-    the selection's per-token fields where it sets them."""
+    the selection's per-token fields where it sets them; `is_weights`: the engine's (weights, outside) of the batch."""
     logp = forward.logprobs
     device = logp.device
 
@@ -235,9 +243,10 @@ def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, forward: UpdateForwa
         clip_high=cfg.clip_high if selection.clip_high is None else selection.clip_high.to(device),
         kl_coef=cfg.kl_coef, kl_masked=cfg.kl_masked, dual_clip=cfg.dual_clip, kl_estimator=cfg.kl_estimator,
         ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
-        is_weights=None if is_weights is None else is_weights[rows].to(device), kind=cfg.policy_loss,
+        is_weights=None if is_weights is None else is_weights[0][rows].to(device), kind=cfg.policy_loss,
         kl_weights=here(selection.kl_weights), drift_coef=here(selection.drift_coef), entropy=forward.entropy,
-        entropy_coef=entropy_coef, entropy_masked=cfg.entropy_masked)
+        entropy_coef=entropy_coef, entropy_masked=cfg.entropy_masked,
+        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high), sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg))
 
 
 def loss_terms(out: LossOutput) -> torch.Tensor:
@@ -247,14 +256,17 @@ def loss_terms(out: LossOutput) -> torch.Tensor:
 
 
 def update_metrics(terms: list[torch.Tensor], steps: int, cfg: AlgorithmConfig, batch: TrainBatch,
-                   is_weights: torch.Tensor | None) -> dict[str, float]:
-    """Mean loss per optimizer step, clip fractions over the weighted tokens and the TIS weights' summary."""
+                   is_weights: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, float]:
+    """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share) and the
+    engine's importance weights: their mean and the share of response tokens whose ratio fell outside [tis_min,
+    tis_cap] (truncated or masked)."""
     loss, clipped, dual_clipped, selected = torch.stack(terms).sum(0).tolist() if terms else (0.0, 0.0, 0.0, 0.0)
     metrics = {"loss": loss / max(steps, 1), "clip_frac": clipped / max(selected, 1.0)}
     if cfg.dual_clip is not None:
         metrics["dual_clip_frac"] = dual_clipped / max(selected, 1.0)
     if is_weights is not None:
-        valid = batch.rollouts.response_mask.bool()
-        metrics["tis_weight_mean"] = float(is_weights[valid].mean()) if valid.any() else 1.0
-        metrics["tis_capped_frac"] = float((is_weights[valid] >= cfg.tis_cap).float().mean()) if valid.any() else 0.0
+        weights, outside = is_weights
+        valid = batch.rollouts.response_mask.bool().to(weights.device)
+        metrics["tis_weight_mean"] = float(weights[valid].mean()) if valid.any() else 1.0
+        metrics["tis_capped_frac"] = float(outside[valid].float().mean()) if valid.any() else 0.0
     return metrics
