@@ -40,6 +40,7 @@ from tokenrl.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
+from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
 from tokenrl.samples import SampleWriter
 from tokenrl.selectors.base import TokenSelector
@@ -60,7 +61,7 @@ class GRPOModule(L.LightningModule):
                  reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
                  validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0,
                  sample_writer: SampleWriter | None = None, fast_path: FastPath = FastPath(),
-                 preemption: PreemptionWatch | None = None) -> None:
+                 preemption: PreemptionWatch | None = None, fork_marker: ForkMarker | None = None) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
@@ -71,7 +72,7 @@ class GRPOModule(L.LightningModule):
         self.with_js = needs_js(selector.requires, type(selector).__name__, js_diagnostics)
         self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.group_size)
         self.collector = RolloutCollector(self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed,
-                                          tokenizer.pad_token_id)
+                                          tokenizer.pad_token_id, fork_marker)
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
         self.sample_writer, self.seed, self.fast_path = sample_writer, seed, fast_path
         self.path_reported = False   # the run's log says once which fast-path shortcuts the update takes
@@ -174,7 +175,7 @@ class GRPOModule(L.LightningModule):
                                                 std_normalize=self.cfg.adv_std_normalize),
                                None if fused else self.passes.statistics(scored.rollouts),
                                self.passes.reference_logprobs(scored.rollouts) if self.cfg.uses_reference else None,
-                               row_offset=self.global_rank * len(scored.rollouts.texts))
+                               row_offset=self.global_rank * len(scored.rollouts.texts), forks=scored.forks)
         entropy_coef = self.entropy_control.alpha   # this step's α (the update reads the same)
         self.check_preempted()   # the last safe point: an update that has begun runs to its end
         with timer("update"):
@@ -191,7 +192,7 @@ class GRPOModule(L.LightningModule):
                    "train/fused_statistics": float(fused), "train/entropy_coef": entropy_coef}, train.size)
         whole = train.selection_view(torch.arange(train.size), partial(gather_variable, device=self.device),
                                      self.global_rank)
-        self._log(selection_diagnostics(update.first_epoch_weights, whole), train.size)
+        self._log(selection_diagnostics(update.first_epoch_weights, whole, train.forks), train.size)
         if self.sample_writer is not None and self.sample_writer.due(train.step):
             would = self.sample_writer.reference_masks(whole)   # every rank: reference selectors may gather
             if self.global_rank == 0:

@@ -31,11 +31,13 @@ from tokenrl.devices import narrow_to_trainer_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
+from tokenrl.models.warmup import warmed_up
 from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.preemption import Preempted, PreemptionWatch
 from tokenrl.progress import ProgressLog
 from tokenrl.resume import kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.samples import SampleWriter
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,18 @@ def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
     return sets
 
 
+def prepared_policy(model: dict[str, Any], task: Task, tokenizer: Any, formatter: PromptFormatter,
+                    cache_root: Path) -> dict[str, Any]:
+    """The model config to train: a random policy of a task with a supervised warm-up (task=forks) points at the
+    warmed-up folder (trained now or loaded from `paths.model_cache`, models/warmup.py); any other unchanged."""
+    if task.warmup is None or model["init"] != "random":
+        if task.warmup is not None:
+            log.info("model.init=%s: the task's warm-up is for random policies and is skipped", model["init"])
+        return model
+    return warmed_up(model, tokenizer, formatter, task.warmup_example, task.warmup, task.description(),
+                     cache_root)
+
+
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
     """The module, data module and trainer that `cfg` describes."""
     container = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")}
@@ -74,6 +88,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                                    size_field=f"algorithm.{first_round}")
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     datamodule.attach_formatter(formatter)
+    container["model"] = prepared_policy(container["model"], task, tokenizer, formatter, Path(cfg.paths.model_cache))
     validator = None
     if cfg.validation.every_n_steps:
         settings = EvalSettings(n_samples=cfg.validation.n_samples, ks=tuple(cfg.validation.ks),
@@ -92,7 +107,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                         reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
                         validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
                         total_steps=cfg.total_steps, sample_writer=sample_writer,
-                        fast_path=FastPath.from_node(cfg.get("fast_path")), preemption=PreemptionWatch())
+                        fast_path=FastPath.from_node(cfg.get("fast_path")), preemption=PreemptionWatch(),
+                        fork_marker=ForkMarker(task.forks_of, tokenizer))
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     # one log line per rollout step (console, train.log); preemption signals → last.ckpt

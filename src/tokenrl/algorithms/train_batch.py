@@ -18,7 +18,8 @@ class TrainBatch:
     rollouts: prompts, responses and the engine's sampling log-probs; scores: the verifier's; rewards: scores plus
     the overlong shaping; advantages: group-normalised rewards (docs/algorithms.md §1.2); stats: statistics of π_old,
     the policy that generated (its log-probs are the PPO ratio's denominator); ref_logprobs: the frozen reference's
-    log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise choices).
+    log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise choices);
+    forks: (B, T) the true fork tokens where the task names them (task=forks), else None.
     """
 
     step: int
@@ -29,6 +30,7 @@ class TrainBatch:
     stats: TokenStats
     ref_logprobs: torch.Tensor | None
     row_offset: int = 0
+    forks: torch.Tensor | None = None
 
     @property
     def size(self) -> int:

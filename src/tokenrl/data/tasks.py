@@ -22,6 +22,7 @@ class Task(ABC):
         self.verifier = verifier
         self.max_new_tokens = max_new_tokens
         self.system_prompt = system_prompt   # training and validation prompts start with it (data/prompts.py)
+        self.warmup: dict | None = None      # a supervised warm-up of a random policy (models/warmup.py); None: none
 
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:
@@ -29,6 +30,11 @@ class Task(ABC):
 
     def question_text(self, problem: Problem) -> str:
         return with_instruction(problem.question, self.instruction)
+
+    def forks_of(self, problem: Problem, response: str) -> list[bool] | None:
+        """For each character of `response` and its end (the stop decision), whether the outcome is decided there;
+        None where the task cannot name its forks (task=forks can: data/forks.py)."""
+        return None
 
 
 class ArithmeticTask(Task):

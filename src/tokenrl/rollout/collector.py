@@ -15,6 +15,7 @@ from tokenrl.data.datamodule import PromptBatch, rank_shard
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups
+from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.utils import StepTimer, derived_seed
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class RolloutCollector:
     scorer: SafeScorer
     seed: int
     pad_id: int
+    fork_marker: ForkMarker | None = None   # the true forks of each response (tasks that name them: task=forks)
 
     def check_sizes(self, rank: int, world: int) -> None:
         """Dynamic sampling's sizes must be able to fill a step, shared evenly by the ranks (fails at start-up)."""
@@ -82,4 +84,6 @@ class RolloutCollector:
                 [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
             penalty = overlong_penalty(rollouts.response_mask.sum(1), self.sampling.max_new_tokens,
                                        self.cfg.overlong_buffer, self.cfg.overlong_penalty_factor)
-        return ScoredRollouts(rollouts, scores, scores + penalty)
+            forks = (None if self.fork_marker is None else
+                     self.fork_marker(problems, rollouts.response_ids, rollouts.response_mask, rollouts.texts))
+        return ScoredRollouts(rollouts, scores, scores + penalty, forks)

@@ -23,14 +23,17 @@ from tokenrl.rollout.base import RolloutBatch, concat_rollouts
 
 @dataclass
 class ScoredRollouts:
-    """Rollouts with the verifier's score and the shaped reward (score + overlong penalty) of every row."""
+    """Rollouts with the verifier's score and the shaped reward (score + overlong penalty) of every row, and the true
+    forks of each response token (rollout/fork_marks.py; None where the task cannot name them)."""
 
     rollouts: RolloutBatch
     scores: torch.Tensor
     rewards: torch.Tensor
+    forks: torch.Tensor | None = None
 
     def rows(self, index: torch.Tensor) -> "ScoredRollouts":
-        return ScoredRollouts(self.rollouts.rows(index), self.scores[index], self.rewards[index])
+        return ScoredRollouts(self.rollouts.rows(index), self.scores[index], self.rewards[index],
+                              None if self.forks is None else self.forks[index])
 
     def groups(self) -> int:
         return int(self.rollouts.group_ids.unique().numel())
@@ -42,8 +45,12 @@ class ScoredRollouts:
 
 
 def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
-    return ScoredRollouts(concat_rollouts([p.rollouts for p in parts], pad_id),
-                          torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]))
+    rollouts = concat_rollouts([p.rollouts for p in parts], pad_id)
+    forks = None
+    if all(p.forks is not None for p in parts):
+        width = rollouts.response_ids.shape[1]
+        forks = torch.cat([torch.nn.functional.pad(p.forks, (0, width - p.forks.shape[1])) for p in parts])
+    return ScoredRollouts(rollouts, torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]), forks)
 
 
 def filter_metric(scored: ScoredRollouts, metric: str) -> torch.Tensor:

@@ -1,0 +1,174 @@
+"""The forks task's graphs: generation, the text they travel in, the reward of a path, and the exact fork positions.
+
+A problem is a small directed graph, a start node and goal nodes; the answer is a path from the start written one
+node label (one letter) per character, e.g. `BKX`. At each node the next character is a choice among the node's
+successors, plus stopping where the node is a goal. A decision is a **fork** when it has at least two options of
+which some still reach a goal and some cannot: the outcome is decided there. The other decisions are **forced**
+(one option) or **free** (every option succeeds, or none does). Reward 1: the response is exactly a path that
+follows edges from the start and ends at a goal.
+"""
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+
+LABELS = string.ascii_uppercase
+STOP = ""   # the option of ending the path (the response's end-of-sequence token)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """Successor lists (node → its successors in prompt order), the start node and the goal nodes."""
+
+    successors: dict[str, tuple[str, ...]]
+    start: str
+    goals: frozenset[str]
+
+    def encode(self) -> str:
+        """`A>BC,B>D,D>|A|D` (edges, start, goals): the problem's answer string, read back by `Graph.decode`."""
+        edges = ",".join(f"{node}>{''.join(succ)}" for node, succ in self.successors.items())
+        return f"{edges}|{self.start}|{''.join(sorted(self.goals))}"
+
+    @staticmethod
+    def decode(text: str) -> "Graph":
+        try:
+            edges, start, goals = text.split("|")
+            successors = {}
+            for item in filter(None, edges.split(",")):
+                node, succ = item.split(">")
+                successors[node] = tuple(succ)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a forks graph (expected 'A>BC,B>D|A|D': edges|start|goals)") from None
+        return Graph(successors, start, frozenset(goals))
+
+    def question(self) -> str:
+        """The prompt: the edges as letter pairs `AB` (A → B) and each node without successors as `A.`, then
+        `start..goal` (`start..goal1/goal2` for several goals). Pairs let a model find what may follow a node as the
+        characters that follow its earlier occurrences."""
+        edges = " ".join(f"{node}{nxt}" for node, succ in self.successors.items() for nxt in (succ or "."))
+        return f"{edges}\n{self.start}..{'/'.join(sorted(self.goals))}"
+
+    def nodes(self) -> set[str]:
+        return {self.start, *self.goals, *self.successors, *(v for succ in self.successors.values() for v in succ)}
+
+    def reaching(self) -> frozenset[str]:
+        """The nodes from which some path reaches a goal (the goals included): a backward search from the goals."""
+        predecessors: dict[str, set[str]] = {}
+        for node, succ in self.successors.items():
+            for nxt in succ:
+                predecessors.setdefault(nxt, set()).add(node)
+        found, frontier = set(self.goals), list(self.goals)
+        while frontier:
+            for prev in predecessors.get(frontier.pop(), ()):
+                if prev not in found:
+                    found.add(prev)
+                    frontier.append(prev)
+        return frozenset(found)
+
+    def options(self, node: str) -> tuple[str, ...]:
+        """What may follow `node` in a path: its successors, and `STOP` where it is a goal."""
+        return tuple(dict.fromkeys(self.successors.get(node, ()))) + ((STOP,) if node in self.goals else ())
+
+
+def is_fork(graph: Graph, node: str, reaching: frozenset[str]) -> bool:
+    """Whether the decision after `node` has ≥ 2 options of which some, not all, can still end at a goal."""
+    options = graph.options(node)
+    good = sum(1 for option in options if option == STOP or option in reaching)
+    return len(options) >= 2 and 0 < good < len(options)
+
+
+def fork_positions(graph: Graph, response: str) -> list[bool]:
+    """For each character of `response` and its end (index len(response): the stop decision, the end-of-sequence
+    token), whether it is a fork decision: the path before it follows the graph from the start, and the node it
+    continues from is a fork (`is_fork`). The first character (the start node, named by the prompt) and everything
+    after the path leaves the graph are not forks: the outcome is already decided there."""
+    reaching = graph.reaching()
+    marks = [False] * (len(response) + 1)
+    if not response or response[0] != graph.start:
+        return marks
+    for t in range(1, len(response) + 1):
+        node = response[t - 1]
+        marks[t] = is_fork(graph, node, reaching)
+        if t < len(response) and response[t] not in graph.successors.get(node, ()):
+            break   # the path leaves the graph at character t: nothing after it decides anything
+    return marks
+
+
+def path_reward(response: str, answer: str) -> float:
+    """1.0 when `response` is exactly a path of the graph `answer` (`Graph.encode`) from its start to a goal."""
+    graph = Graph.decode(answer)
+    if not response or response[0] != graph.start or response[-1] not in graph.goals:
+        return 0.0
+    return float(all(b in graph.successors.get(a, ()) for a, b in zip(response, response[1:])))
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """How hard a problem is. The solution path has `depth` edges; each of its nodes has `branching` − 1 extra
+    successors, each of which is (probability `free_prob`) a detour that rejoins the path (a free decision) or else
+    a dead end of `dead_end_length` nodes (a fork: only the path's successor reaches the goal); `distractors`
+    unconnected edges are added to the prompt."""
+
+    depth: int = 3
+    branching: int = 2
+    dead_end_length: int = 1
+    free_prob: float = 0.0
+    distractors: int = 0
+
+    def node_count(self) -> int:
+        """The most nodes a graph of this shape may use (every extra successor a dead end)."""
+        return self.depth + 1 + self.depth * (self.branching - 1) * max(self.dead_end_length, 1) + 2 * self.distractors
+
+    def check(self) -> None:
+        if self.depth < 1 or self.branching < 1 or self.dead_end_length < 1 or self.distractors < 0:
+            raise ValueError(f"task.depth={self.depth}, branching={self.branching}, dead_end_length="
+                             f"{self.dead_end_length} must be >= 1 and distractors={self.distractors} >= 0")
+        if not 0.0 <= self.free_prob <= 1.0:
+            raise ValueError(f"task.free_prob={self.free_prob} must be in [0, 1]")
+        if self.node_count() > len(LABELS):
+            raise ValueError(f"a graph of this shape needs up to {self.node_count()} nodes, more than the "
+                             f"{len(LABELS)} labels A–Z: lower task.depth, branching, dead_end_length or distractors")
+
+
+def random_graph(shape: GraphShape, rng: random.Random) -> Graph:
+    """A graph of `shape` with shuffled labels and successor orders: one goal, reached from the start by exactly
+    the solution path and the detours that rejoin it."""
+    labels = iter(rng.sample(LABELS, len(LABELS)))
+    path = [next(labels) for _ in range(shape.depth + 1)]
+    successors: dict[str, list[str]] = {node: [] for node in path}
+    for i, node in enumerate(path[:-1]):
+        successors[node].append(path[i + 1])
+        for _ in range(shape.branching - 1):
+            extra = next(labels)
+            successors[node].append(extra)
+            if rng.random() < shape.free_prob:
+                successors[extra] = [path[i + 1]]         # a detour: rejoins the path, reaches the goal too
+                continue
+            chain = [extra] + [next(labels) for _ in range(shape.dead_end_length - 1)]
+            for a, b in zip(chain, chain[1:]):
+                successors[a] = [b]
+            successors.setdefault(chain[-1], [])            # a dead end: a sink that is not the goal
+    for _ in range(shape.distractors):                      # edges no path from the start reaches
+        a, b = next(labels), next(labels)
+        successors[a], successors[b] = [b], []
+    for succ in successors.values():
+        rng.shuffle(succ)
+    order = list(successors)
+    rng.shuffle(order)
+    return Graph({node: tuple(successors[node]) for node in order}, path[0], frozenset({path[-1]}))
+
+
+def random_walk(graph: Graph, rng: random.Random, max_length: int) -> str:
+    """A path from the start choosing uniformly among each node's options (`Graph.options`) until it stops, reaches
+    a node without options, or has `max_length` nodes: a valid walk, not necessarily one that reaches the goal."""
+    walk = graph.start
+    while len(walk) < max_length:
+        options = graph.options(walk[-1])
+        if not options:
+            break
+        choice = rng.choice(options)
+        if choice == STOP:
+            break
+        walk += choice
+    return walk

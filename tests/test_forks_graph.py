@@ -1,0 +1,126 @@
+"""The forks task's graphs: fork positions against a brute-force search of every continuation, the path reward, the
+text round trip, and the generator's shapes."""
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+
+from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, is_fork, path_reward, random_graph,
+                                      random_walk)
+
+
+def random_small_graph(rng: random.Random) -> Graph:
+    """Any directed graph on 1–7 nodes (cycles and self-loops allowed), 0–3 goals, any start."""
+    nodes = list(string.ascii_uppercase[: rng.randint(1, 7)])
+    successors = {node: tuple(rng.sample(nodes, rng.randint(0, min(3, len(nodes))))) for node in nodes}
+    goals = frozenset(rng.sample(nodes, rng.randint(0, min(3, len(nodes)))))
+    return Graph(successors, rng.choice(nodes), goals)
+
+
+def can_succeed(graph: Graph, node: str, budget: int) -> bool:
+    """Brute force: some continuation from `node` of at most `budget` more nodes ends by stopping at a goal."""
+    for option in graph.options(node):
+        if option == STOP or (budget > 0 and can_succeed(graph, option, budget - 1)):
+            return True
+    return False
+
+
+def brute_force_forks(graph: Graph, response: str) -> list[bool]:
+    """Every decision of `response` by enumerating its options' continuations (no backward search)."""
+    budget = len(graph.nodes())   # a simple path reaches any reachable goal within as many nodes
+    marks = [False] * (len(response) + 1)
+    for t in range(1, len(response) + 1):
+        prefix = response[:t]
+        follows = prefix[0] == graph.start and all(b in graph.successors.get(a, ()) for a, b in zip(prefix, prefix[1:]))
+        if not follows:
+            continue
+        options = graph.options(prefix[-1])
+        outcomes = [option == STOP or can_succeed(graph, option, budget) for option in options]
+        marks[t] = len(options) >= 2 and any(outcomes) and not all(outcomes)
+    return marks
+
+
+def responses_for(graph: Graph, rng: random.Random) -> list[str]:
+    letters = sorted(graph.nodes()) + ["x", " "]
+    walks = [random_walk(graph, rng, 8) for _ in range(4)]
+    noise = ["".join(rng.choice(letters) for _ in range(rng.randint(0, 6))) for _ in range(4)]
+    return walks + noise + [graph.start + w for w in noise] + [""]
+
+
+def test_fork_positions_equal_a_brute_force_search_on_random_graphs():
+    rng = random.Random(0)
+    kinds = {"no_path": 0, "start_is_goal": 0, "several_goals": 0, "forks": 0}
+    for _ in range(400):
+        graph = random_small_graph(rng)
+        kinds["no_path"] += graph.start not in graph.reaching()
+        kinds["start_is_goal"] += graph.start in graph.goals
+        kinds["several_goals"] += len(graph.goals) > 1
+        for response in responses_for(graph, rng):
+            marks = fork_positions(graph, response)
+            assert marks == brute_force_forks(graph, response), (graph, response)
+            kinds["forks"] += any(marks)
+    assert min(kinds.values()) > 20, kinds   # every case the issue names occurred many times
+
+
+def test_path_reward_is_one_exactly_for_paths_from_the_start_to_a_goal():
+    rng = random.Random(1)
+    for _ in range(300):
+        graph = random_small_graph(rng)
+        for response in responses_for(graph, rng):
+            follows = bool(response) and response[0] == graph.start and all(
+                b in graph.successors.get(a, ()) for a, b in zip(response, response[1:]))
+            expected = float(follows and response[-1] in graph.goals)
+            assert path_reward(response, graph.encode()) == expected, (graph, response)
+
+
+def test_a_one_node_path_succeeds_and_decides_nothing_when_the_start_is_a_sink_goal():
+    graph = Graph({"A": ()}, "A", frozenset("A"))
+    assert path_reward("A", graph.encode()) == 1.0
+    assert fork_positions(graph, "A") == [False, False]
+
+
+def test_the_stop_decision_at_a_goal_with_a_dead_end_successor_is_a_fork():
+    graph = Graph({"A": ("B",), "B": ("C",), "C": ()}, "A", frozenset("B"))
+    assert fork_positions(graph, "AB") == [False, False, True]     # after B: stop (wins) or C (dead end)
+    assert fork_positions(graph, "ABC") == [False, False, True, False]
+
+
+def test_encode_and_decode_round_trip_and_bad_text_names_the_format():
+    graph = random_graph(GraphShape(depth=3, branching=3, free_prob=0.5, distractors=2), random.Random(2))
+    assert Graph.decode(graph.encode()) == graph
+    with pytest.raises(ValueError, match="edges|start|goals"):
+        Graph.decode("not a graph")
+
+
+@pytest.mark.parametrize("shape", [GraphShape(depth=3, branching=2), GraphShape(depth=4, branching=3,
+                                   dead_end_length=2), GraphShape(depth=2, branching=2, free_prob=1.0),
+                                   GraphShape(depth=3, branching=2, distractors=3)])
+def test_generated_graphs_have_one_solution_path_whose_forks_are_its_decisions(shape: GraphShape):
+    rng = random.Random(3)
+    for _ in range(50):
+        graph = random_graph(shape, rng)
+        reaching = graph.reaching()
+        assert graph.start in reaching and len(graph.goals) == 1
+        assert len(graph.nodes()) <= shape.node_count()
+        forks = [node for node in graph.nodes() if is_fork(graph, node, reaching)]
+        assert len(forks) == (0 if shape.free_prob == 1.0 else shape.depth)
+        assert all(len(graph.options(node)) == shape.branching for node in forks)
+
+
+def test_a_random_walk_follows_the_edges_and_the_question_lists_every_edge():
+    rng = random.Random(4)
+    graph = random_graph(GraphShape(depth=3, branching=2), rng)
+    question = graph.question()
+    for node, succ in graph.successors.items():
+        for nxt in succ or ".":
+            assert f"{node}{nxt}" in question.split("\n")[0].split()
+    for _ in range(50):
+        walk = random_walk(graph, rng, 8)
+        assert walk[0] == graph.start and all(b in graph.successors[a] for a, b in zip(walk, walk[1:]))
+
+
+def test_a_shape_that_needs_more_labels_than_a_to_z_is_refused_naming_the_options():
+    with pytest.raises(ValueError, match="lower task.depth"):
+        GraphShape(depth=10, branching=3).check()
