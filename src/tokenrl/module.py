@@ -197,7 +197,7 @@ class GRPOModule(L.LightningModule):
             would = self.sample_writer.reference_masks(whole)   # every rank: reference selectors may gather
             if self.global_rank == 0:
                 self.sample_writer.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights,
-                                         would, update.first_epoch_shaping)
+                                         would, update.first_epoch_shaping, train.forks)
         self.mark_step_boundary()
 
     def _fused_statistics(self, rows: int) -> bool:

@@ -5,7 +5,7 @@ rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, 
 the decoded prompt and token pieces, reward, advantage, per-token entropy (and JS when computed), the mask this
 run's selector actually updated (`updated`), and what each reference selector would choose on the same tokens
 (`would_select`: `selectors.reference_selectors`, ICT top-10% per response without warm-up when JS is there,
-20-Entropy, STAPO).
+20-Entropy, STAPO), and the true forks (`forks`, 0/1 per token) where the task names them (task=forks).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class SampleWriter:
 
     def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
               updated: torch.Tensor, would: dict[str, torch.Tensor],
-              shaping: dict[str, torch.Tensor] | None = None) -> Path:
+              shaping: dict[str, torch.Tensor] | None = None, forks: torch.Tensor | None = None) -> Path:
         """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch,
         `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the per-token
         fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
@@ -69,6 +69,7 @@ class SampleWriter:
                     "updated": _weights(updated[row, :length]),
                     "shaping": {name: _rounded(values[row, :length]) for name, values in (shaping or {}).items()},
                     "would_select": {name: [int(v) for v in mask[row, :length]] for name, mask in would.items()},
+                    "forks": None if forks is None else [int(v) for v in forks[row, :length]],
                 }
                 handle.write(json.dumps(record) + "\n")
         return path

@@ -1,6 +1,7 @@
 """A supervised warm-up of a randomly initialised policy on a task's own examples, cached by what determines it.
 
-Loss: the mean over response tokens (and the end-of-sequence token) of −log π(o_t | prompt, o_<t), AdamW, seeded.
+Loss: the mean over response tokens (and the end-of-sequence token) of −log π(o_t | prompt, o_<t); AdamW with a linear
+lr warm-up over the first tenth of the steps; seeded.
 The result is an HF model folder under `cache_root`, named by a hash of the architecture, the settings and the task's
 description, written under a temporary name and renamed when complete: a second run with the same key loads it
 instead of training again, and an interrupted warm-up never leaves a folder that would be loaded.
@@ -56,6 +57,8 @@ def train_warmup(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBas
     model = build_model({**model_cfg, "init": "random", "lora": None, "gradient_checkpointing": False}, seed=seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(settings["lr"]), weight_decay=0.0)
+    warm = max(1, int(settings["steps"]) // 10)   # linear lr warm-up over the first tenth, then constant
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warm))
     rng = random.Random(f"warmup-{seed}")
     log.info("warm-up: %d supervised steps of %d examples (cached in %s)", settings["steps"], settings["batch_size"],
              folder)
@@ -68,6 +71,7 @@ def train_warmup(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBas
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            schedule.step()
             if (step + 1) % 100 == 0 or step + 1 == int(settings["steps"]):
                 log.info("warm-up step %d/%d: loss %.4f", step + 1, settings["steps"], loss.item())
     temporary = folder.with_name(f"{folder.name}.tmp{os.getpid()}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tokenrl.report.runs import Run
 
-COLOURS = {"ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
+COLOURS = {"forks": "#e63946", "ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
 REFERENCES = {"ict": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
               "stapo": "STAPO (silenced spurious tokens removed)"}
 SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
@@ -59,6 +59,12 @@ def _row(who: str, record: dict, values: list[float], colour: str) -> str:
     share = sum(1 for v in values if v is None or v) / max(len(values), 1)
     return (f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
             f'<div class="toks">{_tokens(record, values, colour)}</div></div>')
+
+
+def _fork_row(record: dict) -> str:
+    """The response's true forks, on a task that names them (task=forks), else nothing."""
+    forks = record.get("forks")
+    return "" if forks is None else _row("true forks", record, forks, COLOURS["forks"])
 
 
 def _run_rows(who: str, record: dict) -> str:
@@ -112,7 +118,7 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
              f"the rollouts are {note}. Rows: what {', '.join(shown)} would update (recorded by run {source.job}), "
              f"then what each run updated at this step (warm-up steps update every token).{missing}</p>"]
     for index, record in enumerate(first[:rows]):
-        lines = [_meta(record)]
+        lines = [_meta(record), _fork_row(record)]
         for name, mask in record["would_select"].items():
             lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name, "#ddd")))
         if identical:
@@ -135,7 +141,7 @@ def later_step_section(runs: list[Run], rows: int) -> str:
              "<p>The policies have diverged, so each run shows its own rollouts of the same prompt.</p>"]
     for run in same_seed:
         records = read_samples(run, step)[:rows]
-        body = "".join(_meta(r) + _run_rows(run.label, r) for r in records)
+        body = "".join(_meta(r) + _fork_row(r) + _run_rows(run.label, r) for r in records)
         prompt = html.escape(question(records[0])) if records else ""
         parts.append(f'<h3>{html.escape(run.label)} (job {run.job}): <code>{prompt}</code></h3>'
                      f'<div class="resp">{body}</div>')
