@@ -1,5 +1,7 @@
 """checkpointing.py: a failed save names the file, the space it needs and that the previous checkpoint is intact;
-the temporaries of a killed save are removed."""
+the temporaries of a killed save are removed; a sharded checkpoint's folder is replaced whole (a kill at any point
+leaves the previous one or the new one complete); the policy's weights are read from either kind.
+The same under 2 real FSDP ranks: tests/test_distributed.py (resume from sharded and full checkpoints)."""
 from __future__ import annotations
 
 import errno
@@ -9,7 +11,11 @@ import pytest
 import torch
 
 import tokenrl.checkpointing as checkpointing
-from tokenrl.checkpointing import AtomicCheckpointIO, CheckpointWriteError, remove_stale_temporaries
+from tokenrl.checkpointing import (TEMPORARY_GLOB, AtomicCheckpointIO, AtomicFSDPStrategy, CheckpointWriteError,
+                                   interrupted_swap, is_sharded_checkpoint, policy_state_dict, remove_stale_temporaries)
+
+# a sharded save in one process (no process group) is what torch.distributed.checkpoint warns about
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 class FullDisk(io.RawIOBase):
@@ -56,9 +62,117 @@ def test_other_write_errors_name_the_file(tmp_path, monkeypatch):
 def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
     (tmp_path / ".last.ckpt.abc123.tmp").write_bytes(b"\0" * 10)
     (tmp_path / ".step0003.ckpt.x9.tmp").write_bytes(b"\0")
+    (tmp_path / ".step0004.ckpt.k2.tmp").mkdir()   # a sharded save's folder, cut short
+    (tmp_path / ".step0004.ckpt.k2.tmp" / "__0_0.distcp").write_bytes(b"\0")
     (tmp_path / "last.ckpt").write_bytes(b"kept")
     (tmp_path / "notes.tmp").write_bytes(b"kept")
     removed = remove_stale_temporaries(tmp_path)
-    assert sorted(p.name for p in removed) == [".last.ckpt.abc123.tmp", ".step0003.ckpt.x9.tmp"]
+    assert sorted(p.name for p in removed) == [".last.ckpt.abc123.tmp", ".step0003.ckpt.x9.tmp", ".step0004.ckpt.k2.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "notes.tmp"]
     assert remove_stale_temporaries(tmp_path / "absent") == []
+
+
+# --------------------------------------------------------------------------- sharded checkpoints (one process)
+def sharded_state(step: int, weight: float) -> dict:
+    """What Lightning hands FSDPStrategy.save_checkpoint: the module's and the optimizer's states and the rest."""
+    return {"state_dict": {"policy.w": torch.full((4,), weight), "policy.b": torch.zeros(2)},
+            "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+            "tokenrl": {"rollout_step": step}}
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2_exchange", "remove_then_rename"])
+def test_a_sharded_checkpoint_replaces_the_previous_folder_whole(tmp_path, monkeypatch, exchange):
+    """The shards and meta.pt go to a temporary folder that replaces the target once complete: exchanged in one step
+    where the file system can, else the old one removed and the new renamed in (NFS)."""
+    if not exchange:
+        monkeypatch.setattr(checkpointing, "_exchange", lambda a, b: False)
+    strategy, target = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt"
+    strategy.save_checkpoint(sharded_state(1, 1.0), target)
+    strategy.save_checkpoint(sharded_state(2, 2.0), target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"] and is_sharded_checkpoint(target)
+    assert sorted(p.name for p in target.iterdir()) == [".metadata", "__0_0.distcp", "meta.pt"]
+    assert torch.load(target / "meta.pt", weights_only=True) == {"tokenrl": {"rollout_step": 2}}
+    policy = policy_state_dict(target)
+    assert sorted(policy) == ["b", "w"] and torch.equal(policy["w"], torch.full((4,), 2.0))
+
+
+def test_a_sharded_checkpoint_replaces_a_full_one_of_the_same_name(tmp_path):
+    target = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"policy.w": torch.zeros(4)}}, target)
+    AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(sharded_state(3, 3.0), target)
+    assert is_sharded_checkpoint(target) and torch.equal(policy_state_dict(target)["w"], torch.full((4,), 3.0))
+
+
+@pytest.mark.parametrize("failure,message", [
+    (OSError(errno.ENOSPC, "No space left on device"), r"no space left on device writing checkpoint .*last.ckpt: it "
+                                                       r"needs about 0.00 GiB per rank .* GiB free"),
+    (PermissionError(errno.EACCES, "Permission denied"), r"could not write checkpoint .*last.ckpt: rank 1: "
+                                                         r"PermissionError: .*Permission denied")])
+def test_a_failed_sharded_save_names_the_cause_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, failure,
+                                                                                message):
+    """A rank's failure reaches every rank as torch.distributed.checkpoint's CheckpointException; the partial folder
+    is removed, the previous checkpoint is intact."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    strategy, target = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt"
+    strategy.save_checkpoint(sharded_state(1, 1.0), target)
+
+    def failing(state, checkpoint_id):
+        (checkpoint_id / "__0_0.distcp").write_bytes(b"\0" * 100)   # rank 0's half-written shard
+        raise CheckpointException("save", {1: (failure, None)})
+    monkeypatch.setattr(dcp, "save", failing)
+    with pytest.raises(CheckpointWriteError, match=message + r".*; the previous last.ckpt is intact"):
+        strategy.save_checkpoint(sharded_state(2, 2.0), target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+    assert torch.equal(policy_state_dict(target)["w"], torch.full((4,), 1.0))
+
+
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt   # a save that never finishes (kill -9, a node failure): nothing is cleaned up
+
+
+def test_a_sharded_save_killed_midway_leaves_the_previous_checkpoint_and_a_temporary_that_is_removed(tmp_path,
+                                                                                                  monkeypatch):
+    strategy, target = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt"
+    strategy.save_checkpoint(sharded_state(1, 1.0), target)
+    monkeypatch.setattr(checkpointing, "_save_atomically", interrupt)   # the shards are written, meta.pt is not
+    with pytest.raises(KeyboardInterrupt):
+        strategy.save_checkpoint(sharded_state(2, 2.0), target)
+    (partial,) = tmp_path.glob(TEMPORARY_GLOB)
+    assert (partial / "__0_0.distcp").is_file() and not is_sharded_checkpoint(partial)
+    assert interrupted_swap(target) is None and torch.equal(policy_state_dict(target)["w"], torch.full((4,), 1.0))
+    assert remove_stale_temporaries(tmp_path) == [partial]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def test_a_swap_killed_between_its_renames_leaves_the_new_checkpoint_complete_for_resume(tmp_path, monkeypatch):
+    """Without an atomic exchange the old folder is removed, then the new one renamed in: killed in between, the new
+    checkpoint is complete under its temporary name; resume takes it (`interrupted_swap`) and clean-up keeps it."""
+    strategy, target = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt"
+    strategy.save_checkpoint(sharded_state(1, 1.0), target)
+    real_remove = checkpointing._remove
+
+    def remove_then_die(path):
+        real_remove(path)
+        interrupt()
+    monkeypatch.setattr(checkpointing, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(checkpointing, "_remove", remove_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        strategy.save_checkpoint(sharded_state(2, 2.0), target)
+    (pending,) = tmp_path.glob(TEMPORARY_GLOB)
+    assert not target.exists() and interrupted_swap(target) == pending
+    assert remove_stale_temporaries(tmp_path) == [] and pending.is_dir()
+    assert torch.equal(policy_state_dict(pending)["w"], torch.full((4,), 2.0))
+
+
+def test_policy_state_dict_reads_a_full_checkpoint_and_names_what_is_wrong(tmp_path):
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"policy.w": torch.ones(3), "other.x": torch.ones(1)}},
+                                         tmp_path / "a.ckpt")
+    assert list(policy_state_dict(tmp_path / "a.ckpt")) == ["w"]
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"other.x": torch.ones(1)}}, tmp_path / "b.ckpt")
+    with pytest.raises(ValueError, match=r"b.ckpt holds no `policy.\*` weights"):
+        policy_state_dict(tmp_path / "b.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*absent.ckpt: a tokenrl checkpoint is a .ckpt file "
+                                                r"or a sharded checkpoint's folder holding meta.pt"):
+        policy_state_dict(tmp_path / "absent.ckpt")

@@ -88,11 +88,24 @@ def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
 
 def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path):
     """Lightning restores an FSDP checkpoint after on_fit_start, where the engine is built: the engine must follow
-    (the collector refused the first step: "the engine missed a weight sync")."""
-    _fsdp_fit(tmp_path / "first", "-", "total_steps=1")
-    resumed = _fsdp_fit(tmp_path / "resumed", tmp_path / "first" / "checkpoints" / "last.ckpt", "total_steps=2")
+    (the collector refused the first step: "the engine missed a weight sync"). From a sharded checkpoint (the preset's:
+    a folder, every rank its shard) and from a full one, the resumed run is the uninterrupted one, and the policy read
+    back from either checkpoint in one process is the module's after step 1."""
+    from tokenrl.checkpointing import TEMPORARY_GLOB, policy_state_dict
+
     straight = _fsdp_fit(tmp_path / "straight", "-", "total_steps=2")
-    assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"]
+    for kind in ("sharded", "full"):
+        first = _fsdp_fit(tmp_path / kind, "-", "total_steps=1", f"trainer.strategy.state_dict_type={kind}")
+        last = tmp_path / kind / "checkpoints" / "last.ckpt"
+        assert last.is_dir() == (kind == "sharded") and not list(last.parent.glob(TEMPORARY_GLOB))
+        saved = policy_state_dict(last)
+        assert saved.keys() == first["weights"].keys(), kind
+        assert all(torch.equal(saved[name], weight) for name, weight in first["weights"].items()), kind
+        resumed = _fsdp_fit(tmp_path / f"{kind}_resumed", last, "total_steps=2",
+                            f"trainer.strategy.state_dict_type={kind}")
+        assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
+        for name, weight in straight["weights"].items():
+            assert torch.equal(resumed["weights"][name], weight), (kind, name)
 
 
 def _one_step(out, world, strategy="ddp", *overrides):

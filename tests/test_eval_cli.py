@@ -1,4 +1,5 @@
-"""eval.py: `python eval.py` end to end (tiny model, real engine, real files), checkpoints loaded, its config folder.
+"""eval.py: `python eval.py` end to end (tiny model, real engine, real files), checkpoints (files and sharded folders)
+loaded, its config folder.
 
 Validation during training (evaluation/runner.py's Validator): tests/test_evaluation_runner.py."""
 from __future__ import annotations
@@ -50,6 +51,24 @@ def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     load_policy_weights(model, str(tmp_path / "checkpoints" / "last.ckpt"))
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
+    """trainer=fsdp's checkpoints are folders of shards (checkpointing.AtomicFSDPStrategy); tokenrl-eval reads them
+    into one process (the same policy_state_dict as a .ckpt file)."""
+    from tests.helpers.tiny import tiny_policy
+    from tokenrl.checkpointing import AtomicFSDPStrategy
+    from tokenrl.eval import load_policy_weights
+
+    trained, _ = tiny_policy(seed=1)
+    AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(
+        {"state_dict": {f"policy.{k}": v for k, v in trained.state_dict().items()}, "tokenrl": {"rollout_step": 1}},
+        tmp_path / "last.ckpt")
+    model, _ = tiny_policy(seed=0)
+    assert not torch.equal(model.state_dict()["lm_head.weight"], trained.state_dict()["lm_head.weight"])
+    load_policy_weights(model, str(tmp_path / "last.ckpt"))
+    assert all(torch.equal(value, trained.state_dict()[key]) for key, value in model.state_dict().items())
 
 
 def test_eval_finds_its_configs_without_importing_the_train_entry_point():

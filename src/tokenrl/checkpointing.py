@@ -1,12 +1,15 @@
-"""Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target), the run's
-checkpoint policy (periodic + best + exactly one `last.ckpt` holding the final state), and clean-up of the temporaries a
-killed save leaves (the RNG states a checkpoint carries: utils.rng_state).
+"""Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target; a sharded FSDP
+checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (periodic + best + exactly one
+`last.ckpt` holding the final state), clean-up of the temporaries a killed save leaves (the RNG states a checkpoint
+carries: utils.rng_state), and the policy's weights of any checkpoint read in one process (`policy_state_dict`).
 
 An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import glob
 import logging
 import os
 import shutil
@@ -18,17 +21,32 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.strategies import FSDPStrategy
+from torch.distributed.checkpoint.api import CheckpointException
 
 log = logging.getLogger(__name__)
-TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what AtomicCheckpointIO writes before its rename
+TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
+# A sharded checkpoint is a folder (Lightning's layout, FSDPStrategy.save_checkpoint / load_checkpoint): the
+# torch.distributed.checkpoint files (`.metadata`, one `__<rank>_0.distcp` per rank holding its shard of "model" and
+# "optimizer_<i>") and SHARDED_META, the rest of the checkpoint (loops, callbacks, tokenrl's state), written last.
+SHARDED_META = "meta.pt"
+RENAME_EXCHANGE, AT_FDCWD = 2, -100   # linux/fs.h, linux/fcntl.h
 
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written; the message names the file, the cause and what survives."""
 
 
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a complete sharded checkpoint (a folder whose meta.pt, written last, is there)."""
+    return Path(path).is_dir() and (Path(path) / SHARDED_META).is_file()
+
+
 def _tensor_bytes(obj: Any) -> int:
-    """Bytes of the tensors inside a (nested) checkpoint dict: about what `torch.save` writes."""
+    """Bytes of the tensors inside a (nested) checkpoint dict: about what `torch.save` writes; of a ShardedTensor (a
+    sharded FSDP state dict) this rank's shards."""
+    if hasattr(obj, "local_shards"):
+        return sum(_tensor_bytes(shard.tensor) for shard in obj.local_shards())
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -47,42 +65,165 @@ def _out_of_space(err: BaseException) -> bool:
     return False
 
 
+def _write_error(err: BaseException, target: Path, needed_bytes: int, per_rank: bool = False) -> CheckpointWriteError:
+    """The error of a failed save of `target`: the cause (each failed rank's, under torch.distributed.checkpoint),
+    what survives and, on a full disk, the space it needs and the space there is."""
+    kept = f"the previous {target.name} is intact" if target.exists() else f"no {target.name} was written before"
+    if _out_of_space(err):
+        free = shutil.disk_usage(target.parent).free
+        return CheckpointWriteError(
+            errno.ENOSPC, f"no space left on device writing checkpoint {target}: it needs about "
+            f"{needed_bytes / 2**30:.2f} GiB{' per rank' if per_rank else ''} and its file system has "
+            f"{free / 2**30:.2f} GiB free (after removing the partial write); {kept}. Free space, or point "
+            f"paths.log_dir at a larger disk and resume with ckpt_path=")
+    cause = ("; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
+             if isinstance(err, CheckpointException) else err)
+    return CheckpointWriteError(getattr(err, "errno", None) or errno.EIO,
+                                f"could not write checkpoint {target}: {cause}; {kept}")
+
+
+def _save_atomically(obj: Any, target: Path) -> None:
+    """`torch.save` into a temporary file next to `target`, fsync, rename over it (removed on failure)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
+            _save_atomically(checkpoint, target)
         except (OSError, RuntimeError) as err:
-            kept = f"the previous {target.name} is intact" if target.exists() else f"no {target.name} was written before"
-            if _out_of_space(err):
-                free = shutil.disk_usage(target.parent).free
-                raise CheckpointWriteError(
-                    errno.ENOSPC, f"no space left on device writing checkpoint {target}: it needs about "
-                    f"{_tensor_bytes(checkpoint) / 2**30:.2f} GiB and its file system has {free / 2**30:.2f} GiB free "
-                    f"(after removing the partial file); {kept}. Free space, or point paths.log_dir at a larger disk "
-                    f"and resume with ckpt_path=") from err
-            raise CheckpointWriteError(getattr(err, "errno", None) or errno.EIO,
-                                       f"could not write checkpoint {target}: {err}; {kept}") from err
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            raise _write_error(err, target, _tensor_bytes(checkpoint)) from err
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux `renameat2` with RENAME_EXCHANGE); False where the C library or the file
+    system has no such exchange (NFS and most cluster file systems)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint file or folder; a folder's meta.pt first, so a removal cut short never looks complete."""
+    if path.is_dir() and not path.is_symlink():
+        (path / SHARDED_META).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+    """Put the complete checkpoint folder `staging` at `target`, replacing what is there: both exchanged in one step
+    where the file system can, else the old one removed (meta.pt first) and the new one renamed in. A kill at any
+    point leaves `target` complete, or the new checkpoint complete under its temporary name, which resume takes
+    (`interrupted_swap`)."""
+    if os.path.lexists(target) and _exchange(staging, target):
+        _remove(staging)   # the previous checkpoint, now under the temporary name
+        return
+    if os.path.lexists(target):
+        _remove(target)
+    os.rename(staging, target)
+
+
+def interrupted_swap(target: str | Path) -> Path | None:
+    """The complete checkpoint that a sharded save killed while it replaced `target` left under its temporary name
+    (`target` then absent or without meta.pt), or None."""
+    target = Path(target)
+    if target.is_file() or is_sharded_checkpoint(target):
+        return None
+    complete = [path for path in target.parent.glob(f".{glob.escape(target.name)}.*.tmp")
+                if is_sharded_checkpoint(path)]
+    return max(complete, key=lambda path: (path / SHARDED_META).stat().st_mtime, default=None)
+
+
+class AtomicFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDPStrategy writing a sharded checkpoint (`state_dict_type: sharded`) whole or not at all: every
+    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint, nothing gathered),
+    then rank 0 writes meta.pt, all in a temporary folder next to the target that replaces it once complete
+    (`_swap_in`). Lightning writes into the target folder itself, so a save killed midway left a half checkpoint
+    under the name resume takes. The folder must be on a file system all ranks share. `full` checkpoints are
+    Lightning's (rank 0 writes the gathered state through AtomicCheckpointIO)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
+        if self._state_dict_type != "sharded":
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from torch.distributed.checkpoint import save
+
+        target = Path(self.broadcast(str(filepath)))
+        staging = None
+        if self.is_global_zero:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        staging = Path(self.broadcast(staging))
+        state = {"model": checkpoint.pop("state_dict"),
+                 **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
+        try:
+            save(state, checkpoint_id=staging)   # returns once every rank's shard and `.metadata` are on disk
+            if self.is_global_zero:
+                _save_atomically(checkpoint, staging / SHARDED_META)
+                _swap_in(staging, target)
+        except (OSError, RuntimeError, CheckpointException) as err:
+            if self.is_global_zero:
+                _remove(staging)
+            raise _write_error(err, target, _tensor_bytes(state), per_rank=True) from err
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files that a save killed mid-write (`kill -9`, a node failure) left in `folder` (one run's
-    checkpoints folder only); returns them."""
-    stale = sorted(Path(folder).glob(TEMPORARY_GLOB)) if Path(folder).is_dir() else []
+    """Delete the temporary files and folders that a save killed mid-write (`kill -9`, a node failure) left in
+    `folder` (one run's checkpoints folder only), except a complete one that resume takes (`interrupted_swap`);
+    returns them."""
+    folder = Path(folder)
+    found = sorted(folder.glob(TEMPORARY_GLOB)) if folder.is_dir() else []
+    stale = [path for path in found if path != interrupted_swap(folder / path.name[1:].rsplit(".", 2)[0])]
     for path in stale:
-        log.warning("removing %s (%.2f GiB): the partial file of a checkpoint save that was interrupted", path,
-                    path.stat().st_size / 2**30)
-        path.unlink()
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        log.warning("removing %s (%.2f GiB): what a checkpoint save that was interrupted had written", path,
+                    size / 2**30)
+        _remove(path)
     return stale
+
+
+def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The policy's weights (keys `policy.*` without the prefix, as the model names them) of a tokenrl training
+    checkpoint, a `.ckpt` file or a sharded checkpoint's folder, in this process's host memory (4 bytes per parameter
+    in fp32); the optimizer state is not read. A sharded folder is read as torch's `dcp_to_torch_save` reads one
+    (torch/distributed/checkpoint/format_utils.py), its "model" entry only."""
+    path = Path(path)
+    if is_sharded_checkpoint(path):
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        loaded: dict[str, Any] = {}
+        _load_state_dict(loaded, storage_reader=FileSystemReader(path),
+                         planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+        state = loaded["model"]
+    elif path.is_file():
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("state_dict", {})
+    else:
+        raise FileNotFoundError(f"no checkpoint at {path}: a tokenrl checkpoint is a .ckpt file or a sharded "
+                                f"checkpoint's folder holding {SHARDED_META} (logs/train/runs/<time>/checkpoints/)")
+    policy = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
+    if not policy:
+        raise ValueError(f"{path} holds no `policy.*` weights: is it a tokenrl training checkpoint?")
+    return policy
 
 
 class RunCheckpoint(ModelCheckpoint):

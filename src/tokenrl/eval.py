@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
+from tokenrl.checkpointing import policy_state_dict
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.evaluation.runner import EvalSettings, evaluate
@@ -29,15 +30,8 @@ log = logging.getLogger(__name__)
 
 
 def load_policy_weights(model: torch.nn.Module, ckpt_path: str) -> None:
-    """Load the policy of a tokenrl training checkpoint (keys `policy.*`) into `model`."""
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path} does not exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
-    policy = {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
-    if not policy:
-        raise ValueError(f"{ckpt_path} holds no `policy.*` weights: is it a tokenrl training checkpoint?")
-    model.load_state_dict(policy)
+    """Load the policy of a tokenrl training checkpoint (a .ckpt file or a sharded checkpoint's folder) into `model`."""
+    model.load_state_dict(policy_state_dict(ckpt_path))
 
 
 def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:

@@ -4,7 +4,9 @@ resumed run in its original folder with one `metrics.csv`.
 `python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`run_dir_override` adds
 `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
 the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
-from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job).
+from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job). A
+checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same name
+(checkpointing.py).
 """
 from __future__ import annotations
 
@@ -15,13 +17,17 @@ from typing import Any
 
 import torch
 
+from tokenrl.checkpointing import SHARDED_META, interrupted_swap, is_sharded_checkpoint
+
 log = logging.getLogger(__name__)
 AUTO = "auto"
 
 
 def checkpoint_step(path: str | Path) -> int:
-    """The rollout steps done in the checkpoint at `path` (memory-mapped: the weights are not read)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """The rollout steps done in the checkpoint at `path` (memory-mapped: the weights are not read; of a sharded
+    checkpoint its meta.pt, which holds no weights)."""
+    source = Path(path) / SHARDED_META if Path(path).is_dir() else path
+    checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
     try:
         return int(checkpoint["tokenrl"]["rollout_step"])
     except KeyError:
@@ -35,13 +41,21 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_step
         return None, 0
     if str(ckpt_path) == AUTO:
         own = Path(output_dir) / "checkpoints" / "last.ckpt"
-        if not own.is_file():
+        if not own.exists() and interrupted_swap(own) is None:
             log.info("ckpt_path=auto: no %s yet, starting from step 0", own)
             return None, 0
         ckpt_path = str(own)
     path = Path(ckpt_path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file (a run's checkpoints are in "
+    swapped = interrupted_swap(path)
+    if swapped is not None:
+        log.warning("%s was being replaced when its run stopped: resuming from the new checkpoint, complete under its "
+                    "temporary name %s", path, swapped)
+        path = swapped
+    elif path.is_dir() and not is_sharded_checkpoint(path):
+        raise ValueError(f"ckpt_path={ckpt_path}: a folder without {SHARDED_META}, so not a complete sharded "
+                         "checkpoint (a save that was cut short?); resume from another checkpoint of the run")
+    elif not path.exists():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file or folder (a run's checkpoints are in "
                                 "logs/train/runs/<time>/checkpoints/: last.ckpt, stepNNNN.ckpt)")
     step = checkpoint_step(path)
     if step >= total_steps:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
+from tokenrl.checkpointing import AtomicFSDPStrategy  # noqa: E402
 from tokenrl.rollout.base import concat_rollouts  # noqa: E402
 from tokenrl.rollout.hf import HFEngine  # noqa: E402
 from tokenrl.train import build_components  # noqa: E402
@@ -50,10 +51,10 @@ def _full_state_dict_on_cpu(module, world_size, rank0_only=True):
                                 FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only))
 
 
-class CPUFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDPStrategy, which Lightning refuses with a CPU accelerator (an exact-type check in
-    `_AcceleratorConnector._check_strategy_and_fallback`) although torch's FSDP runs on CPU over gloo; its checkpoints
-    gather without offloading (`_full_state_dict_on_cpu`)."""
+class CPUFSDPStrategy(AtomicFSDPStrategy):
+    """The fsdp preset's strategy (a subclass of Lightning's FSDPStrategy, which Lightning refuses with a CPU
+    accelerator by an exact-type check in `_AcceleratorConnector._check_strategy_and_fallback` although torch's FSDP
+    runs on CPU over gloo) whose full checkpoints gather without offloading (`_full_state_dict_on_cpu`)."""
 
     def setup_environment(self) -> None:
         import lightning.pytorch.strategies.fsdp as lightning_fsdp

@@ -1,5 +1,6 @@
-"""Fit the tiny model under FSDP over 2 gloo CPU ranks and write rank 0's reward history and rollout step to
-OUT_DIR/result.pt (tests/test_distributed.py: resume under FSDP).
+"""Fit the tiny model under FSDP over 2 gloo CPU ranks (the fsdp preset: sharded checkpoints, or full with
+`trainer.strategy.state_dict_type=full`) and write rank 0's reward history, rollout step and the policy's full weights
+at the end to OUT_DIR/result.pt (tests/test_distributed.py: resume under FSDP).
 
     python tests/helpers/fsdp_fit.py OUT_DIR [CKPT_PATH|-] [OVERRIDE ...]
 """
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
-from tests.helpers.ddp_step import OVERRIDES, CPUFSDPStrategy  # noqa: E402
+from tests.helpers.ddp_step import OVERRIDES, CPUFSDPStrategy, full_weights  # noqa: E402
 from tokenrl.train import build_components  # noqa: E402
 
 if __name__ == "__main__":
@@ -30,7 +31,9 @@ if __name__ == "__main__":
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)
     trainer.fit(module, datamodule=datamodule, ckpt_path=None if ckpt == "-" else ckpt)
+    weights = full_weights(module.policy)   # gathered: every rank takes part
     if trainer.is_global_zero:
-        torch.save({"reward_history": module.reward_history, "rollout_step": module.rollout_step}, out / "result.pt")
+        torch.save({"reward_history": module.reward_history, "rollout_step": module.rollout_step, "weights": weights},
+                   out / "result.pt")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
