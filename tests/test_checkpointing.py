@@ -96,6 +96,15 @@ def test_a_sharded_checkpoint_replaces_the_previous_folder_whole(tmp_path, monke
     assert sorted(policy) == ["b", "w"] and torch.equal(policy["w"], torch.full((4,), 2.0))
 
 
+def test_superseded_checkpoints_are_removed_files_and_folders(tmp_path):
+    """What ModelCheckpoint drops (an older stepNNNN.ckpt) goes through the IO plugin: a folder loses meta.pt first."""
+    AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(sharded_state(1, 1.0), tmp_path / "step0001.ckpt")
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}}, tmp_path / "step0002.ckpt")
+    for name in ("step0001.ckpt", "step0002.ckpt"):
+        AtomicCheckpointIO().remove_checkpoint(tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sharded_checkpoint_replaces_a_full_one_of_the_same_name(tmp_path):
     target = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"policy.w": torch.zeros(4)}}, target)

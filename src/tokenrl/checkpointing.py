@@ -96,6 +96,15 @@ def _save_atomically(obj: Any, target: Path) -> None:
             os.unlink(tmp)
 
 
+def _remove(path: Path) -> None:
+    """Remove a checkpoint file or folder; a folder's meta.pt first, so a removal cut short never looks complete."""
+    if path.is_dir() and not path.is_symlink():
+        (path / SHARDED_META).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         target = Path(path)
@@ -104,6 +113,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             _save_atomically(checkpoint, target)
         except (OSError, RuntimeError) as err:
             raise _write_error(err, target, _tensor_bytes(checkpoint)) from err
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """A superseded checkpoint (file or sharded folder), removed so that it never looks complete half-removed."""
+        _remove(Path(path))
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -118,15 +131,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
         return False
     raise OSError(code, os.strerror(code), str(a), None, str(b))
-
-
-def _remove(path: Path) -> None:
-    """Remove a checkpoint file or folder; a folder's meta.pt first, so a removal cut short never looks complete."""
-    if path.is_dir() and not path.is_symlink():
-        (path / SHARDED_META).unlink(missing_ok=True)
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _swap_in(staging: Path, target: Path) -> None:
@@ -155,7 +159,8 @@ def interrupted_swap(target: str | Path) -> Path | None:
 
 class AtomicFSDPStrategy(FSDPStrategy):
     """Lightning's FSDPStrategy writing a sharded checkpoint (`state_dict_type: sharded`) whole or not at all: every
-    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint, nothing gathered),
+    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint; nothing is gathered into
+    one process),
     then rank 0 writes meta.pt, all in a temporary folder next to the target that replaces it once complete
     (`_swap_in`). Lightning writes into the target folder itself, so a save killed midway left a half checkpoint
     under the name resume takes. The folder must be on a file system all ranks share. `full` checkpoints are
