@@ -67,7 +67,8 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
     (tmp_path / "last.ckpt").write_bytes(b"kept")
     (tmp_path / "notes.tmp").write_bytes(b"kept")
     removed = remove_stale_temporaries(tmp_path)
-    assert sorted(p.name for p in removed) == [".last.ckpt.abc123.tmp", ".step0003.ckpt.x9.tmp", ".step0004.ckpt.k2.tmp"]
+    assert sorted(p.name for p in removed) == [".last.ckpt.abc123.tmp", ".step0003.ckpt.x9.tmp",
+                                               ".step0004.ckpt.k2.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "notes.tmp"]
     assert remove_stale_temporaries(tmp_path / "absent") == []
 
@@ -76,7 +77,8 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
 def sharded_state(step: int, weight: float) -> dict:
     """What Lightning hands FSDPStrategy.save_checkpoint: the module's and the optimizer's states and the rest."""
     return {"state_dict": {"policy.w": torch.full((4,), weight), "policy.b": torch.zeros(2)},
-            "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+            "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(4)}},
+                                  "param_groups": [{"lr": 0.1, "params": [0]}]}],
             "tokenrl": {"rollout_step": step}}
 
 

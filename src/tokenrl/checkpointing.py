@@ -159,12 +159,11 @@ def interrupted_swap(target: str | Path) -> Path | None:
 
 class AtomicFSDPStrategy(FSDPStrategy):
     """Lightning's FSDPStrategy writing a sharded checkpoint (`state_dict_type: sharded`) whole or not at all: every
-    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint; nothing is gathered into
-    one process),
-    then rank 0 writes meta.pt, all in a temporary folder next to the target that replaces it once complete
-    (`_swap_in`). Lightning writes into the target folder itself, so a save killed midway left a half checkpoint
-    under the name resume takes. The folder must be on a file system all ranks share. `full` checkpoints are
-    Lightning's (rank 0 writes the gathered state through AtomicCheckpointIO)."""
+    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint; nothing is gathered
+    into one process), then rank 0 writes meta.pt, all in a temporary folder next to the target that replaces it once
+    complete (`_swap_in`). Lightning writes into the target folder itself, so a save killed midway left a half
+    checkpoint under the name resume takes. The folder must be on a file system all ranks share. `full` checkpoints
+    are Lightning's (rank 0 writes the gathered state through AtomicCheckpointIO)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
         if self._state_dict_type != "sharded":
