@@ -21,7 +21,9 @@ def problems(*overrides: str) -> list[str]:
 
 @pytest.mark.parametrize("overrides", [[]] + [[f"experiment={e}"] for e in EXPERIMENTS]
                          + [[f"method={m}"] for m in METHODS] + [[f"model={m}"] for m in ("qwen7b", "tiny")]
-                         + [["selector=ict"], ["+model.lora={r: 4}"], ["trainer=ddp"], ["trainer=fsdp"]])
+                         + [["selector=ict"], ["+model.lora={r: 4}"], ["trainer=ddp"], ["trainer=fsdp"]]
+                         + [["algorithm=dapo", f"method={m}"] for m in ("sapo", "dppo", "gspo_seq", "cispo")]
+                         + [["experiment=ict_paper", "method=icepop"], ["experiment=entropy20_dapo", "method=dppo"]])
 def test_every_shipped_config_passes(overrides):
     check_config(compose_config(overrides), overrides)
 
@@ -61,6 +63,11 @@ def test_a_bad_setting_is_named_with_what_is_allowed(override, expected):
     (["selector=random", "selector_warmup_steps=25", "total_steps=20"], "never selects"),
     (["rollout=vllm", "rollout.max_num_batched_tokens=1024"], "rollout.max_num_batched_tokens=1024: below "
                                                                "rollout.max_model_len=2048 without chunked prefill"),
+    (["algorithm.tis_mode=sequence_mask"], "algorithm.tis_mode=sequence_mask has no effect while algorithm.tis_cap=null"),
+    (["method=icepop", "algorithm.tis_min=6"], "algorithm.tis_min=6.0 must lie in (0, algorithm.tis_cap=5.0)"),
+    (["method=sapo", "algorithm.dual_clip=3"], "algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss=sapo"),
+    (["method=dppo", "algorithm.dppo_divergence=js"], "algorithm.dppo_divergence='js' is not one of ('tv', 'kl')"),
+    (["method=dppo", "algorithm.mini_batches=3"], "algorithm.mini_batches=3: the 32 responses of a step"),
 ])
 def test_a_broken_relation_is_named(overrides, expected):
     [problem] = problems(*overrides)

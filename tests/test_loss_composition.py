@@ -1,5 +1,5 @@
-"""Selectors compose with loss variants (issue #16): every selector of `tokenrl.selectors` × policy loss (ppo, gspo,
-cispo) × aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm) × KL (off, k3 on the selected tokens,
+"""Selectors compose with loss variants (issues #16, #23): every selector of `tokenrl.selectors` × policy loss (ppo,
+gspo, gspo_seq, cispo, dppo, sapo) × aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm) × KL (off, k3 on the selected tokens,
 low_var_kl on every response token), on a small ragged float64 batch, through the update's own entry points:
 `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.test_grpo_math import loop_policy_loss
-from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.algorithms.config import POLICY_LOSSES, AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.token_stats import TokenStats
 from tokenrl.algorithms.train_batch import TrainBatch
@@ -84,7 +84,8 @@ def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
                              grad_clip=None, overlong_buffer=0, overlong_penalty_factor=1.0, lr_warmup_steps=0,
                              filter_groups=None, gen_prompts_per_step=4, max_gen_rounds=1, tis_cap=None,
                              policy_loss=policy_loss, entropy_coef=0.0, entropy_masked=False, entropy_target=None,
-                             entropy_coef_delta=1e-4, entropy_coef_max=5e-3, response_budget=BUDGET)
+                             entropy_coef_delta=1e-4, entropy_coef_max=5e-3, response_budget=BUDGET,
+                             dppo_divergence="tv", dppo_low=0.1, dppo_high=0.1, sapo_tau_pos=2.0, sapo_tau_neg=3.0)
     config.validate(max_new_tokens=BUDGET)
     return config
 
@@ -110,7 +111,8 @@ def reference(batch, logp, selection, cfg):
         lo=cfg.clip_low if selection.clip_low is None else selection.clip_low.double(),
         hi=cfg.clip_high if selection.clip_high is None else selection.clip_high.double(),
         ref=batch.ref_logprobs.double(), beta=cfg.kl_coef, estimator=cfg.kl_estimator, kl_masked=cfg.kl_masked,
-        kl_w=selection.kl_weights, drift=selection.drift_coef, budget=cfg.response_budget)
+        kl_w=selection.kl_weights, drift=selection.drift_coef, budget=cfg.response_budget,
+        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high), sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg))
     loss.backward()
     return float(loss.detach()), leaf.grad, normaliser
 
@@ -147,7 +149,7 @@ def check_selection_is_real(name, selection, resp):
 
 @pytest.mark.parametrize("kl", list(KL))
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("policy_loss", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
 @pytest.mark.parametrize("name", list(SELECTORS))
 def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregation, kl):
     batch, logp = case
@@ -213,7 +215,7 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("policy_loss", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
 @pytest.mark.parametrize("name", ["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"])
 def test_fractional_weights_reach_the_loss(case, name, policy_loss, aggregation):
     """A selection's weights are multipliers, not just a mask: the selector's weights times 0.25 / 0.5 / 1.5 (its other
