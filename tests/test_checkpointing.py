@@ -107,6 +107,16 @@ def test_superseded_checkpoints_are_removed_files_and_folders(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_resuming_a_sharded_checkpoint_without_fsdp_names_the_fix(tmp_path):
+    """Every strategy but FSDP loads through the IO plugin, which would fail on a folder with IsADirectoryError."""
+    AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(sharded_state(1, 1.0), tmp_path / "last.ckpt")
+    with pytest.raises(ValueError, match=r"last.ckpt is a sharded checkpoint \(trainer=fsdp's folder of shards\): "
+                                         r"resume it with trainer=fsdp"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1)}}, tmp_path / "full.ckpt")
+    assert AtomicCheckpointIO().load_checkpoint(tmp_path / "full.ckpt")["state_dict"]["w"].item() == 1.0
+
+
 def test_a_sharded_checkpoint_replaces_a_full_one_of_the_same_name(tmp_path):
     target = tmp_path / "last.ckpt"
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"policy.w": torch.zeros(4)}}, target)

@@ -114,6 +114,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as err:
             raise _write_error(err, target, _tensor_bytes(checkpoint)) from err
 
+    def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if is_sharded_checkpoint(path):   # only FSDPStrategy reads these, without a CheckpointIO
+            raise ValueError(f"ckpt_path={path} is a sharded checkpoint (trainer=fsdp's folder of shards): resume it "
+                             "with trainer=fsdp, or evaluate its policy with tokenrl-eval ckpt_path=<it>")
+        return super().load_checkpoint(path, *args, **kwargs)
+
     def remove_checkpoint(self, path: str | Path) -> None:
         """A superseded checkpoint (file or sharded folder), removed so that it never looks complete half-removed."""
         _remove(Path(path))
