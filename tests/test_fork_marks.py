@@ -31,7 +31,7 @@ def pair_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def task() -> ForksTask:
-    return ForksTask(depth=3, branching=3, dead_end_length=2, free_prob=0.3, distractors=1, train_size=30,
+    return ForksTask(layout="per_problem", width=4, layers=5, branching=2, distractors=3, train_size=30,
                      test_size=5, seed=7, max_new_tokens=10)
 
 

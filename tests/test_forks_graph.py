@@ -7,8 +7,8 @@ import string
 
 import pytest
 
-from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, is_fork, path_reward, random_graph,
-                                      random_walk)
+from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, layered_graph, path_reward,
+                                      random_walk, reachable_goal)
 
 
 def random_small_graph(rng: random.Random) -> Graph:
@@ -87,40 +87,60 @@ def test_the_stop_decision_at_a_goal_with_a_dead_end_successor_is_a_fork():
     assert fork_positions(graph, "ABC") == [False, False, True, False]
 
 
+def sample_graph(shape: GraphShape, rng: random.Random) -> Graph:
+    successors, layers = layered_graph(shape, rng)
+    start = rng.choice(layers[0])
+    return Graph(successors, start, frozenset({reachable_goal(successors, start, layers[-1], rng) or layers[-1][0]}))
+
+
 def test_encode_and_decode_round_trip_and_bad_text_names_the_format():
-    graph = random_graph(GraphShape(depth=3, branching=3, free_prob=0.5, distractors=2), random.Random(2))
+    graph = sample_graph(GraphShape(width=4, layers=4, branching=3, distractors=2), random.Random(2))
     assert Graph.decode(graph.encode()) == graph
     with pytest.raises(ValueError, match="edges|start|goals"):
         Graph.decode("not a graph")
 
 
-@pytest.mark.parametrize("shape", [GraphShape(depth=3, branching=2), GraphShape(depth=4, branching=3,
-                                   dead_end_length=2), GraphShape(depth=2, branching=2, free_prob=1.0),
-                                   GraphShape(depth=3, branching=2, distractors=3)])
-def test_generated_graphs_have_one_solution_path_whose_forks_are_its_decisions(shape: GraphShape):
+@pytest.mark.parametrize("shape", [GraphShape(), GraphShape(width=4, layers=6, branching=3),
+                                   GraphShape(width=3, layers=3, branching=1), GraphShape(distractors=4)])
+def test_layered_graphs_have_the_shape_the_config_names(shape: GraphShape):
     rng = random.Random(3)
+    for _ in range(30):
+        successors, layers = layered_graph(shape, rng)
+        assert len(successors) == shape.node_count() and [len(layer) for layer in layers] == [shape.width] * shape.layers
+        dead_ends = set(successors) - {node for layer in layers for node in layer}
+        assert len(dead_ends) == shape.distractors and all(successors[node] == () for node in dead_ends)
+        for i, layer in enumerate(layers[:-1]):
+            for node in layer:
+                inside = [v for v in successors[node] if v not in dead_ends]
+                assert len(inside) == len(set(inside)) == shape.branching and set(inside) <= set(layers[i + 1])
+        assert all(successors[node] == () for node in layers[-1])
+
+
+def test_the_goal_drawn_is_reachable_and_none_when_no_goal_is():
+    rng = random.Random(5)
     for _ in range(50):
-        graph = random_graph(shape, rng)
-        reaching = graph.reaching()
-        assert graph.start in reaching and len(graph.goals) == 1
-        assert len(graph.nodes()) <= shape.node_count()
-        forks = [node for node in graph.nodes() if is_fork(graph, node, reaching)]
-        assert len(forks) == (0 if shape.free_prob == 1.0 else shape.depth)
-        assert all(len(graph.options(node)) == shape.branching for node in forks)
+        successors, layers = layered_graph(GraphShape(width=4, layers=4, branching=1), rng)
+        start = layers[0][0]
+        goal = reachable_goal(successors, start, layers[-1], rng)
+        assert goal is not None and start in Graph(successors, start, frozenset({goal})).reaching()
+    assert reachable_goal({"A": ("B",), "B": (), "C": ()}, "A", ["C"], rng) is None
 
 
 def test_a_random_walk_follows_the_edges_and_the_question_lists_every_edge():
     rng = random.Random(4)
-    graph = random_graph(GraphShape(depth=3, branching=2), rng)
-    question = graph.question()
+    graph = sample_graph(GraphShape(width=3, layers=4, distractors=2), rng)
+    pairs = graph.question().split("\n")[0].split()
     for node, succ in graph.successors.items():
         for nxt in succ or ".":
-            assert f"{node}{nxt}" in question.split("\n")[0].split()
+            assert f"{node}{nxt}" in pairs
+    assert graph.question(with_edges=False) == f"{graph.start}..{next(iter(graph.goals))}"
     for _ in range(50):
         walk = random_walk(graph, rng, 8)
         assert walk[0] == graph.start and all(b in graph.successors[a] for a, b in zip(walk, walk[1:]))
 
 
-def test_a_shape_that_needs_more_labels_than_a_to_z_is_refused_naming_the_options():
-    with pytest.raises(ValueError, match="lower task.depth"):
-        GraphShape(depth=10, branching=3).check()
+def test_a_shape_that_needs_more_labels_than_there_are_letters_is_refused_naming_the_options():
+    with pytest.raises(ValueError, match="lower task.width"):
+        GraphShape(width=10, layers=6).check()
+    with pytest.raises(ValueError, match="task.branching=3"):
+        GraphShape(width=2, branching=3).check()

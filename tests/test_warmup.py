@@ -22,8 +22,8 @@ SETTINGS = {"steps": 3, "batch_size": 4, "lr": 1.0e-3, "seed": 0}
 @pytest.fixture(scope="module")
 def parts():
     model = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "model" / "tiny.yaml"))
-    task = ForksTask(depth=2, branching=2, dead_end_length=1, free_prob=0.0, distractors=0, train_size=4,
-                     test_size=2, seed=0, max_new_tokens=6)
+    task = ForksTask(layout="shared", width=3, layers=4, branching=2, distractors=0, train_size=4, test_size=2,
+                     seed=0, max_new_tokens=6)
     tokenizer = build_tokenizer(model)
     return model, task, tokenizer, PromptFormatter(tokenizer, False)
 
@@ -54,8 +54,8 @@ def test_the_cache_key_follows_the_settings_the_task_and_the_architecture(parts,
     model, task, _, _ = parts
     base = warmup_folder(model, SETTINGS, task.description(), tmp_path)
     assert warmup_folder(model, {**SETTINGS, "seed": 1}, task.description(), tmp_path) != base
-    other = ForksTask(depth=3, branching=2, dead_end_length=1, free_prob=0.0, distractors=0, train_size=4,
-                      test_size=2, seed=0, max_new_tokens=6)
+    other = ForksTask(layout="shared", width=3, layers=4, branching=2, distractors=0, train_size=4, test_size=2,
+                      seed=1, max_new_tokens=6)
     assert warmup_folder(model, SETTINGS, other.description(), tmp_path) != base
     wider = {**model, "architecture": {**model["architecture"], "hidden_size": 32}}
     assert warmup_folder(wider, SETTINGS, task.description(), tmp_path) != base
@@ -74,13 +74,12 @@ def test_an_interrupted_warm_up_leaves_no_folder_that_would_be_loaded(parts, tmp
     assert not (warmup_folder(model, SETTINGS, task.description(), tmp_path) / "config.json").exists()
 
 
-def test_warm_up_examples_are_valid_walks_on_fresh_graphs(parts):
+def test_warm_up_examples_are_valid_walks_from_training_routes(parts):
     _, task, _, _ = parts
     rng = random.Random(0)
-    questions = set()
+    train_routes = {f"{start}..{goal}" for start, goal in task.routes["train"]}
     for _ in range(20):
         question, walk = task.warmup_example(rng)
-        questions.add(question)
-        start = question.split("\n")[-1].split("..")[0]
-        assert walk.startswith(start) and len(walk) <= task.max_new_tokens - 1
-    assert len(questions) > 10
+        assert question in train_routes
+        assert walk.startswith(question[0]) and len(walk) <= task.max_new_tokens - 1
+        assert all(b in task.graph[a] for a, b in zip(walk, walk[1:]))

@@ -1,56 +1,93 @@
-"""`task=forks`: paths through small random graphs, a task whose forking tokens are known exactly.
+"""`task=forks`: paths through layered graphs, a task whose forking tokens are known exactly.
 
-Each problem is a graph of `data/forks_graph.py` (its shape set in the config); the reward is 1 for a path from the
-start to the goal. The fork positions of every sampled response are computed from the problem and the response
-(`Task.forks_of`), so a selector's choice can be scored against the truth (diagnostics.py, `forks/*`). A model
-trained from scratch first learns the format — random valid walks, supervised (`warmup`, models/warmup.py) — so that
-reinforcement learning has to learn which branch reaches the goal.
+A problem names a start and a goal (`B..X`); the answer is a path along the graph's edges, one letter per node. With
+`layout: shared` one seeded graph serves every problem and the policy learns it (the prompt is the route alone); the
+held-out test routes are (start, goal) pairs no training problem asks for. With `layout: per_problem` every problem
+has its own graph, listed in the prompt (a model must read it: harder). The reward is 1 for a path to the goal; the
+fork positions of every sampled response are computed from the problem and the response (`Task.forks_of`), so a
+selector's choice is scored against the truth (diagnostics.py, `forks/*`). A model trained from scratch first learns
+the format from random valid walks (`warmup`, models/warmup.py), so that RL has to learn which branch reaches the goal.
 """
 from __future__ import annotations
 
 import random
 from typing import Any, Mapping
 
-from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, random_graph, random_walk
+from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, layered_graph, random_walk, reachable_goal
 from tokenrl.data.records import Problem
 from tokenrl.data.tasks import Task
 
 VERIFIER = "tokenrl.data.forks_graph:path_reward"
+LAYOUTS = ("shared", "per_problem")
 
 
 class ForksTask(Task):
-    """Train and test graphs drawn from disjoint seeds; `warmup` (steps, batch_size, lr, seed) configures the
-    supervised warm-up of a randomly initialised policy on random valid walks (None: none)."""
+    """Train and test problems from disjoint routes (`shared`) or seeds (`per_problem`); `warmup` (steps, batch_size,
+    lr, seed) configures the supervised warm-up of a randomly initialised policy (None: none)."""
 
-    def __init__(self, depth: int, branching: int, dead_end_length: int, free_prob: float, distractors: int,
-                 train_size: int, test_size: int, seed: int, max_new_tokens: int,
-                 warmup: Mapping[str, Any] | None = None, instruction: str = "",
-                 verifier: str = VERIFIER) -> None:
+    def __init__(self, layout: str, width: int, layers: int, branching: int, distractors: int, train_size: int,
+                 test_size: int, seed: int, max_new_tokens: int, warmup: Mapping[str, Any] | None = None,
+                 instruction: str = "", verifier: str = VERIFIER) -> None:
         super().__init__(instruction, verifier, max_new_tokens)
-        self.shape = GraphShape(depth, branching, dead_end_length, free_prob, distractors)
+        if layout not in LAYOUTS:
+            raise ValueError(f"task.layout={layout!r} is not one of {LAYOUTS}")
+        self.shape = GraphShape(width, layers, branching, distractors)
         self.shape.check()
-        if max_new_tokens < depth + 2:
-            raise ValueError(f"task.max_new_tokens={max_new_tokens} cannot hold a path of depth {depth} and its end "
-                             f"token: set it to at least {depth + 2}")
+        if max_new_tokens < layers + 1:
+            raise ValueError(f"task.max_new_tokens={max_new_tokens} cannot hold a path through {layers} layers and "
+                             f"its end token: set it to at least {layers + 1}")
+        self.layout, self.seed = layout, seed
         self.sizes = {"train": train_size, "test": test_size}
-        self.seed = seed
         self.warmup = dict(warmup) if warmup else None
+        self.graph: dict[str, tuple[str, ...]] | None = None
+        if layout == "shared":
+            self.graph, self.layers = layered_graph(self.shape, random.Random(f"{seed}-graph"))
+            self.routes = self._split_routes(test_size)
+
+    def _split_routes(self, test_size: int) -> dict[str, list[tuple[str, str]]]:
+        """Every (start, goal) of the shared graph with a start at least two layers before the goals and a path
+        between them, shuffled by the seed: the first `test_size` are held out."""
+        goals = self.layers[-1]
+        routes = [(start, goal) for layer in self.layers[:-2] for start in layer for goal in goals
+                  if start in Graph(self.graph, start, frozenset({goal})).reaching()]
+        random.Random(f"{self.seed}-routes").shuffle(routes)
+        if not 0 < test_size < len(routes):
+            raise ValueError(f"task.test_size={test_size} must be in [1, {len(routes) - 1}]: the shared graph has "
+                             f"{len(routes)} routes and the rest train")
+        return {"test": routes[:test_size], "train": routes[test_size:]}
 
     def problems(self, split: str) -> list[Problem]:
         rng = random.Random(f"{self.seed}-{split}")
-        return [self._problem(f"{split}-{i}", random_graph(self.shape, rng)) for i in range(self.sizes[split])]
+        if self.layout == "shared" and split == "test":
+            return [self._problem(f"test-{i}", route) for i, route in enumerate(self.routes["test"])]
+        return [self._problem(f"{split}-{i}", self._route(rng)) for i in range(self.sizes[split])]
 
-    def _problem(self, problem_id: str, graph: Graph) -> Problem:
-        return Problem(problem_id, graph.question(), graph.encode(), self.verifier)
+    def _route(self, rng: random.Random) -> tuple[str, str] | Graph:
+        """A training route of the shared graph, or a fresh graph with its own route (`per_problem`)."""
+        if self.layout == "shared":
+            return rng.choice(self.routes["train"])
+        while True:
+            successors, layers = layered_graph(self.shape, rng)
+            start = rng.choice(layers[0])
+            goal = reachable_goal(successors, start, layers[-1], rng)
+            if goal is not None:
+                return Graph(successors, start, frozenset({goal}))
+
+    def _problem(self, problem_id: str, route: tuple[str, str] | Graph) -> Problem:
+        graph = route if isinstance(route, Graph) else Graph(self.graph, route[0], frozenset({route[1]}))
+        return Problem(problem_id, graph.question(with_edges=self.layout == "per_problem"), graph.encode(),
+                       self.verifier)
 
     def forks_of(self, problem: Problem, response: str) -> list[bool]:
         return fork_positions(Graph.decode(problem.answer), response)
 
     def warmup_example(self, rng: random.Random) -> tuple[str, str]:
-        """(question, response) of the warm-up: a fresh graph (not from either split) and a random valid walk on it."""
-        graph = random_graph(self.shape, rng)
-        return self.question_text(self._problem("warmup", graph)), random_walk(graph, rng, self.max_new_tokens - 1)
+        """(question, response) of the warm-up: a training route (a fresh graph: `per_problem`) and a random valid
+        walk from its start, whatever the goal: the warm-up teaches the format and the edges, not the way."""
+        problem = self._problem("warmup", self._route(rng))
+        return self.question_text(problem), random_walk(Graph.decode(problem.answer), rng, self.max_new_tokens - 1)
 
     def description(self) -> dict[str, Any]:
-        """What determines the graphs (the warm-up's cache key)."""
-        return {"shape": vars(self.shape), "max_new_tokens": self.max_new_tokens, "instruction": self.instruction}
+        """What determines the problems (the warm-up's cache key)."""
+        return {"layout": self.layout, "shape": vars(self.shape), "seed": self.seed,
+                "max_new_tokens": self.max_new_tokens, "instruction": self.instruction}

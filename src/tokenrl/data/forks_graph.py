@@ -1,7 +1,7 @@
 """The forks task's graphs: generation, the text they travel in, the reward of a path, and the exact fork positions.
 
-A problem is a small directed graph, a start node and goal nodes; the answer is a path from the start written one
-node label (one letter) per character, e.g. `BKX`. At each node the next character is a choice among the node's
+A problem is a directed graph, a start node and goal nodes; the answer is a path from the start written one node label
+(one letter) per character, e.g. `BKX`. At each node the next character is a choice among the node's
 successors, plus stopping where the node is a goal. A decision is a **fork** when it has at least two options of
 which some still reach a goal and some cannot: the outcome is decided there. The other decisions are **forced**
 (one option) or **free** (every option succeeds, or none does). Reward 1: the response is exactly a path that
@@ -13,7 +13,7 @@ import random
 import string
 from dataclasses import dataclass
 
-LABELS = string.ascii_uppercase
+LABELS = string.ascii_uppercase + string.ascii_lowercase
 STOP = ""   # the option of ending the path (the response's end-of-sequence token)
 
 
@@ -42,12 +42,15 @@ class Graph:
             raise ValueError(f"{text!r} is not a forks graph (expected 'A>BC,B>D|A|D': edges|start|goals)") from None
         return Graph(successors, start, frozenset(goals))
 
-    def question(self) -> str:
-        """The prompt: the edges as letter pairs `AB` (A → B) and each node without successors as `A.`, then
-        `start..goal` (`start..goal1/goal2` for several goals). Pairs let a model find what may follow a node as the
-        characters that follow its earlier occurrences."""
+    def question(self, with_edges: bool = True) -> str:
+        """The prompt: `start..goal` (`start..goal1/goal2` for several goals), after the edges as letter pairs `AB`
+        (A → B) and each node without successors as `A.` when `with_edges` (the graph varies by problem). Pairs let
+        a model find what may follow a node as the characters that follow its earlier occurrences."""
+        route = f"{self.start}..{'/'.join(sorted(self.goals))}"
+        if not with_edges:
+            return route
         edges = " ".join(f"{node}{nxt}" for node, succ in self.successors.items() for nxt in (succ or "."))
-        return f"{edges}\n{self.start}..{'/'.join(sorted(self.goals))}"
+        return f"{edges}\n{route}"
 
     def nodes(self) -> set[str]:
         return {self.start, *self.goals, *self.successors, *(v for succ in self.successors.values() for v in succ)}
@@ -105,58 +108,53 @@ def path_reward(response: str, answer: str) -> float:
 
 @dataclass(frozen=True)
 class GraphShape:
-    """How hard a problem is. The solution path has `depth` edges; each of its nodes has `branching` − 1 extra
-    successors, each of which is (probability `free_prob`) a detour that rejoins the path (a free decision) or else
-    a dead end of `dead_end_length` nodes (a fork: only the path's successor reaches the goal); `distractors`
-    unconnected edges are added to the prompt."""
+    """A layered graph: `layers` layers of `width` nodes, each node outside the last layer with `branching` distinct
+    successors in the next layer, and `distractors` dead ends (nodes without successors) each hanging as one more
+    successor off a random node outside the last layer. Paths run from a start to a goal in the last layer: each
+    decision is a fork where some successors reach the goal and some do not, free where all do (or none)."""
 
-    depth: int = 3
+    width: int = 5
+    layers: int = 5
     branching: int = 2
-    dead_end_length: int = 1
-    free_prob: float = 0.0
     distractors: int = 0
 
     def node_count(self) -> int:
-        """The most nodes a graph of this shape may use (every extra successor a dead end)."""
-        return self.depth + 1 + self.depth * (self.branching - 1) * max(self.dead_end_length, 1) + 2 * self.distractors
+        return self.width * self.layers + self.distractors
 
     def check(self) -> None:
-        if self.depth < 1 or self.branching < 1 or self.dead_end_length < 1 or self.distractors < 0:
-            raise ValueError(f"task.depth={self.depth}, branching={self.branching}, dead_end_length="
-                             f"{self.dead_end_length} must be >= 1 and distractors={self.distractors} >= 0")
-        if not 0.0 <= self.free_prob <= 1.0:
-            raise ValueError(f"task.free_prob={self.free_prob} must be in [0, 1]")
+        if self.width < 1 or self.layers < 2 or self.distractors < 0:
+            raise ValueError(f"task.width={self.width} must be >= 1, task.layers={self.layers} >= 2 and "
+                             f"task.distractors={self.distractors} >= 0")
+        if not 1 <= self.branching <= self.width:
+            raise ValueError(f"task.branching={self.branching} must be in [1, task.width={self.width}]")
         if self.node_count() > len(LABELS):
-            raise ValueError(f"a graph of this shape needs up to {self.node_count()} nodes, more than the "
-                             f"{len(LABELS)} labels A–Z: lower task.depth, branching, dead_end_length or distractors")
+            raise ValueError(f"task.width × task.layers + task.distractors = {self.node_count()} nodes, more than the "
+                             f"{len(LABELS)} labels A–Z, a–z: lower task.width, layers or distractors")
 
 
-def random_graph(shape: GraphShape, rng: random.Random) -> Graph:
-    """A graph of `shape` with shuffled labels and successor orders: one goal, reached from the start by exactly
-    the solution path and the detours that rejoin it."""
+def layered_graph(shape: GraphShape, rng: random.Random) -> tuple[dict[str, tuple[str, ...]], list[list[str]]]:
+    """(successors, layers) of a random graph of `shape`, labels and successor orders shuffled."""
     labels = iter(rng.sample(LABELS, len(LABELS)))
-    path = [next(labels) for _ in range(shape.depth + 1)]
-    successors: dict[str, list[str]] = {node: [] for node in path}
-    for i, node in enumerate(path[:-1]):
-        successors[node].append(path[i + 1])
-        for _ in range(shape.branching - 1):
-            extra = next(labels)
-            successors[node].append(extra)
-            if rng.random() < shape.free_prob:
-                successors[extra] = [path[i + 1]]         # a detour: rejoins the path, reaches the goal too
-                continue
-            chain = [extra] + [next(labels) for _ in range(shape.dead_end_length - 1)]
-            for a, b in zip(chain, chain[1:]):
-                successors[a] = [b]
-            successors.setdefault(chain[-1], [])            # a dead end: a sink that is not the goal
-    for _ in range(shape.distractors):                      # edges no path from the start reaches
-        a, b = next(labels), next(labels)
-        successors[a], successors[b] = [b], []
+    layers = [[next(labels) for _ in range(shape.width)] for _ in range(shape.layers)]
+    successors = {node: rng.sample(layers[i + 1], shape.branching) for i, layer in enumerate(layers[:-1])
+                  for node in layer}
+    successors.update({node: [] for node in layers[-1]})
+    for _ in range(shape.distractors):
+        dead_end = next(labels)
+        successors[rng.choice([node for layer in layers[:-1] for node in layer])].append(dead_end)
+        successors[dead_end] = []
     for succ in successors.values():
         rng.shuffle(succ)
     order = list(successors)
     rng.shuffle(order)
-    return Graph({node: tuple(successors[node]) for node in order}, path[0], frozenset({path[-1]}))
+    return {node: tuple(successors[node]) for node in order}, layers
+
+
+def reachable_goal(successors: dict[str, tuple[str, ...]], start: str, goals: list[str],
+                   rng: random.Random) -> str | None:
+    """A random one of `goals` that some path from `start` reaches (None if none does)."""
+    reachable = [goal for goal in goals if start in Graph(successors, start, frozenset({goal})).reaching()]
+    return rng.choice(reachable) if reachable else None
 
 
 def random_walk(graph: Graph, rng: random.Random, max_length: int) -> str:
