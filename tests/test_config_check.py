@@ -63,7 +63,8 @@ def test_a_bad_setting_is_named_with_what_is_allowed(override, expected):
     (["selector=random", "selector_warmup_steps=25", "total_steps=20"], "never selects"),
     (["rollout=vllm", "rollout.max_num_batched_tokens=1024"], "rollout.max_num_batched_tokens=1024: below "
                                                                "rollout.max_model_len=2048 without chunked prefill"),
-    (["algorithm.tis_mode=sequence_mask"], "algorithm.tis_mode=sequence_mask has no effect while algorithm.tis_cap=null"),
+    (["algorithm.tis_mode=sequence_mask"], "algorithm.tis_mode=sequence_mask has no effect while "
+                                           "algorithm.tis_cap=null"),
     (["method=icepop", "algorithm.tis_min=6"], "algorithm.tis_min=6.0 must lie in (0, algorithm.tis_cap=5.0)"),
     (["method=sapo", "algorithm.dual_clip=3"], "algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss=sapo"),
     (["method=dppo", "algorithm.dppo_divergence=js"], "algorithm.dppo_divergence='js' is not one of ('tv', 'kl')"),

@@ -1039,7 +1039,8 @@ def test_gspo_sequence_and_token_forms_coincide_where_the_paper_says_and_differ_
 
 def loop_engine_weights(trainer, engine, resp, mode, cap, floor):
     """TRL's vllm_importance_sampling_mode, by loops: per-token or per-row (product over the row's response tokens)
-    ratio, clamped to [floor, cap] (truncate) or kept only inside it (mask); and whether each token's ratio is outside."""
+    ratio, clamped to [floor, cap] (truncate) or kept only inside it (mask); and whether each token's ratio is
+    outside."""
     B, T = len(trainer), len(trainer[0])
     weights, outside = [[1.0] * T for _ in range(B)], [[False] * T for _ in range(B)]
     low = 0.0 if floor is None else floor

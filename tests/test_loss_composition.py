@@ -1,7 +1,7 @@
 """Selectors compose with loss variants (issues #16, #23): every selector of `tokenrl.selectors` × policy loss (ppo,
-gspo, gspo_seq, cispo, dppo, sapo) × aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm) × KL (off, k3 on the selected tokens,
-low_var_kl on every response token), on a small ragged float64 batch, through the update's own entry points:
-`selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
+gspo, gspo_seq, cispo, dppo, sapo) × aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm) × KL
+(off, k3 on the selected tokens, low_var_kl on every response token), on a small ragged float64 batch, through the
+update's own entry points: `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
 
 The loss and its gradient must equal the float64 loop of tests/test_grpo_math.py (`loop_policy_loss`, written from
 docs/algorithms.md §1.4/§11, not from the vectorised code) fed with the selection's fields: its token weights (zero: no
