@@ -27,7 +27,8 @@ def test_every_preset_is_a_valid_record_with_typed_fields(preset):
     ("aggregation", "sum", r"algorithm.aggregation='sum' is not one of \('seq-mean-token-mean', 'token-mean', "
                            r"'seq-mean-token-sum-norm'\)"),
     ("kl_estimator", "k4", r"algorithm.kl_estimator='k4' is not one of \('k1', 'k2', 'k3', 'low_var_kl'\)"),
-    ("policy_loss", "ppg", r"algorithm.policy_loss='ppg' is not one of \('ppo', 'gspo', 'cispo'\)"),
+    ("policy_loss", "ppg", r"algorithm.policy_loss='ppg' is not one of \('ppo', 'gspo', 'gspo_seq', 'cispo', "
+                           r"'dppo', 'sapo'\)"),
     ("entropy_target", -0.1, r"algorithm.entropy_target=-0.1 must be > 0"),
     ("entropy_coef", -1.0, r"algorithm.entropy_coef=-1.0 must be >= 0"),
     ("filter_groups", "score", r"algorithm.filter_groups='score' is not one of \('acc', 'reward'\)"),
