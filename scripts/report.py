@@ -1,7 +1,7 @@
 """Report over a Hydra multirun folder: tables (mean ± 95% CI over seeds, paired Δ vs a baseline), plots, samples.
 
     python scripts/report.py logs/cpu_study/multiruns/<time> --out reports/cpu_study [--baseline uniform]
-        [--title "CPU selector study"] [--reading notes.md]
+        [--also-against random] [--title "CPU selector study"] [--reading notes.md]
 
 Writes report.md, report.json, curves.png, passk.png and samples.html into --out (default: <folder>/report).
 Failed, incomplete and never-started runs are listed as such and left out of every mean.
@@ -22,10 +22,13 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="a multirun folder (logs/<task_name>/multiruns/<time>)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <folder>/report)")
     parser.add_argument("--baseline", default="uniform", help="group the paired differences are taken against")
+    parser.add_argument("--also-against", nargs="*", default=[], help="more groups to take paired differences against "
+                        "(e.g. random: the control a selector must beat)")
     parser.add_argument("--title", default=None)
     parser.add_argument("--reading", type=Path, default=None, help="markdown inserted under the command (your reading)")
     args = parser.parse_args()
-    payload = build_report(args.folder, args.out or args.folder / "report", args.baseline, args.title, args.reading)
+    payload = build_report(args.folder, args.out or args.folder / "report", args.baseline, args.title, args.reading,
+                           tuple(args.also_against))
     bad = [r for r in payload["runs"] if r["status"] != "complete"]
     print(f"{len(payload['runs']) - len(bad)} complete runs, {len(bad)} not complete, "
           f"{len(payload['missing'])} never started -> {args.out or args.folder / 'report'}/report.md")

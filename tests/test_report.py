@@ -168,3 +168,37 @@ def test_samples_page_shows_weights_and_per_token_fields_as_highlight_strength()
     assert [part.split(")")[0].split(",")[-1] for part in updated.split("rgba(")[1:]] == ["0.50", "1.00", "1.00"]
     assert [part.split(")")[0].split(",")[-1] for part in advantages.split("rgba(")[1:]] == ["1.00", "0.50", "0.25"]
     assert 'title="H=0.100 value=-2"' in advantages
+
+
+def test_fork_tables_and_paired_differences_against_uniform_and_random(tmp_path):
+    """task=forks runs log forks/*: the report adds the selection-vs-forks tables, each with Δ vs both baselines."""
+    folder = tmp_path / "multirun"
+    precision = {"uniform": 0.3, "random": 0.3, "ict": 0.6}
+    job = 0
+    for selector in ("uniform", "random", "ict"):
+        for seed in (0, 1, 2):
+            write_job(folder, job, selector, seed)
+            path = folder / str(job) / "csv" / "metrics.csv"
+            rows = list(csv.DictReader(path.open()))
+            for step, row in enumerate(rows):
+                row.update({"forks/rate": 0.3, "forks/precision": precision[selector] + 0.1 * seed,
+                            "forks/recall": 1.0 if selector == "uniform" else 0.2,
+                            "train/reward": 0.7 * step / 3 if selector == "ict" else 0.1})
+            with path.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+            job += 1
+    done = subprocess.run([sys.executable, "scripts/report.py", str(folder), "--out", str(tmp_path / "out"),
+                           "--also-against", "random"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / "out" / "report.md").read_text()
+    table = report.split("### precision of updated tokens on true forks")[1].split("###")[0]
+    assert "| group | n | mean ± 95% CI | Δ vs uniform (paired over seeds) | Δ vs random (paired over seeds) |" in table
+    # ict: 0.6, 0.7, 0.8 → 0.700 ± 0.248; paired Δ vs uniform and vs random: 0.3 each seed → 0.300 ± 0.000
+    assert "| ict | 3 | 0.700 ± 0.248 | 0.300 ± 0.000 (n=3) | 0.300 ± 0.000 (n=3) |" in table
+    assert "| random | 3 | 0.400 ± 0.248 | 0.000 ± 0.000 (n=3) | — |" in table
+    steps = report.split("### steps to a training reward of 0.6")[1].split("###")[0]
+    # ict's rewards 0, 0.233, 0.467, 0.7 never average 0.6 over 5 steps: censored at the 4 steps it ran
+    assert "| ict | 3 | 4.000 ± 0.000 |" in steps
+    assert "--also-against random" in report

@@ -29,6 +29,7 @@ from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
 from tokenrl.devices import narrow_to_trainer_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
+from tokenrl.hf_export import export_run
 from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
 from tokenrl.models.warmup import warmed_up
@@ -191,13 +192,14 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
                "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
                "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
-               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/"))},
+               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "forks/"))},
                **{k: v for k, v in module.last_validation.items() if k.startswith("val/")},
                **peak_memory_gib(module.device), "memory_plan_peak_gib": plan.peak()[1]}
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("run finished: %s", json.dumps(summary))
+    export_run(cfg, module, trainer, summary)   # <run>/model/: the policy as a Hugging Face folder (every rank: FSDP)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
         torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown

@@ -11,8 +11,8 @@ from tokenrl.report.html import write_samples_page
 from tokenrl.report.plots import plot_curves, plot_passk
 from tokenrl.report.runs import load_sweep, missing_runs
 from tokenrl.report.stats import mean_ci
-from tokenrl.report.tables import (glance_table, group_runs, metric_table, metrics, passk_names, runs_section,
-                                   value_of)
+from tokenrl.report.tables import (glance_table, group_runs, logs_forks, metric_table, metrics, passk_names,
+                                   runs_section, value_of)
 
 
 def reproduce_command(folder: Path) -> str:
@@ -24,8 +24,9 @@ def reproduce_command(folder: Path) -> str:
 
 
 def build_report(folder: Path, out: Path, baseline: str | None = "uniform", title: str | None = None,
-                 reading: Path | None = None) -> dict:
-    """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out`."""
+                 reading: Path | None = None, also_against: tuple[str, ...] = ()) -> dict:
+    """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out`;
+    paired differences are taken against `baseline` (the headline's) and each group of `also_against`."""
     folder, out = Path(folder), Path(out)
     runs = load_sweep(folder)
     missing = missing_runs(folder, runs)
@@ -33,12 +34,14 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
     groups = group_runs(runs)
     if baseline not in groups:
         baseline = None
-    title_option = f' --title "{title}"' if title else ""
+    baselines = [name for name in (baseline, *also_against) if name in groups]
+    title_option = (f' --title "{title}"' if title else "") + (
+        f" --also-against {' '.join(also_against)}" if also_against else "")
     title = title or f"Sweep {folder.name}"
     ks = passk_names([run for members in groups.values() for run in members])
     sections, records = [], {}
-    for name, metric in metrics(ks).items():
-        text, records[name] = metric_table(name, metric, groups, baseline)
+    for name, metric in metrics(ks, logs_forks(runs)).items():
+        text, records[name] = metric_table(name, metric, groups, baselines)
         sections.append(text)
     before = {k: mean_ci([value_of(run.validation.get(0, {}), f"val/{k}") for m in groups.values() for run in m]).mean
               for k in ks}
@@ -59,14 +62,15 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
                    f"`{baseline}` (details and per-seed values under Results)." if baseline else
                    "Mean ± 95% CI over seeds (details and per-seed values under Results).", "",
                    glance_table(records, groups, [k for k in ks if "/" not in k], baseline), ""]
+    against = " and ".join(f"`{name}`" for name in baselines)
     report += [runs_section(runs, missing), "", "## Results", "",
                "Mean ± 95% CI over seeds (Student t, n − 1 degrees of freedom); Δ = paired difference against "
-               f"`{baseline}` over the seeds both completed." if baseline else "Mean ± 95% CI over seeds.", ""]
+               f"{against} over the seeds both completed." if baselines else "Mean ± 95% CI over seeds.", ""]
     report += [s + "\n" for s in sections]
     report += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
     report += ["", "Sample rollouts with each selector's chosen tokens: [samples.html](samples.html)", ""]
     (out / "report.md").write_text("\n".join(report))
-    payload = {"folder": str(folder), "command": command, "baseline": baseline,
+    payload = {"folder": str(folder), "command": command, "baseline": baseline, "baselines": baselines,
                "runs": [{"job": r.job, "label": r.label, "seed": r.seed, "status": r.status, "reason": r.reason}
                         for r in runs],
                "missing": missing, "metrics": records}

@@ -63,7 +63,8 @@ def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, di
             values = {k: float(v) for k, v in row.items() if v not in ("", None) and k not in ("epoch", "step")}
             if ROLLOUT_STEP in values:
                 steps[rollout_step_index(values[ROLLOUT_STEP])] = {
-                    k: v for k, v in values.items() if k.startswith(("train/", "select/", "time/")) and k != "time/validate"}
+                    k: v for k, v in values.items()
+                    if k.startswith(("train/", "select/", "forks/", "time/")) and k != "time/validate"}
             if "val/at_step" in values:
                 validation.setdefault(int(values["val/at_step"]), {k: v for k, v in values.items() if k.startswith("val/")})
     return steps, validation

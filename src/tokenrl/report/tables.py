@@ -18,8 +18,9 @@ def value_of(values: dict[str, float], key: str) -> float:
     return values.get(key, math.nan)
 
 
-def metrics(ks: list[str]) -> dict[str, Metric]:
-    """Title → per-run value; `ks` are the pass@k names found in the runs (e.g. pass@1, pass@4)."""
+def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
+    """Title → per-run value; `ks` are the pass@k names found in the runs (e.g. pass@1, pass@4); `forks`: the runs
+    logged their selections against the true forks (task=forks), whose tables follow."""
     table: dict[str, Metric] = {}
     for k in ks:
         table[f"held-out {k} after training"] = lambda run, k=k: value_of(final_validation(run), f"val/{k}")
@@ -33,7 +34,39 @@ def metrics(ks: list[str]) -> dict[str, Metric]:
         "mean π of updated tokens, last 3 steps": lambda run: last_mean(run, "select/p_selected"),
         "seconds per rollout step": lambda run: last_mean(run, "time/step", last=10**9),
     })
+    if forks:
+        table.update({
+            f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; total steps if never)":
+                lambda run: steps_to_reward(run, REWARD_THRESHOLD),
+            **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
+        })
     return table
+
+
+REWARD_THRESHOLD = 0.6
+FORK_METRICS = {   # diagnostics.py: the update's weights against the task's true forks, mean over every step
+    "precision of updated tokens on true forks": "forks/precision",
+    "recall of true forks": "forks/recall",
+    "share of the update's weight on true forks": "forks/weight_on_forks",
+    "fork rate (a random selection's expected precision)": "forks/rate",
+    "entropy at true forks (nats)": "forks/entropy_forks",
+    "entropy elsewhere (nats)": "forks/entropy_other",
+}
+
+
+def steps_to_reward(run: Run, threshold: float, window: int = 5) -> float:
+    """The first rollout step (counted from 1) at which the mean training reward of the last `window` steps reaches
+    `threshold`; the run's step count when it never does (a censored value: it understates the true number)."""
+    rewards = [run.steps[s]["train/reward"] for s in sorted(run.steps) if "train/reward" in run.steps[s]]
+    for end in range(window, len(rewards) + 1):
+        if sum(rewards[end - window: end]) / window >= threshold:
+            return float(end)
+    return float(len(rewards))
+
+
+def logs_forks(runs: list[Run]) -> bool:
+    """Whether the runs' task named its forks (task=forks logs `forks/*`)."""
+    return any("forks/rate" in values for run in runs for values in run.steps.values())
 
 
 PASSK_KEY = re.compile(r"val/((?:[^/]+/)?pass@\d+)")   # val/pass@k (the task) or val/<benchmark>/pass@k
@@ -55,25 +88,26 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], baseline: str | None) -> tuple[str, dict]:
-    """A markdown table of one metric: per group n, mean ± 95% CI, paired Δ vs the baseline, per-seed values."""
-    base = {run.seed: metric(run) for run in groups.get(baseline, [])} if baseline else {}
-    header = f"| group | n | mean ± 95% CI | Δ vs {baseline} (paired over seeds) | per seed |" if base else \
-        "| group | n | mean ± 95% CI | per seed |"
+def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]],
+                 baselines: list[str]) -> tuple[str, dict]:
+    """A markdown table of one metric: per group n, mean ± 95% CI, the paired Δ against each baseline group present,
+    per-seed values. The record keeps each Δ under `deltas` and the first baseline's also as `delta`."""
+    bases = {name: {run.seed: metric(run) for run in groups[name]} for name in baselines if name in groups}
+    header = ("| group | n | mean ± 95% CI | " + "".join(f"Δ vs {name} (paired over seeds) | " for name in bases)
+              + "per seed |")
     lines = [f"### {title}", "", header, "|" + "---|" * (header.count("|") - 1)]
     record = {}
     for label, members in groups.items():
         values = {run.seed: metric(run) for run in members}
         interval = mean_ci(list(values.values()))
         seeds = ", ".join(f"s{seed}: {value:.3f}" for seed, value in sorted(values.items()) if not math.isnan(value))
-        record[label] = {"interval": asdict(interval), "per_seed": values}
-        if base:
-            delta = paired_difference(values, base) if label != baseline else None
-            record[label]["delta"] = asdict(delta) if delta else None
-            shown = "—" if delta is None else f"{delta.format()} (n={delta.n})"
-            lines.append(f"| {label} | {interval.n} | {interval.format()} | {shown} | {seeds} |")
-        else:
-            lines.append(f"| {label} | {interval.n} | {interval.format()} | {seeds} |")
+        deltas = {name: paired_difference(values, base) if label != name else None for name, base in bases.items()}
+        record[label] = {"interval": asdict(interval), "per_seed": values,
+                         "deltas": {name: asdict(d) if d else None for name, d in deltas.items()}}
+        if bases:
+            record[label]["delta"] = record[label]["deltas"][next(iter(bases))]
+        shown = "".join("— | " if d is None else f"{d.format()} (n={d.n}) | " for d in deltas.values())
+        lines.append(f"| {label} | {interval.n} | {interval.format()} | {shown}{seeds} |")
     return "\n".join(lines), record
 
 
