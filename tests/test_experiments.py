@@ -36,6 +36,7 @@ SETTINGS = {
     "ict_complement_ablation": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
     "token_methods": ("smollm2_135m", "ArithmeticTask", "UniformSelector"),
     "token_methods_gpu": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
+    "forks_study": ("forks_tiny", "ForksTask", "UniformSelector"),
 }
 METHODS = "uniform,random,ict,entropy20,stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,clip_cov,kl_cov,archer,gtpo,dr_grpo,gspo,cispo,kl_k1,kl_k2"
 SWEEPS = {
@@ -46,6 +47,8 @@ SWEEPS = {
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
     "token_methods": {"method": METHODS, "seed": "0"},
     "token_methods_gpu": {"method": METHODS, "seed": "0,1,2,3,4"},
+    "forks_study": {"method": METHODS.replace("gspo,cispo", "gspo,gspo_seq,cispo,dppo,sapo,icepop"),
+                    "seed": "0,1,2,3,4"},
 }
 
 
@@ -54,6 +57,11 @@ def sweep_params(name: str) -> dict[str, str]:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=True)
     return {key: str(value) for key, value in (cfg.hydra.sweeper.params or {}).items()}
+
+
+def test_the_forks_study_runs_every_method_preset():
+    presets = {p.stem for p in (Path(CONFIG_DIR) / "method").glob("*.yaml")}
+    assert set(SWEEPS["forks_study"]["method"].split(",")) == presets
 
 
 def test_every_experiment_file_is_listed():
@@ -73,10 +81,12 @@ def test_experiment_composes_and_runs_one_tiny_step(name, tmp_path):
     if task == "BenchmarkTask" and DATA_DIR is None:
         pytest.skip(needs_data.kwargs["reason"])   # trains a step on GSM8K train
     smaller_task = "task.limit=16" if task == "BenchmarkTask" else "task.train_size=16"
+    if task == "ForksTask":   # a two-step warm-up, cached in the test's folder
+        smaller_task += f" task.warmup.steps=2 paths.model_cache={tmp_path / 'models'}"
     shaping = ["algorithm.overlong_buffer=4"] if paper.algorithm.overlong_buffer else []   # within the 8 tokens
     if paper.algorithm.filter_groups:   # one round of as many prompts as the step trains on
         shaping += ["algorithm.gen_prompts_per_step=2", "algorithm.max_gen_rounds=1"]
-    summary = run(compose_config([f"experiment={name}", *SHRINK, smaller_task, *shaping], output_dir=tmp_path))
+    summary = run(compose_config([f"experiment={name}", *SHRINK, *smaller_task.split(), *shaping], output_dir=tmp_path))
     assert summary["rollout_steps"] == 1 and summary["optimizer_steps"] == paper.algorithm.mini_batches
     assert (tmp_path / "samples" / "step_0000.jsonl").is_file()
 
