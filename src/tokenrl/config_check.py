@@ -19,7 +19,7 @@ from tokenrl.algorithms.config import AlgorithmConfig
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
 CLOSED_NODES = ("", "validation", "samples", "fast_path", "diagnostics", "checkpoint", "rollout", "model", "algorithm",
-                "paths")
+                "paths", "export")
 # Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
 OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing")}
 # Nodes built by `hydra.utils.instantiate`: each key must be a keyword of their `_target_`.
@@ -76,6 +76,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "checkpoint.enabled": _BOOL,
     "checkpoint.every_n_steps": _int(1),
     "checkpoint.mode": (lambda v: v in ("min", "max"), "min or max"),
+    "export.enabled": _BOOL,
+    "export.dtype": (lambda v: v in (None, "bf16", "fp32", "fp16"), "bf16, fp32, fp16 or null (bf16 on GPU runs)"),
     "fast_path.shared_prefix": _BOOL,
     "fast_path.fused_statistics": _BOOL,
     "fast_path.pack": _BOOL,

@@ -1,0 +1,262 @@
+"""The trained policy as a plain Hugging Face model folder (docs/export.md): safetensors files in the export dtype
+(the copies a tied head shares with the embeddings left out: `from_pretrained` ties them again), config.json,
+generation_config.json, the tokenizer and a model card (README.md) naming the base model, method, selector, steps,
+data and metrics. Written into a temporary folder beside the target that replaces it once complete.
+
+`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (export_cli.py) the same from any
+checkpoint. The weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the
+exporting rank holds at most one safetensors file of copies, never a second full model.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import lightning as L
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+from tokenrl.models import DTYPES
+from tokenrl.models.export import served_weights
+from tokenrl.models.sharding import is_sharded
+
+log = logging.getLogger(__name__)
+SHARD_BYTES = 5 * 2**30   # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
+INDEX = "model.safetensors.index.json"
+CARD_METRICS = ("reward_first5", "reward_last5", "train/reward", "train/accuracy", "train/entropy")
+
+
+def export_dtype(cfg: DictConfig) -> str:
+    """The dtype of the exported weights: `export.dtype` when set; else bf16 for a GPU run (`model.dtype=bf16`, or
+    `trainer.accelerator` gpu/cuda: the GPU presets) and the model's own dtype otherwise (fp32 on the CPU presets)."""
+    chosen = OmegaConf.select(cfg, "export.dtype")
+    if chosen:
+        return str(chosen)
+    on_gpu = str(OmegaConf.select(cfg, "trainer.accelerator")) in ("gpu", "cuda")
+    return "bf16" if on_gpu or cfg.model.dtype == "bf16" else str(cfg.model.dtype)
+
+
+def causal_lm_class(config: PretrainedConfig) -> type:
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
+def tied_copies(config: PretrainedConfig) -> set[str]:
+    """The weights a causal LM of `config` ties to another one (the head to the embeddings with
+    `tie_word_embeddings`): left out of the files, as `save_pretrained` leaves them out."""
+    if not getattr(config, "tie_word_embeddings", False):
+        return set()
+    return set(getattr(causal_lm_class(config), "_tied_weights_keys", None) or ())
+
+
+def _shards(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
+            skip: set[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """The weights on the host in `dtype`, in groups of at most SHARD_BYTES (a larger tensor alone)."""
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, tensor in weights:
+        if name in skip:
+            continue
+        tensor = tensor.detach().to("cpu", dtype).contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > SHARD_BYTES:
+            yield shard
+            shard, size = {}, 0
+        shard[name] = tensor
+        size += nbytes
+    yield shard
+
+
+def write_weights(weights: Iterable[tuple[str, torch.Tensor]], folder: Path, dtype: str, skip: set[str]) -> int:
+    """`model.safetensors`, or `model-0000i-of-0000n.safetensors` and their index, as `save_pretrained` names them;
+    returns the bytes written."""
+    files: list[tuple[Path, list[str]]] = []
+    total = 0
+    for number, shard in enumerate(_shards(weights, DTYPES[dtype], skip), 1):
+        path = folder / f"part-{number:05d}.safetensors"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        files.append((path, list(shard)))
+        total += sum(t.numel() * t.element_size() for t in shard.values())
+    if len(files) == 1:
+        files[0][0].rename(folder / "model.safetensors")
+        return total
+    weight_map = {}
+    for number, (path, names) in enumerate(files, 1):
+        final = f"model-{number:05d}-of-{len(files):05d}.safetensors"
+        path.rename(folder / final)
+        weight_map.update(dict.fromkeys(names, final))
+    (folder / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return total
+
+
+def write_model_folder(out: str | Path, weights: Iterable[tuple[str, torch.Tensor]], config: PretrainedConfig,
+                       generation_config: GenerationConfig, tokenizer: PreTrainedTokenizerBase, dtype: str,
+                       card: str) -> Path:
+    """A Hugging Face model folder at `out` (replacing what is there) from the policy's plain-named weights."""
+    config = copy.deepcopy(config)
+    config.architectures = [causal_lm_class(config).__name__]
+    config.dtype = DTYPES[dtype]
+    config.use_cache = True
+    with staged(out) as folder:
+        size = write_weights(weights, folder, dtype, tied_copies(config))
+        config.save_pretrained(folder)
+        generation_config.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "README.md").write_text(card)
+    log.info("exported the policy to %s (%.2f GiB of %s weights)", out, size / 2**30, dtype)
+    return Path(out)
+
+
+@contextmanager
+def staged(out: str | Path) -> Iterator[Path]:
+    """A temporary folder beside `out` to write into, which replaces `out` once the block ends without error (and is
+    removed if it does not). Its files get the umask's modes (a temporary folder and safetensors' files are private)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in [staging, *staging.rglob("*")]:
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, model_cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
+    """The tokenizer to save: the run's, except the character tokenizer of random models (`model.tokenizer=char`),
+    saved as the byte-level BPE without merges that gives the same ids and text on its characters (printable ASCII;
+    others: <unk> in the run, dropped or <unk> bytes here). transformers >= 5 loads any `qwen2` folder with Qwen2's
+    byte-level pipeline built from the vocabulary in tokenizer.json, whatever else that file says, so a character
+    vocabulary as trained would lose every space and newline under `AutoTokenizer`."""
+    if model_cfg.get("tokenizer") != "char":
+        return tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbol = bytes_to_unicode()   # byte → the character byte-level BPE writes it as (" " → "Ġ")
+    vocab = {(symbol[ord(token)] if len(token) == 1 else token): index
+             for token, index in tokenizer.get_vocab().items()}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=tokenizer.unk_token))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=tokenizer.pad_token, eos_token=tokenizer.eos_token,
+                                   unk_token=tokenizer.unk_token, padding_side=tokenizer.padding_side)
+
+
+def _settings(node: Any) -> str:
+    """`key=value` of a config node's own settings (not `_target_`), one line."""
+    if not isinstance(node, Mapping):
+        return str(node)
+    return ", ".join(f"{key}={value}" for key, value in node.items() if not str(key).startswith("_")) or "defaults"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _target(node: Any) -> str:
+    return str(node.get("_target_", "?")) if isinstance(node, Mapping) else "?"
+
+
+def model_card(cfg: DictConfig, model_cfg: Mapping[str, Any], choices: Mapping[str, Any],
+               summary: Mapping[str, Any], origin: str, dtype: str, adapter_only: bool = False) -> str:
+    """README.md of an exported folder: how the weights were made (base model, method, selector, steps, data,
+    weights) and the run's key metrics at that point; `adapter_only`: a LoRA adapter's folder (peft)."""
+    resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("selector", "task", "algorithm")}
+    source, lora = model_cfg.get("source"), model_cfg.get("lora")
+    hub_id = source and not Path(str(source)).expanduser().exists() and str(source).count("/") == 1
+    selector = choices.get("selector") or get_class(_target(resolved["selector"])).name
+    if model_cfg["init"] == "random":
+        base = (f"`model={model_cfg['name']}`: random weights (seed {cfg.seed}) of its "
+                f"`{model_cfg['architecture']['model_type']}` architecture")
+    else:
+        base = f"`model={model_cfg['name']}`: `{source}`"
+    trainer = f", `trainer={choices['trainer']}`" if choices.get("trainer") else ""
+    algorithm = resolved["algorithm"]
+    method = (f"`algorithm={choices.get('algorithm') or algorithm['name']}` (group size {algorithm['group_size']}, "
+              f"policy loss `{algorithm['policy_loss']}`, aggregation `{algorithm['aggregation']}`, KL β "
+              f"{algorithm['kl_coef']} `{algorithm['kl_estimator']}`)")
+    method += "".join(f", `{group}={choices[group]}`" for group in ("method", "experiment") if choices.get(group))
+    task = resolved["task"]
+    data = f"`task={choices.get('task') or _target(task).rsplit('.', 1)[-1]}` (`{_target(task)}`"
+    data += f", source `{task['source']}`" if task.get("source") else ""
+    data += f", instruction \"{task['instruction']}\")" if task.get("instruction") else ")"
+    if adapter_only:
+        weights = f"the LoRA adapter alone ({_settings(lora)}), as trained"
+    else:
+        weights = f"LoRA ({_settings(lora)}) merged into the base weights; {dtype}" if lora else f"full; {dtype}"
+    metrics = {key: value for key, value in summary.items()
+               if key in CARD_METRICS or key.startswith("val/")}
+    rows = "\n".join(f"| `{key}` | {value:.4f} |" for key, value in metrics.items())
+    tags = ", ".join(["tokenrl", "grpo", "reinforcement-learning", selector])
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"tags: [{tags}]"]
+    front += [f"base_model: {source}"] if hub_id else []
+    return "\n".join([
+        *front, "---", "",
+        f"# {model_cfg['name']} trained with tokenrl ({selector})", "",
+        f"A plain Hugging Face causal LM exported by tokenrl from {origin}.", "",
+        "| | |", "|---|---|",
+        f"| base model | {base} |",
+        f"| method | {method} |",
+        f"| selector | `selector={selector}` (`{_target(resolved['selector'])}`: "
+        f"{_settings(resolved['selector'])}) |",
+        f"| steps | {_count(summary['rollout_steps'], 'rollout step')} "
+        f"({_count(summary['optimizer_steps'], 'optimizer step')}) of `total_steps={cfg.total_steps}`, seed "
+        f"{cfg.seed}{trainer} |",
+        f"| data | {data} |",
+        f"| weights | {weights} |", "",
+        "## Metrics", "",
+        "Training reward: mean of the first and the last 5 rollout steps, and of the last step; `val/*`: held-out "
+        "pass@k at the last validation." if rows else "No metrics were recorded.", "",
+        *(["| metric | value |", "|---|---|", rows, ""] if rows else []),
+        "## Use", "", *(_adapter_use(source) if adapter_only else _folder_use(model_cfg["name"]))])
+
+
+def _folder_use(name: str) -> list[str]:
+    return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "model = AutoModelForCausalLM.from_pretrained(\"<this folder>\")",
+            "tokenizer = AutoTokenizer.from_pretrained(\"<this folder>\")", "```", "",
+            f"tokenrl: `python eval.py model={name} model.source=<this folder> model.init=pretrained "
+            "model.tokenizer=null model.lora=null`; vLLM: `vllm serve <this folder>` (docs/export.md).", ""]
+
+
+def _adapter_use(source: Any) -> list[str]:
+    return ["```python", "from peft import AutoPeftModelForCausalLM",
+            f"model = AutoPeftModelForCausalLM.from_pretrained(\"<this folder>\")   # loads the base, {source}",
+            "```", ""]
+
+
+def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mapping[str, Any]) -> Path | None:
+    """`<run>/model/` at the end of a run (`export.enabled`), from the module's policy: rank 0 writes; under FSDP
+    every rank takes part in gathering the units."""
+    if not cfg.export.enabled or (not trainer.is_global_zero and not is_sharded(module.policy)):
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    out = Path(cfg.paths.output_dir) / "model"
+    dtype = export_dtype(cfg)
+    with served_weights(module.policy) as weights:
+        if not trainer.is_global_zero:
+            deque(weights, maxlen=0)   # the gathers of the other ranks need this one's part
+            return None
+        policy = module.policy
+        card = model_card(cfg, module.model_cfg, choices, summary, "the end of its training run", dtype)
+        return write_model_folder(out, weights, policy.config, policy.generation_config,
+                                  saved_tokenizer(module.tokenizer, module.model_cfg), dtype, card)
