@@ -47,7 +47,8 @@ SWEEPS = {
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
     "token_methods": {"method": METHODS, "seed": "0"},
     "token_methods_gpu": {"method": METHODS, "seed": "0,1,2,3,4"},
-    "forks_study": {"method": METHODS.replace("gspo,cispo", "gspo,gspo_seq,cispo,dppo,sapo,icepop"),
+    "forks_study": {"method": "uniform,random,ict,entropy20,stapo,dppo,sapo,gspo_seq,kl_cov,clip_cov,gspo,archer,cispo,"
+                              "gtpo,dr_grpo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,icepop,kl_k1,kl_k2",
                     "seed": "0,1,2,3,4"},
 }
 

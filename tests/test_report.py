@@ -198,6 +198,8 @@ def test_fork_tables_and_paired_differences_against_uniform_and_random(tmp_path)
     # ict: 0.6, 0.7, 0.8 → 0.700 ± 0.248; paired Δ vs uniform and vs random: 0.3 each seed → 0.300 ± 0.000
     assert "| ict | 3 | 0.700 ± 0.248 | 0.300 ± 0.000 (n=3) | 0.300 ± 0.000 (n=3) |" in table
     assert "| random | 3 | 0.400 ± 0.248 | 0.000 ± 0.000 (n=3) | — |" in table
+    above = report.split("### precision above the fork rate")[1].split("###")[0]
+    assert "| ict | 3 | 0.400 ± 0.248 | 0.300 ± 0.000 (n=3) | 0.300 ± 0.000 (n=3) |" in above   # 0.3, 0.4, 0.5
     steps = report.split("### steps to a training reward of 0.6")[1].split("###")[0]
     # ict's rewards 0, 0.233, 0.467, 0.7 never average 0.6 over 5 steps: censored at the 4 steps it ran
     assert "| ict | 3 | 4.000 ± 0.000 |" in steps

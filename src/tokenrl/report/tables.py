@@ -39,6 +39,10 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
             f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; total steps if never)":
                 lambda run: steps_to_reward(run, REWARD_THRESHOLD),
             **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
+            "precision above the fork rate (per step: precision − rate)": lambda run: step_mean(
+                run, lambda values: values["forks/precision"] - values["forks/rate"]),
+            **{f"precision of {name}'s picks on this run's rollouts": lambda run, name=name: last_mean(
+                run, f"forks/precision_{name}", last=10**9) for name in ("ict", "entropy20", "stapo")},
         })
     return table
 
@@ -52,6 +56,17 @@ FORK_METRICS = {   # diagnostics.py: the update's weights against the task's tru
     "entropy at true forks (nats)": "forks/entropy_forks",
     "entropy elsewhere (nats)": "forks/entropy_other",
 }
+
+
+def step_mean(run: Run, value: Callable[[dict[str, float]], float]) -> float:
+    """Mean of `value(step's metrics)` over the steps where it is defined (nan if none)."""
+    values = []
+    for metrics_of_step in run.steps.values():
+        try:
+            values.append(value(metrics_of_step))
+        except KeyError:
+            continue
+    return sum(values) / len(values) if values else math.nan
 
 
 def steps_to_reward(run: Run, threshold: float, window: int = 5) -> float:
