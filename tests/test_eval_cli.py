@@ -29,6 +29,48 @@ def test_eval_cli_writes_results_samples_and_table(tmp_path):
         lines = (tmp_path / f"{r['benchmark']}.samples.jsonl").read_text().splitlines()
         assert len(lines) == 12 and {"id", "sample", "score", "response"} <= set(json.loads(lines[0]))
     assert "| gsm8k | 3 | 4 |" in (tmp_path / "summary.md").read_text()
+    assert_reproduction_record(results)
+
+
+def assert_reproduction_record(results):
+    """results.json says what produced each number: model, data file and its hash, prompt, sampling, engine, versions."""
+    import hashlib
+
+    from tokenrl.data.benchmarks import BENCHMARKS, LOCAL
+
+    for r in results:
+        record, bench = r["reproduce"], BENCHMARKS[r["benchmark"]]
+        assert record["model"]["name"] == "tiny" and record["model"]["init"] == "random"
+        assert record["model"]["ckpt_path"] is None and record["model"]["dtype"]
+        data = record["benchmark"]
+        assert data["name"] == r["benchmark"] and data["route"] == "local" and data["limit"] == 3
+        assert data["file"] == str((ROOT / os.environ["TOKENRL_DATA_DIR"]).resolve() / LOCAL[r["benchmark"]])
+        assert data["sha256"] == hashlib.sha256(open(data["file"], "rb").read()).hexdigest()
+        prompt = record["prompt"]
+        assert prompt["instruction"] == bench.instruction and prompt["template"].count("{question}") == 1
+        assert prompt["template"].rstrip().endswith(bench.instruction) and prompt["max_prompt_length"] == 2048
+        assert record["sampling"] == {**record["sampling"], "n": 4, "ks": [1, 4], "temperature": 1.0, "top_p": 1.0,
+                                      "top_k": 0, "max_new_tokens": 6, "seed": 0}
+        assert record["engine"]["engine"] == "hf" and record["verifiers"] == ["gsm8k_strict" if r["benchmark"] ==
+                                                                              "gsm8k" else "math"]
+        versions = record["versions"]
+        assert versions["torch"] == torch.__version__.split("+")[0] or versions["torch"] == torch.__version__
+        assert versions["tokenrl"] and versions["transformers"] and "vllm" in versions
+        assert "eval.limit=3" in record["command"] and record["date"] and "tokenrl_commit" in record
+
+
+@needs_data
+def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
+    """`+eval.top_k=1` decodes greedily (what scripts/compare_harness.py compares with lm-eval): every sample of a
+    problem is the same text, whatever the seed."""
+    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "benchmark=gsm8k", "eval.limit=2",
+                           "eval.n_samples=4", "eval.max_new_tokens=8", "+eval.top_k=1", f"hydra.run.dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "results.json").read_text())[0]["reproduce"]["sampling"]["top_k"] == 1
+    lines = [json.loads(line) for line in (tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()]
+    for problem in {line["id"] for line in lines}:
+        assert len({line["response"] for line in lines if line["id"] == problem}) == 1
 
 
 @pytest.mark.parametrize("override,message", [("benchmark=nope", "unknown benchmark 'nope'; valid:"),

@@ -3,12 +3,23 @@
 Writes, under the run folder: results.json (all benchmarks), <benchmark>.json, <benchmark>.samples.jsonl
 (one line per sample: id, sample index, score, answer, finish reason, response — never the question text)
 and summary.md (a table). Also the `tokenrl-eval` console script.
+Each benchmark's result carries a `reproduce` record, as the harnesses' results files do: the model (folder or hub
+id, checkpoint, dtype, tokenizer), the benchmark's data (Hub repository and revision, or the local file and its
+sha256), the prompt (instruction, chat template on or off, the full template text with a `{question}` slot),
+sampling (temperature, top-p, top-k, budgets, n, ks, seed and how each batch's seed derives from it), the engine,
+the verifier, the command line and the versions of tokenrl, torch, transformers, vLLM and the verifier's parser.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import logging
+import platform
+import socket
+import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import policy_state_dict
-from tokenrl.data.benchmarks import benchmark, expand
-from tokenrl.data.prompts import PromptFormatter
+from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
+from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate
 from tokenrl.models import build_model, build_tokenizer
 from tokenrl.paths import CONFIG_DIR
@@ -32,6 +43,92 @@ log = logging.getLogger(__name__)
 def load_policy_weights(model: torch.nn.Module, ckpt_path: str) -> None:
     """Load the policy of a tokenrl training checkpoint (a .ckpt file or a sharded checkpoint's folder) into `model`."""
     model.load_state_dict(policy_state_dict(ckpt_path))
+
+
+VERSIONED = ("tokenrl", "torch", "transformers", "vllm", "math-verify", "datasets", "lightning", "peft")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of what decides a number (None: not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for package in VERSIONED:
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _resolved(path: str | None) -> str | None:
+    """An existing local path made absolute; anything else (a hub id, null) as given."""
+    return str(Path(path).expanduser().resolve()) if path and Path(path).expanduser().exists() else path
+
+
+def source_commit() -> str | None:
+    """The git commit of this tokenrl checkout (`+dirty` with uncommitted changes); None outside a git checkout."""
+    import subprocess
+
+    root = Path(CONFIG_DIR).parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip()
+    return (commit + ("+dirty" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else None
+
+
+def data_record(bench: Benchmark, data_dir: str | None) -> dict[str, Any]:
+    """Where the problems came from: the local file and its sha256, or the Hub repository, config, split, revision."""
+    if data_dir:
+        path = Path(data_dir).expanduser().resolve() / LOCAL[bench.name]
+        return {"route": "local", "file": str(path), "sha256": _sha256(path) if path.is_file() else None}
+    hub = bench.hub
+    return {"route": "hub", "repo": hub.repo, "configs": [c for c in hub.configs if c] or None, "split": hub.split,
+            "revision": hub.revision or "main (no pinned revision)", "columns_renamed": hub.columns or None}
+
+
+def reproduction_record(cfg: DictConfig, bench: Benchmark, settings: EvalSettings, formatter: PromptFormatter,
+                        verifiers: list[str]) -> dict[str, Any]:
+    """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    rollout = OmegaConf.to_container(cfg.rollout, resolve=True)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:          # run() called without Hydra's runtime (tests, scripts)
+        overrides = None
+    return {
+        "model": {"name": model["name"], "source": _resolved(model["source"]), "init": model["init"],
+                  "ckpt_path": _resolved(cfg.ckpt_path), "dtype": model["dtype"],
+                  "tokenizer": _resolved(model.get("tokenizer")) or "the source's", "lora": model.get("lora")},
+        "benchmark": {"name": bench.name, **data_record(bench, cfg.paths.data_dir), "limit": cfg.eval.limit},
+        "prompt": {"instruction": bench.instruction, "chat_template": formatter.chat,
+                   "system_prompt": formatter.system_prompt, "max_prompt_length": settings.max_prompt_length,
+                   "template": formatter.text(with_instruction("{question}", bench.instruction))},
+        "sampling": {"n": settings.n_samples, "ks": list(settings.ks), "temperature": settings.temperature,
+                     "top_p": settings.top_p, "top_k": settings.top_k, "max_new_tokens": settings.max_new_tokens,
+                     "batch_prompts": settings.batch_prompts, "seed": settings.seed,
+                     "batch_seed": "derived_seed(seed, 'eval', benchmark, index of the batch's first prompt)",
+                     "stop": "the tokenizer's and generation config's EOS tokens"},
+        "engine": rollout,
+        "verifiers": verifiers,
+        "reward_timeout_s": float(cfg.reward_timeout_s),
+        "versions": package_versions(), "tokenrl_commit": source_commit(),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]] if overrides is None else overrides,
+        "host": socket.gethostname(), "platform": platform.platform(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
 
 
 def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
@@ -64,12 +161,15 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
                 problems = problems[: int(cfg.eval.limit)]
             settings = EvalSettings(n_samples=int(cfg.eval.n_samples or bench.n_samples), ks=tuple(cfg.eval.ks),
                                     temperature=float(cfg.eval.temperature), top_p=float(cfg.eval.top_p),
+                                    top_k=int(cfg.eval.get("top_k") or 0),     # 1: greedy
                                     max_new_tokens=int(cfg.eval.max_new_tokens or bench.max_new_tokens),
                                     max_prompt_length=int(cfg.eval.max_prompt_length),
                                     batch_prompts=int(cfg.eval.batch_prompts), seed=int(cfg.seed))
             result = evaluate(name, problems, bench.instruction, engine, formatter, scorer, settings,
                               samples_path=out_dir / f"{name}.samples.jsonl")
-            result.update({"model": cfg.model.name, "ckpt_path": cfg.ckpt_path})
+            result.update({"model": cfg.model.name, "ckpt_path": cfg.ckpt_path,
+                           "reproduce": reproduction_record(cfg, bench, settings, formatter,
+                                                            sorted({p.verifier for p in problems}))})
             (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
             results.append(result)
             log.info("%s: %s", name, {k: v for k, v in result.items() if k.startswith(("pass@", "avg@"))})

@@ -1,0 +1,334 @@
+"""Check tokenrl's evaluation against lm-evaluation-harness on the same problems, prompts and greedy decoding.
+
+    export TOKENRL_DATA_DIR=/path/to/data            # gsm8k/test.jsonl and math500/test.jsonl (README: data)
+    pip install -r requirements-harness.txt          # lm-eval, pinned (bash scripts/setup.sh --harness does it)
+    python scripts/compare_harness.py --limit 50 --out benchmarks/harness_agreement.json
+
+For each task (GSM8K: strict and flexible extraction; MATH-500: \\boxed{}), both sides generate from the same local
+model folder (default: the offline SmolLM2-135M-Instruct that scripts/setup.sh prepares), greedily, with the same
+token budget (tokenrl's per-benchmark default unless --max-new-tokens), batch size 1 on both sides (no padding):
+
+- tokenrl: its own evaluation path (benchmarks.load -> PromptFormatter -> the `hf` rollout engine ->
+  evaluation.runner.evaluate -> SafeScorer with the benchmark's verifier), greedy as top_k=1, n=1;
+- the harness: lm_eval.simple_evaluate on the task configs in scripts/harness_tasks/ (its `json` loader on the same
+  files, the same user turn, --apply_chat_template, until = EOS, do_sample=false, its own filters and metrics).
+
+Per sample it records whether the prompts (token ids) and responses are identical, each side's extracted answer,
+tokenrl's verifier on both responses and the harness's scorer on its own, and lists every disagreement; the
+results file also says machine, date, versions, model and N. docs/harness.md explains the disagreements.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK_DIR = ROOT / "scripts" / "harness_tasks"
+DEFAULT_MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+TASKS = {"gsm8k": "tokenrl_gsm8k.yaml", "math500": "tokenrl_math500.yaml"}
+GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]       # lm-eval gsm8k exact_match's regexes_to_ignore
+
+
+# ---------------------------------------------------------------- extracted answers (what each scorer reads)
+def tokenrl_strict_answer(response: str) -> str | None:
+    """The number tokenrl's gsm8k_strict compares (None where it scores 0 without comparing): its own regexes."""
+    from tokenrl.rewards import verifiers as v
+
+    response = response.replace("\u2212", "-")
+    markers = list(v._STRICT_MARKER.finditer(response))
+    if not markers:
+        return None
+    line = v._STRICT_LINE.match(response, markers[-1].end())
+    if line is None:
+        return None
+    number, rest = line.groups()
+    if re.search(r"\d", rest) or v._OPERATOR_NEXT.match(rest):
+        return None
+    return number
+
+
+def tokenrl_flexible_answer(response: str) -> str | None:
+    from tokenrl.rewards.verifiers import last_number
+
+    return last_number(response)
+
+
+def tokenrl_math_answer(response: str) -> str | None:
+    """The boxes tokenrl's math verifier compares (all must equal the gold), joined with ' | '."""
+    from tokenrl.rewards.verifiers import boxed_all
+
+    boxes = boxed_all(response)
+    return " | ".join(dict.fromkeys(boxes)) if boxes else None
+
+
+def harness_gsm8k_normal(answer: str | None) -> str | None:
+    """A harness-filtered GSM8K answer as its exact_match compares it (regexes_to_ignore, lower case)."""
+    if answer is None or answer == "[invalid]":
+        return None
+    for pattern in GSM8K_IGNORE:
+        answer = re.sub(pattern, "", answer)
+    return answer.lower().strip()
+
+
+def number_value(text: str | None) -> Fraction | None:
+    if text is None:
+        return None
+    try:
+        return Fraction(text.replace(",", "").replace("$", "").rstrip("."))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def same_answer(a: str | None, b: str | None, numeric: bool) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if numeric and number_value(a) is not None:
+        return number_value(a) == number_value(b)
+    return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
+
+
+# ---------------------------------------------------------------- the two sides
+def tokenrl_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new_tokens: int | None,
+                 work: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from tokenrl.data.benchmarks import benchmark
+    from tokenrl.data.prompts import PromptFormatter, with_instruction
+    from tokenrl.evaluation.runner import EvalSettings, evaluate
+    from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.rewards.scorer import SafeScorer
+    from tokenrl.rollout import build_engine
+
+    model_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml"))
+    model_cfg.update(source=str(model_dir), tokenizer=None, init="pretrained", dtype="fp32")
+    tokenizer = build_tokenizer(model_cfg)
+    model = build_model(model_cfg).eval()
+    engine = build_engine({"engine": "hf"}, model, tokenizer)
+    formatter = PromptFormatter(tokenizer, model_cfg.get("chat_template", "auto"))
+    bench = benchmark(task)
+    problems = bench.load(data_dir)[:limit]
+    settings = EvalSettings(n_samples=1, ks=(1,), temperature=1.0, top_p=1.0, top_k=1,   # top_k=1: greedy
+                            max_new_tokens=int(max_new_tokens or bench.max_new_tokens), batch_prompts=1, seed=0)
+    scorer = SafeScorer(5.0)
+    samples = work / f"{task}.tokenrl.samples.jsonl"
+    try:
+        result = evaluate(task, problems, bench.instruction, engine, formatter, scorer, settings,
+                          samples_path=samples, progress=False)
+        rows = [json.loads(line) for line in samples.read_text().splitlines()]
+        flexible = (scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows])
+                    if task == "gsm8k" else None)
+    finally:
+        scorer.close()
+    prompts = [formatter.text(with_instruction(p.question, bench.instruction)) for p in problems]
+    prompt_ids = [formatter.token_ids(with_instruction(p.question, bench.instruction)) for p in problems]
+    return {"result": result, "rows": rows, "flexible": flexible, "prompts": prompts, "prompt_ids": prompt_ids,
+            "problems": problems, "tokenizer": tokenizer, "max_new_tokens": settings.max_new_tokens,
+            "instruction": bench.instruction}
+
+
+def harness_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new_tokens: int) -> dict[str, Any]:
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks._yaml_loader import load_yaml   # lm-eval 0.4.13: reads `!function` tags
+
+    config = load_yaml(TASK_DIR / TASKS[task])
+    config["dataset_kwargs"] = {"data_files": {split: str(data_dir / rel) for split, rel in
+                                               config["dataset_kwargs"]["data_files"].items()}}
+    config["generation_kwargs"]["max_gen_toks"] = max_new_tokens
+    lm = HFLM(pretrained=str(model_dir), dtype="float32", device="cpu", batch_size=1)
+    start = time.perf_counter()
+    out = lm_eval.simple_evaluate(model=lm, tasks=[config], limit=limit, apply_chat_template=True, log_samples=True,
+                                  num_fewshot=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                                  fewshot_random_seed=0, bootstrap_iters=0)
+    seconds = time.perf_counter() - start
+    name = config["task"]
+    return {"results": out["results"][name], "samples": out["samples"][name], "seconds": seconds,
+            "config": {k: v for k, v in config.items() if k not in ("process_results",)}}
+
+
+# ---------------------------------------------------------------- comparison
+def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    from tokenrl.rewards.verifiers import gsm8k_flexible, gsm8k_strict, math_boxed
+
+    tokenizer = mine["tokenizer"]
+    by_doc: dict[int, dict[str, dict]] = {}
+    for sample in theirs["samples"]:
+        by_doc.setdefault(int(sample["doc_id"]), {})[sample.get("filter", "none")] = sample
+    views = (["strict", "flexible"] if task == "gsm8k" else ["math"])
+    per_sample, counts = [], {"prompt_identical": 0, "response_identical": 0}
+    for view in views:
+        counts.update({f"{view}/answer_agree": 0, f"{view}/score_agree": 0,
+                       f"{view}/tokenrl_verifier_same_on_both": 0, f"{view}/scorer_agree_on_harness_response": 0,
+                       f"{view}/tokenrl_correct": 0, f"{view}/harness_correct": 0})
+    if task == "math500":
+        counts.update({"math/harness_math_verify_correct": 0, "math/tokenrl_verifier_on_harness_response_correct": 0})
+    n = len(mine["rows"])
+    for index, row in enumerate(mine["rows"]):
+        docs = by_doc[index]
+        first = next(iter(docs.values()))
+        context = first["arguments"]["gen_args_0"]["arg_0"] if isinstance(first["arguments"], dict) \
+            else first["arguments"][0][0]
+        theirs_response = first["resps"][0][0]
+        harness_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+        prompt_same = context == mine["prompts"][index] and harness_ids == mine["prompt_ids"][index]
+        response_same = theirs_response == row["response"]
+        counts["prompt_identical"] += prompt_same
+        counts["response_identical"] += response_same
+        entry: dict[str, Any] = {"id": row["id"], "doc_id": index, "gold": row["answer"], "prompt_identical": prompt_same,
+                                 "response_identical": response_same, "finish_reason": row["finish_reason"],
+                                 "tokenrl_response_tokens": len(tokenizer(row["response"], add_special_tokens=False)
+                                                                ["input_ids"]),
+                                 "harness_response_tokens": len(tokenizer(theirs_response, add_special_tokens=False)
+                                                                ["input_ids"])}
+        for view in views:
+            if view == "strict":
+                extract, verify, numeric = tokenrl_strict_answer, gsm8k_strict, True
+                h = docs["strict-match"]
+                h_answer, h_score = harness_gsm8k_normal(h["filtered_resps"][0]), float(h["exact_match"])
+                t_score = float(row["score"])
+            elif view == "flexible":
+                extract, verify, numeric = tokenrl_flexible_answer, gsm8k_flexible, True
+                h = docs["flexible-extract"]
+                h_answer, h_score = harness_gsm8k_normal(h["filtered_resps"][0]), float(h["exact_match"])
+                t_score = float(mine["flexible"][index])
+            else:
+                from scripts.harness_tasks.utils import boxed_answer
+
+                extract, verify, numeric = tokenrl_math_answer, math_boxed, False
+                h = docs["none"]
+                h_answer, h_score = boxed_answer(theirs_response), float(h["exact_match"])
+                t_score = float(row["score"])
+                entry["harness_math_verify"] = float(h["math_verify"])
+                counts["math/harness_math_verify_correct"] += float(h["math_verify"])
+            t_answer = extract(row["response"])
+            t_on_theirs_answer = extract(theirs_response)
+            t_on_theirs = float(verify(theirs_response, row["answer"]))
+            answer_agree = same_answer(t_answer, h_answer, numeric)
+            score_agree = t_score == h_score
+            counts[f"{view}/answer_agree"] += answer_agree
+            counts[f"{view}/score_agree"] += score_agree
+            counts[f"{view}/tokenrl_verifier_same_on_both"] += t_score == t_on_theirs
+            counts[f"{view}/scorer_agree_on_harness_response"] += t_on_theirs == h_score
+            counts[f"{view}/tokenrl_correct"] += t_score
+            counts[f"{view}/harness_correct"] += h_score
+            if view == "math":
+                counts["math/tokenrl_verifier_on_harness_response_correct"] += t_on_theirs
+            entry[view] = {"tokenrl_answer": t_answer, "harness_answer": h_answer,
+                           "tokenrl_verifier_on_harness_response_answer": t_on_theirs_answer,
+                           "tokenrl_score": t_score, "harness_score": h_score,
+                           "tokenrl_verifier_on_harness_response": t_on_theirs,
+                           "answer_agree": answer_agree, "score_agree": score_agree}
+        per_sample.append(entry)
+    agreement = {key: value / max(n, 1) for key, value in counts.items()}
+    disagreements = [e for e in per_sample if not e["response_identical"] or not e["prompt_identical"]
+                     or any(not e[v]["answer_agree"] or not e[v]["score_agree"] for v in views)]
+    harness_metrics = {k: v for k, v in theirs["results"].items() if isinstance(v, (int, float)) and "stderr" not in k}
+    return {"n": n, "counts": counts, "agreement": agreement, "harness_metrics": harness_metrics,
+            "tokenrl_result": mine["result"], "harness_seconds": theirs["seconds"],
+            "disagreements": [shorten(e) for e in disagreements], "samples": [shorten(e) for e in per_sample]}
+
+
+def shorten(entry: dict[str, Any]) -> dict[str, Any]:
+    return entry
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for package in ("tokenrl", "lm_eval", "transformers", "torch", "datasets", "math-verify", "tokenizers"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = ["| task | view | N | prompts same | responses same | answers agree | scores agree | "
+             "tokenrl verifier = harness scorer (same text) | tokenrl acc | harness acc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for task, r in report["tasks"].items():
+        a, c, n = r["agreement"], r["counts"], r["n"]
+        for view in (["strict", "flexible"] if task == "gsm8k" else ["math"]):
+            lines.append(f"| {task} | {view} | {n} | {c['prompt_identical']}/{n} | {c['response_identical']}/{n} | "
+                         f"{c[f'{view}/answer_agree']}/{n} | {c[f'{view}/score_agree']}/{n} | "
+                         f"{c[f'{view}/scorer_agree_on_harness_response']}/{n} | "
+                         f"{a[f'{view}/tokenrl_correct']:.3f} | {a[f'{view}/harness_correct']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limit", type=int, default=50, help="first N problems of each task")
+    parser.add_argument("--limit-math", type=int, default=None, help="MATH-500 problems (default: --limit)")
+    parser.add_argument("--tasks", default="gsm8k,math500")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a local HF model folder")
+    parser.add_argument("--data-dir", default=os.environ.get("TOKENRL_DATA_DIR"))
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: tokenrl's per benchmark (1024)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--out", default=None, help="write the JSON report here")
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        parser.error("set TOKENRL_DATA_DIR or --data-dir (the folder with gsm8k/test.jsonl and math500/test.jsonl)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    data_dir, model_dir = Path(args.data_dir).resolve(), Path(args.model).resolve()
+    report: dict[str, Any] = {
+        "what": "tokenrl evaluation vs lm-evaluation-harness, same problems/prompts/model, greedy (docs/harness.md)",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {"host": socket.gethostname(), "platform": platform.platform(), "processor": platform.processor()
+                    or platform.machine(), "cpus": os.cpu_count(), "torch_threads": args.threads, "device": "cpu"},
+        "versions": versions(), "git_commit": git_commit(),
+        "model": {"folder": str(model_dir.relative_to(ROOT)) if model_dir.is_relative_to(ROOT) else str(model_dir),
+                  "dtype": "float32"},
+        "decoding": {"greedy": True, "tokenrl": "hf engine, top_k=1, n=1, one prompt per generate call",
+                     "harness": "HFLM batch_size=1, do_sample=false, until=[EOS]"},
+        "command": "python scripts/compare_harness.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "tasks": {}}
+    for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+        limit = args.limit_math if task == "math500" and args.limit_math is not None else args.limit
+        with tempfile.TemporaryDirectory() as work:
+            start = time.perf_counter()
+            mine = tokenrl_side(task, model_dir, data_dir, limit, args.max_new_tokens, Path(work))
+            tokenrl_seconds = time.perf_counter() - start
+            theirs = harness_side(task, model_dir, data_dir, limit, mine["max_new_tokens"])
+        result = compare(task, mine, theirs)
+        result.update({"data_file": str(Path(task) / ("test.jsonl")), "max_new_tokens": mine["max_new_tokens"],
+                       "instruction": mine["instruction"], "harness_task": f"scripts/harness_tasks/{TASKS[task]}",
+                       "tokenrl_seconds": tokenrl_seconds})
+        report["tasks"][task] = result
+        print(f"{task}: {result['n']} problems, tokenrl {tokenrl_seconds:.0f} s, harness {theirs['seconds']:.0f} s",
+              flush=True)
+    print(table(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()

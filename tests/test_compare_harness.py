@@ -1,0 +1,74 @@
+"""scripts/compare_harness.py: tokenrl's evaluation and lm-evaluation-harness on the same 3 GSM8K and 2 MATH-500
+problems (offline SmolLM2-135M-Instruct, greedy, a short budget) see the same prompts, generate the same text and
+their scorers agree (docs/harness.md); the extraction helpers read what the verifiers read."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, needs_data
+
+sys.path.insert(0, str(ROOT))
+from scripts.compare_harness import (DEFAULT_MODEL, harness_gsm8k_normal, main, tokenrl_flexible_answer,  # noqa: E402
+                                     tokenrl_math_answer, tokenrl_strict_answer)
+
+needs_harness = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
+                                   reason="lm-eval is not installed: pip install -r requirements-harness.txt "
+                                          "(scripts/setup.sh installs it where the package index has it)")
+needs_model = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
+                                 reason=f"the offline default model is not prepared: bash scripts/setup.sh "
+                                        f"({DEFAULT_MODEL})")
+
+
+@pytest.mark.parametrize("response,strict,flexible", [
+    ("so 3 + 4 = 7\n#### 7", "7", "7"),
+    ("#### 1,234 dollars", "1,234", "1,234"),
+    ("#### 5-3", None, None),                  # an expression: neither verifier reads a number there
+    ("The answer is **18**.", None, "18"),
+    ("total: 2 + 3", None, None),              # a last operand is no answer for tokenrl (the harness takes `3`)
+])
+def test_gsm8k_extraction_mirrors_the_verifiers(response, strict, flexible):
+    from tokenrl.rewards.verifiers import gsm8k_flexible, gsm8k_strict
+
+    assert tokenrl_strict_answer(response) == strict and tokenrl_flexible_answer(response) == flexible
+    for found, verify in ((strict, gsm8k_strict), (flexible, gsm8k_flexible)):
+        if found is not None:
+            assert verify(response, found.replace(",", "")) == 1.0
+        else:
+            assert all(verify(response, gold) == 0.0 for gold in ("7", "1234", "18", "2", "3", "5"))
+
+
+def test_math_extraction_and_harness_normalisation():
+    assert tokenrl_math_answer(r"so \boxed{\frac12} and \boxed{\frac12}") == r"\frac12"
+    assert tokenrl_math_answer("no box") is None
+    assert harness_gsm8k_normal("$1,234.") == "1234" and harness_gsm8k_normal("[invalid]") is None
+
+
+@pytest.mark.slow
+@needs_harness
+@needs_model
+@needs_data
+def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
+    out = tmp_path / "agreement.json"
+    report = main(["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["versions"]["lm_eval"] == "0.4.13" and saved["versions"]["torch"] and saved["date"]
+    assert saved["model"]["folder"].endswith("smollm2-135m-instruct")
+    for task, n in (("gsm8k", 3), ("math500", 2)):
+        result = report["tasks"][task]
+        counts = result["counts"]
+        assert result["n"] == n and saved["tasks"][task]["n"] == n and result["max_new_tokens"] == 24
+        assert counts["prompt_identical"] == n, result["disagreements"]      # same chat prompt, same token ids
+        assert counts["response_identical"] == n, result["disagreements"]    # greedy: the same text
+        views = ["strict", "flexible"] if task == "gsm8k" else ["math"]
+        for view in views:
+            assert counts[f"{view}/tokenrl_verifier_same_on_both"] == n
+        # every disagreement of answer or score is listed with both sides' extracted answers
+        listed = {d["id"] for d in result["disagreements"]}
+        for sample in result["samples"]:
+            if any(not sample[v]["answer_agree"] or not sample[v]["score_agree"] for v in views):
+                assert sample["id"] in listed
+                assert all({"tokenrl_answer", "harness_answer"} <= set(sample[v]) for v in views)
