@@ -14,7 +14,7 @@ from tokenrl.algorithms.dapo import varied_groups
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.data.records import Problem
 from tokenrl.rollout.base import RolloutBatch, concat_rollouts
-from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups, concat_scored
 
 GATED = ["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
          "algorithm.gen_prompts_per_step=2", "total_steps=3"]
@@ -60,6 +60,19 @@ def test_concat_rollouts_repads_and_renumbers_groups():
     assert whole.group_ids.tolist() == [0, 0, 1, 2, 2] and whole.texts == a.texts + b.texts
     with pytest.raises(ValueError, match="different weights versions"):
         concat_rollouts([a, rollout_batch([[1]], [[1]], [0], version=1)], pad_id=0)
+
+
+def test_true_forks_follow_their_rows_through_selection_and_concatenation():
+    def scored(responses: list[list[int]], groups: list[int]) -> ScoredRollouts:
+        batch = rollout_batch([[1]] * len(responses), responses, groups)
+        forks = batch.response_ids > 5            # any per-token mark tied to the response
+        return ScoredRollouts(batch, torch.zeros(len(responses)), torch.zeros(len(responses)), forks)
+
+    a, b = scored([[6, 2], [3, 7]], [0, 0]), scored([[9, 1, 8]], [0])
+    whole = concat_scored([a.rows(torch.tensor([1])), b], pad_id=0)
+    assert whole.forks.tolist() == [[False, True, False], [True, False, True]]
+    assert torch.equal(whole.forks, whole.rollouts.response_ids > 5)
+    assert concat_scored([a, ScoredRollouts(b.rollouts, b.scores, b.rewards)], pad_id=0).forks is None
 
 
 def outcome(prompt: int, sample: int) -> float:
