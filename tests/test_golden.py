@@ -46,8 +46,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from tests.conftest import TINY, compose_config
-from tests.helpers.varied import ACTS, METHODS, DisagreeingEngine, InProcessScorer
-from tokenrl.train import build_components
+from tests.helpers.varied import ACTS, METHODS, DisagreeingEngine, fit_recording
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "methods.json"
 REGOLD = os.environ.get("TOKENRL_REGOLD") == "1"
@@ -92,12 +91,8 @@ def trajectory(method: str, regime: str, out: Path) -> list[dict[str, float]]:
         key, value = override.split("=")
         OmegaConf.update(cfg, key, yaml.safe_load(value))
     cfg.paths.output_dir = str(out)
-    L.seed_everything(cfg.seed)
-    module, datamodule, trainer = build_components(cfg)
-    module.collector.scorer = InProcessScorer()
     record = Trajectory()
-    trainer.callbacks.append(record)
-    trainer.fit(module, datamodule=datamodule)
+    fit_recording(cfg, record)
     assert len(record.steps) == STEPS
     return record.steps
 

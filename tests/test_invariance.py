@@ -51,13 +51,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from omegaconf import DictConfig
 
 from tests.conftest import ROOT, TINY, compose_config
-from tests.helpers.varied import ACTS, METHODS, InProcessScorer, disagree
+from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.test_update import CaptureUpdate
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.train_batch import TrainBatch
@@ -84,12 +83,8 @@ def step(tmp_path_factory):
     the trainer, tests/helpers/varied.py, so that IcePop masks), scores and rewards, and the policy's weights before
     the update."""
     cfg = compose_config(TINY + SETTING, output_dir=tmp_path_factory.mktemp("step"))
-    L.seed_everything(cfg.seed)
-    module, datamodule, trainer = build_components(cfg)
-    module.collector.scorer = InProcessScorer()
     capture = CaptureUpdate()
-    trainer.callbacks.append(capture)
-    trainer.fit(module, datamodule=datamodule)
+    fit_recording(cfg, capture)
     assert capture.train.size == ROWS and capture.train.advantages.abs().min() > 0   # every row carries a signal
     capture.train = dataclasses.replace(capture.train, rollouts=disagree(capture.train.rollouts, seed=1))
     return capture

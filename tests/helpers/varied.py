@@ -81,3 +81,17 @@ class InProcessScorer:
 
     def close(self) -> None:
         pass
+
+
+def fit_recording(cfg, callback):
+    """Fit the run `cfg` describes, seeded, scoring in this process, with `callback` watching; returns the module."""
+    import lightning as L
+
+    from tokenrl.train import build_components
+
+    L.seed_everything(cfg.seed)
+    module, datamodule, trainer = build_components(cfg)
+    module.collector.scorer = InProcessScorer()
+    trainer.callbacks.append(callback)
+    trainer.fit(module, datamodule=datamodule)
+    return module
