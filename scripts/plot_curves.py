@@ -2,7 +2,8 @@
 
     python scripts/plot_curves.py logs/train/runs/<a> logs/train/runs/<b> --metric train/reward --out curve.png
 
-Rollout steps count from 0, as in scripts/report.py (`tokenrl.report.runs.rollout_step_index`).
+`read_metric` indexes rollout steps from 0, as scripts/report.py does (`tokenrl.report.runs.rollout_step_index`); the
+figure counts them as the console does, 1 … N, on an integer axis, with the legend outside the axes.
 """
 from __future__ import annotations
 
@@ -42,22 +43,24 @@ def main() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     print(f"{'run':<40}{'steps':>6}{'first 5':>9}{'last 5':>9}")
     for run in args.runs:
         steps, values = read_metric(run, args.metric)
-        ax.plot(steps, values, marker=".", label=run.name)
+        ax.plot([step + 1 for step in steps], values, marker=".", label=run.name)
         first, last = values[:5], values[-5:]
         print(f"{str(run):<40}{len(values):>6}{sum(first) / len(first):>9.3f}{sum(last) / len(last):>9.3f}")
     ax.set_xlabel("rollout step")
     ax.set_ylabel(args.metric)
     ax.set_title(args.title or args.metric)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=120)
+    fig.savefig(args.out, dpi=120, bbox_inches="tight")
     print(f"wrote {args.out}")
 
 

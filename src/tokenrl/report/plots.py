@@ -1,4 +1,9 @@
-"""PNG figures of a sweep: training curves per group (mean over seeds, min–max band) and pass@k bars (95% CI)."""
+"""PNG figures of a sweep: training curves per group (mean over seeds, 95% CI band) and pass@k bars (95% CI).
+
+Read at a glance: each group has its own hue from a 20-colour qualitative palette (line styles change beyond 20),
+legends sit outside the axes, and the step axis shows integer rollout steps counted as the console counts them
+(1 … N; the report's tables index steps from 0 internally, `runs.rollout_step_index`).
+"""
 from __future__ import annotations
 
 import math
@@ -8,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from tokenrl.report.runs import Run, final_validation  # noqa: E402
 from tokenrl.report.stats import mean_ci  # noqa: E402
@@ -15,36 +21,55 @@ from tokenrl.report.stats import mean_ci  # noqa: E402
 CURVES = (("train/reward", "training reward"), ("train/entropy", "mean token entropy (nats)"),
           ("train/renyi2", "mean Rényi-2 entropy (nats)"), ("select/fraction", "fraction of tokens updated"))
 
+# Trubetskoy's "20 simple, distinct colours" (the four palest swapped for darker ones that read on white), ordered so
+# that the first ten are ten different hues (or grey and black): small sweeps never get two shades of one hue, as
+# tab20's dark/light pairs gave them.
+PALETTE = ("#4363d8", "#e6194b", "#3cb44b", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#808000", "#a9a9a9",
+           "#000000", "#9a6324", "#469990", "#000075", "#800000", "#bfef45", "#d4a000", "#fabed4", "#6a5acd",
+           "#2f4f4f", "#ff7f50")
+LINE_STYLES = ("-", "--", ":", "-.")
 
-def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
-    """2×2 grid: each metric of CURVES against rollout step, one line per group."""
+
+def group_style(index: int) -> dict[str, str]:
+    """Colour and line style of the index-th group: 20 hues, then the next line style."""
+    return {"color": PALETTE[index % len(PALETTE)],
+            "linestyle": LINE_STYLES[index // len(PALETTE) % len(LINE_STYLES)]}
+
+
+def curves_figure(groups: dict[str, list[Run]]) -> plt.Figure:
+    """2×2 grid: each metric of CURVES against rollout step (1 … N), one line per group, 95% CI band over seeds."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
     for ax, (key, title) in zip(axes.flat, CURVES):
         for index, (label, runs) in enumerate(groups.items()):
             steps = sorted({s for run in runs for s in run.steps})
             per_step = [[run.steps[s][key] for run in runs if key in run.steps.get(s, {})] for s in steps]
-            keep = [(s, v) for s, v in zip(steps, per_step) if v]
+            keep = [(s + 1, mean_ci(v)) for s, v in zip(steps, per_step) if v]
             if not keep:
                 continue
             xs = [s for s, _ in keep]
-            # 20 distinct colours, then a second line style: a sweep of many methods stays readable
-            line, = ax.plot(xs, [sum(v) / len(v) for _, v in keep], label=f"{label} (n={len(runs)})",
-                            color=plt.get_cmap("tab20")(index % 20), linestyle=("-", "--", ":")[index // 10 % 3])
-            ax.fill_between(xs, [min(v) for _, v in keep], [max(v) for _, v in keep], alpha=0.15,
-                            color=line.get_color(), linewidth=0)
+            ax.plot(xs, [iv.mean for _, iv in keep], label=f"{label} (n={len(runs)})", **group_style(index))
+            if len(runs) > 1:
+                ax.fill_between(xs, [iv.mean - _finite(iv.half_width) for _, iv in keep],
+                                [iv.mean + _finite(iv.half_width) for _, iv in keep], alpha=0.15,
+                                color=group_style(index)["color"], linewidth=0)
         ax.set_title(title)
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes[1]:
         ax.set_xlabel("rollout step")
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle("mean over seeds; band = min–max over seeds")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.suptitle("mean over seeds; band = 95% CI over seeds (Student t)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    return fig
 
 
-def plot_passk(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float], path: Path) -> Path:
+def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
+    """`curves_figure` written to `path` (the legend right of the axes included)."""
+    return _save(curves_figure(groups), path)
+
+
+def passk_figure(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float]) -> plt.Figure:
     """Grouped bars of held-out pass@k after training per group (95% CI whiskers); dashed: before training."""
     fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups), 4.2))
     width = 0.8 / max(len(ks), 1)
@@ -53,18 +78,31 @@ def plot_passk(groups: dict[str, list[Run]], ks: list[str], before: dict[str, fl
         intervals = [mean_ci([final_validation(run).get(f"val/{k}", math.nan) for run in groups[label]])
                      for label in labels]
         xs = [i + (index - (len(ks) - 1) / 2) * width for i in range(len(labels))]
-        errors = [0.0 if math.isnan(iv.half_width) else iv.half_width for iv in intervals]
-        bars = ax.bar(xs, [iv.mean for iv in intervals], width, yerr=errors, capsize=3, label=f"{k} after training")
+        colour = PALETTE[index % len(PALETTE)]
+        ax.bar(xs, [iv.mean for iv in intervals], width, yerr=[_finite(iv.half_width) for iv in intervals],
+               capsize=3, color=colour, label=f"{k} after training")
         if k in before and not math.isnan(before[k]):
-            ax.axhline(before[k], color=bars.patches[0].get_facecolor(), linestyle="--", linewidth=1,
-                       label=f"{k} before training")
-    ax.set_xticks(range(len(labels)), labels)
+            ax.axhline(before[k], color=colour, linestyle="--", linewidth=1, label=f"{k} before training")
+    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 8 else 0, ha="right" if len(labels) > 8
+                  else "center")
     ax.set_ylabel("held-out score")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2 * max(len(ks), 1), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_passk(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float], path: Path) -> Path:
+    """`passk_figure` written to `path` (the legend above the axes)."""
+    return _save(passk_figure(groups, ks, before), path)
+
+
+def _finite(half_width: float) -> float:
+    return 0.0 if math.isnan(half_width) else half_width
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
-
