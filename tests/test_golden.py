@@ -13,10 +13,11 @@ The setting: `model=tiny` (a random 2-layer Qwen2, character tokenizer), 64 prom
 the `hf` engine, seed 0, 4 prompts × G 8, 12 new tokens, `tests.helpers.varied:share_reward` (rewards that vary
 within every group), KL β 0.01, Θ = 0, each method's preset with tests/helpers/varied.py's `ACTS` (the overrides
 without which a preset does nothing on the tiny model) and an engine whose sampling log-probs are off by ±1 nat on
-some tokens (so that IcePop masks; no other method reads them). Two regimes per method: `preset` (its own
-mini-batches; for the one-step presets the fused statistics path) and `moving` (`algorithm.ppo_epochs=2`: the second
-epoch sees a moved policy, so every ratio-driven part acts). Each runs through the real Trainer and `GRPOModule`
-(scoring in-process: tests/helpers/varied.py), one after another in one process: ~30 s for all 42 runs.
+some tokens (so that IcePop masks; no other method reads them). Three regimes per method: `preset` (its own
+mini-batches; for the one-step presets the fused statistics path), `one_step` (`algorithm.mini_batches=1`: one
+optimizer step per rollout step, where the ratio is 1) and `moving` (`algorithm.ppo_epochs=2`: the second epoch sees
+a moved policy, so every ratio-driven part acts). Each runs through the real Trainer and `GRPOModule`
+(scoring in-process: tests/helpers/varied.py), one after another in one process: ~45 s for all 63 runs.
 
 Recorded per step: the mean reward, the loss, the selected fraction, the clip fraction (DPPO: dropped), the entropy and
 KL of π_old, α of the entropy bonus, the engine weights' mean and masked share (IcePop), the mean response length, and
@@ -54,7 +55,7 @@ STEPS = 3
 SETTING = TINY + ["task.verifier=tests.helpers.varied:share_reward", "task.train_size=64", "task.test_size=8",
                   f"total_steps={STEPS}", "samples.every_n_steps=0", "selector_warmup_steps=0",
                   "algorithm.kl_coef=0.01"]
-REGIMES = {"preset": [], "moving": ["algorithm.ppo_epochs=2"]}
+REGIMES = {"preset": [], "one_step": ["algorithm.mini_batches=1"], "moving": ["algorithm.ppo_epochs=2"]}
 EXACT = ("train/reward", "select/fraction", "train/response_len")
 CLOSE = ("train/loss", "train/clip_frac", "train/entropy", "train/kl", "train/entropy_coef", "train/tis_weight_mean",
          "train/tis_capped_frac", "policy/l2", "policy/probe")
@@ -137,8 +138,10 @@ def test_method_follows_its_golden_trajectory(runs, golden, method):
 def test_golden_trajectories_tell_methods_apart(golden):
     """The fixture pins behaviour, not a constant: where the ratio moves every method's trajectory differs from every
     other's. With one optimizer step per rollout step GSPO (s_i = 1) and KL-Cov (its penalty's gradient is 0 at
-    π_θ = π_old; no token's ratio to clip) are GRPO exactly (docs/algorithms.md §11.2, §11.6), to the last bit."""
+    π_θ = π_old; no token's ratio to clip) are GRPO exactly (docs/algorithms.md §11.2, §11.6), to the last bit; their
+    presets run 4 mini-batches, where they act and differ from GRPO."""
     moving = {method: tuple(step["policy/probe"] for step in golden[method]["moving"]) for method in golden}
     assert len(set(moving.values())) == len(moving)
     for method in ("gspo", "kl_cov"):
-        assert golden[method]["preset"] == golden["uniform"]["preset"], method
+        assert golden[method]["one_step"] == golden["uniform"]["one_step"], method
+        assert golden[method]["preset"] != golden["uniform"]["preset"], method
