@@ -12,6 +12,8 @@
 #   --vllm: the official CUDA wheel of vLLM (GPU machines), pinned to the version that matches torch 2.13.0.
 #   lm-evaluation-harness (requirements-harness.txt: scripts/compare_harness.py, docs/harness.md) is tried after the
 #   main stack; where the index lacks it (an offline wheel mirror) setup goes on and its test skips.
+#   The documentation tools (requirements-docs.txt: mkdocs, Material, mkdocstrings; `mkdocs serve`, and the strict
+#   site build .ci/run runs) are tried the same way.
 # Idempotent: a second run only checks stamps and takes seconds. Env: PYTHON (interpreter), TORCH_SPEC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,6 +94,18 @@ if [ "$(cat "$HARNESS_STAMP" 2>/dev/null)" != "$harness_want" ]; then
   else
     echo "[setup] lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it," \
          "tests/test_compare_harness.py skips" >&2
+  fi
+fi
+
+DOCS_STAMP=.cache/setup.docs.stamp
+docs_want=$(cat requirements-docs.txt constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$DOCS_STAMP" 2>/dev/null)" != "$docs_want" ]; then
+  echo "[setup] installing the documentation tools (optional: requirements-docs.txt)"
+  if "$PY" -m pip install -q -r requirements-docs.txt -c constraints.txt; then
+    echo "$docs_want" > "$DOCS_STAMP"
+  else
+    echo "[setup] mkdocs not installed (not on this package index?): \`mkdocs build\` needs it," \
+         "tests/test_docs.py's site build skips" >&2
   fi
 fi
 
