@@ -38,14 +38,15 @@ SETTINGS = {
     "token_methods_gpu": ("qwen1.5b", "BenchmarkTask", "ICTSelector"),
     "forks_study": ("forks_tiny", "ForksTask", "UniformSelector"),
 }
-METHODS = "uniform,random,ict,entropy20,stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,clip_cov,kl_cov,archer,gtpo,dr_grpo,gspo,cispo,kl_k1,kl_k2"
+METHODS = ("uniform,random,ict,entropy20,stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,clip_cov,kl_cov,archer,gtpo,"
+           "dr_grpo,gspo,cispo,kl_k1,kl_k2,dppo,sapo,gspo_seq,icepop")
 SWEEPS = {
     "cpu_study": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2"},
     "selector_comparison": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2,3,4"},
     "ict_ratio_ablation": {"selector.ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
     "ict_warmup_ablation": {"selector_warmup_steps": "10,20,40", "seed": "0,1,2"},
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
-    "token_methods": {"method": METHODS, "seed": "0"},
+    "token_methods": {"method": METHODS, "seed": "0,1,2"},
     "token_methods_gpu": {"method": METHODS, "seed": "0,1,2,3,4"},
     "forks_study": {"method": "uniform,random,ict,entropy20,stapo,dppo,sapo,gspo_seq,kl_cov,clip_cov,gspo,archer,cispo,"
                               "gtpo,dr_grpo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,icepop,kl_k1,kl_k2",
@@ -60,9 +61,10 @@ def sweep_params(name: str) -> dict[str, str]:
     return {key: str(value) for key, value in (cfg.hydra.sweeper.params or {}).items()}
 
 
-def test_the_forks_study_runs_every_method_preset():
+@pytest.mark.parametrize("name", ["forks_study", "token_methods", "token_methods_gpu"])
+def test_the_method_sweeps_run_every_method_preset(name):
     presets = {p.stem for p in (Path(CONFIG_DIR) / "method").glob("*.yaml")}
-    assert set(SWEEPS["forks_study"]["method"].split(",")) == presets
+    assert set(SWEEPS[name]["method"].split(",")) == presets
 
 
 def test_every_experiment_file_is_listed():
