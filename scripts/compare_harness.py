@@ -1,6 +1,6 @@
 """Check tokenrl's evaluation against lm-evaluation-harness on the same problems, prompts and greedy decoding.
 
-    export TOKENRL_DATA_DIR=/path/to/data            # gsm8k/test.jsonl and math500/test.jsonl (README: data)
+    export TOKENRL_DATA_DIR=/path/to/data            # gsm8k/test.jsonl and math500/test.jsonl (docs/data-and-evaluation.md)
     pip install -r requirements-harness.txt          # lm-eval, pinned (bash scripts/setup.sh --harness does it)
     python scripts/compare_harness.py --limit 50 --out benchmarks/harness_agreement.json
 

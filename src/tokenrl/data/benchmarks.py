@@ -40,7 +40,7 @@ MMLU_STEM = ("college_biology", "astronomy", "electrical_engineering", "high_sch
              "college_physics", "high_school_statistics", "elementary_mathematics", "college_mathematics",
              "college_computer_science")   # the 18 subjects of Qwen2.5-Math's mmlu_stem, in its order
 
-# The Hub route: the datasets the field's evaluation code loads (README "Where the data comes from"). Revisions are
+# The Hub route: the datasets the field's evaluation code loads (docs/data-and-evaluation.md "Where the data comes from"). Revisions are
 # commits seen pinned or cached in public code; None where none could be found (the branch head is used).
 HUB: dict[str, HubSource] = {
     "gsm8k": HubSource("openai/gsm8k", "test", ("main",), "cc7b047b6e5bb11b4f1af84efc572db110a51b3c"),
