@@ -23,7 +23,8 @@ def problems(*overrides: str) -> list[str]:
                          + [[f"method={m}"] for m in METHODS] + [[f"model={m}"] for m in ("qwen7b", "tiny")]
                          + [["selector=ict"], ["+model.lora={r: 4}"], ["trainer=ddp"], ["trainer=fsdp"]]
                          + [["algorithm=dapo", f"method={m}"] for m in ("sapo", "dppo", "gspo_seq", "cispo")]
-                         + [["experiment=ict_paper", "method=icepop"], ["experiment=entropy20_dapo", "method=dppo"]])
+                         + [["experiment=ict_paper", "method=icepop"], ["experiment=entropy20_dapo", "method=dppo"]]
+                         + [["task=forks", f"method={m}"] for m in METHODS])
 def test_every_shipped_config_passes(overrides):
     check_config(compose_config(overrides), overrides)
 
