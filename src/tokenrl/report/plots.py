@@ -71,7 +71,7 @@ def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
 
 def passk_figure(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float]) -> plt.Figure:
     """Grouped bars of held-out pass@k after training per group (95% CI whiskers); dashed: before training."""
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups), 4.2))
+    fig, ax = plt.subplots(figsize=(min(1.6 + 1.4 * len(groups), 16.0), 4.2))   # at most a screen wide
     width = 0.8 / max(len(ks), 1)
     labels = list(groups)
     for index, k in enumerate(ks):
