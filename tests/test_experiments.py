@@ -46,7 +46,9 @@ SWEEPS = {
     "ict_ratio_ablation": {"selector.ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
     "ict_warmup_ablation": {"selector_warmup_steps": "10,20,40", "seed": "0,1,2"},
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
-    "token_methods": {"method": METHODS, "seed": "0,1,2"},
+    "token_methods": {"method": "uniform,gspo,kl_cov,clip_cov,archer,dppo,sapo,gspo_seq,cispo,icepop,ict,random,entropy20,"
+                                 "stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,gtpo,dr_grpo,kl_k1,kl_k2",
+                      "seed": "0,1,2"},
     "token_methods_gpu": {"method": METHODS, "seed": "0,1,2,3,4"},
     "forks_study": {"method": "uniform,random,ict,entropy20,stapo,dppo,sapo,gspo_seq,kl_cov,clip_cov,gspo,archer,cispo,"
                               "gtpo,dr_grpo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,icepop,kl_k1,kl_k2",
