@@ -69,3 +69,15 @@ def test_a_bad_time_limit_names_the_key_the_configs_have(config):
     assert cfg.reward_timeout_s > 0                                     # the top-level key the message names
     with pytest.raises(ValueError, match=r"^reward_timeout_s=0 must be > 0"):
         SafeScorer(timeout_s=0)
+
+
+def test_a_batch_larger_than_both_pipes_scores_every_item_in_order():
+    """3,000 responses of 2 KB each (6 MB through a 64 KB pipe, and more results than the return pipe holds): the
+    old send-everything-then-read loop deadlocked here; every score must come back, in order."""
+    items = [("gsm8k_flexible", "x " * 1000 + f"The answer is {i % 7}", str(i % 7 if i % 3 else 99)) for i in range(3000)]
+    scorer = SafeScorer(timeout_s=30.0)
+    try:
+        scores = scorer.score(items)
+    finally:
+        scorer.close()
+    assert scores == [0.0 if i % 3 == 0 else 1.0 for i in range(3000)]

@@ -39,6 +39,8 @@ def _worker(conn: Connection, sys_path: list[str]) -> None:
 class SafeScorer:
     """`score([(verifier, response, answer), ...]) -> [float]`, each check limited to `timeout_s` seconds."""
 
+    WINDOW = 16   # checks in flight: their results (≤ ~2 KB each, a traceback included) stay far below a pipe's 64 KB
+
     def __init__(self, timeout_s: float = 5.0) -> None:
         if timeout_s <= 0:
             raise ValueError(f"reward_timeout_s={timeout_s} must be > 0")   # the top-level key of train.yaml / eval.yaml
@@ -67,14 +69,19 @@ class SafeScorer:
         self._proc = self._conn = None
 
     def score(self, items: list[tuple[str, str, str]]) -> list[float]:
+        """Scores in order. At most `WINDOW` checks are in flight: sending every item before reading any result
+        deadlocks once both pipes fill (the worker blocks sending results the trainer is not reading yet, the
+        trainer blocks sending items the worker is not reading) — a batch of ~1,000 long responses did."""
         scores = [0.0] * len(items)
         pending = 0
         while pending < len(items):
             if self._proc is None or not self._proc.is_alive():
                 self._start()
+            sent = pending
             for index in range(pending, len(items)):
-                self._conn.send((index, *items[index]))
-            for index in range(pending, len(items)):
+                while sent < len(items) and sent - index < self.WINDOW:
+                    self._conn.send((sent, *items[sent]))
+                    sent += 1
                 if not self._conn.poll(self.timeout_s):
                     log.warning("verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0],
                                 self.timeout_s, index)
