@@ -16,6 +16,10 @@ token budget (tokenrl's per-benchmark default unless --max-new-tokens), batch si
 Per sample it records whether the prompts (token ids) and responses are identical, each side's extracted answer,
 tokenrl's verifier on both responses and the harness's scorer on its own, and lists every disagreement; the
 results file also says machine, date, versions, model and N. docs/harness.md explains the disagreements.
+
+A small model rarely answers correctly, so generation alone shows the two scorers agreeing mostly on wrong answers.
+`references` therefore also scores every problem's own reference solution (which must score 1) and the same solution
+with its final answer changed (which must score 0) with both scorers, over the whole file (seconds, no generation).
 """
 from __future__ import annotations
 
@@ -243,6 +247,76 @@ def shorten(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+# ---------------------------------------------------------------- reference solutions through both scorers
+def wrong_final_answer(solution: str, task: str) -> str:
+    """The reference solution with its final answer changed: GSM8K's `#### N` -> `#### N+1`, MATH's last box
+    \\boxed{X} -> \\boxed{X+1} (both scorers must say 0)."""
+    if task == "gsm8k":
+        head, _, tail = solution.rpartition("#### ")
+        value = number_value(tail.strip())
+        return f"{head}#### {(value + 1) if value is not None else tail.strip() + '1'}"
+    from scripts.harness_tasks.utils import boxed_answer
+
+    answer = boxed_answer(solution)
+    start = solution.rfind("\\boxed{")
+    return solution if answer is None else solution[:start] + f"\\boxed{{{answer}+1}}" + solution[
+        start + len("\\boxed{") + len(answer) + 1:]
+
+
+def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, float]:
+    """The harness's own scorers on one response: lm-eval's gsm8k filters + exact_match, or the MATH task's
+    process_results (scripts/harness_tasks/utils.py)."""
+    if task == "gsm8k":
+        from lm_eval.api.metrics import exact_match_hf_evaluate
+        from lm_eval.filters.extraction import RegexFilter
+
+        out = {}
+        for view, pattern, group in (("strict", "#### (\\-?[0-9\\.\\,]+)", 0),
+                                     ("flexible", "(-?[$0-9.,]{2,})|(-?[0-9]+)", -1)):
+            picked = list(RegexFilter(regex_pattern=pattern, group_select=group).apply([[solution]], [doc]))[0][0]
+            out[view] = float(exact_match_hf_evaluate(predictions=[picked], references=[doc["answer"]],
+                                                      regexes_to_ignore=GSM8K_IGNORE, ignore_case=True,
+                                                      ignore_punctuation=False)["exact_match"])
+        return out
+    from scripts.harness_tasks.utils import process_results
+
+    return {"math": float(process_results(doc, [solution])["exact_match"])}
+
+
+def reference_check(task: str, data_dir: Path, limit: int | None = None) -> dict[str, Any]:
+    """Every problem's (or the first `limit` problems') reference solution, and the same with a wrong final answer, through tokenrl's verifiers
+    (in the time-limited SafeScorer, as evaluation runs them) and the harness's scorers."""
+    from tokenrl.data.benchmarks import benchmark
+    from tokenrl.rewards.scorer import SafeScorer
+
+    bench = benchmark(task)
+    problems = bench.load(data_dir)
+    docs = [json.loads(line) for line in (data_dir / task / "test.jsonl").read_text().splitlines() if line.strip()]
+    assert len(docs) == len(problems), f"{task}: {len(docs)} rows vs {len(problems)} problems"
+    problems, docs = problems[:limit], docs[:limit]
+    solution_key = "answer" if task == "gsm8k" else "solution"
+    views = {"strict": "gsm8k_strict", "flexible": "gsm8k_flexible"} if task == "gsm8k" else {"math": None}
+    counts: dict[str, int] = {}
+    disagreements = []
+    scorer = SafeScorer(5.0)
+    try:
+        for kind in ("reference", "wrong_answer"):
+            responses = [doc[solution_key] if kind == "reference" else wrong_final_answer(doc[solution_key], task)
+                         for doc in docs]
+            for view, verifier in views.items():
+                mine = scorer.score([(verifier or p.verifier, r, p.answer) for p, r in zip(problems, responses)])
+                theirs = [harness_scores(task, r, doc)[view] for r, doc in zip(responses, docs)]
+                counts[f"{kind}/{view}/tokenrl_correct"] = int(sum(mine))
+                counts[f"{kind}/{view}/harness_correct"] = int(sum(theirs))
+                counts[f"{kind}/{view}/agree"] = sum(a == b for a, b in zip(mine, theirs))
+                disagreements += [{"id": p.id, "kind": kind, "view": view, "gold": p.answer, "tokenrl": a,
+                                   "harness": b, "response_tail": r[-160:]}
+                                  for p, r, a, b in zip(problems, responses, mine, theirs) if a != b]
+    finally:
+        scorer.close()
+    return {"n": len(docs), "counts": counts, "disagreements": disagreements}
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -286,6 +360,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: tokenrl's per benchmark (1024)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default=None, help="write the JSON report here")
+    parser.add_argument("--references-only", action="store_true",
+                        help="only the reference-solution check (no generation; seconds)")
+    parser.add_argument("--references-limit", type=int, default=None,
+                        help="reference solutions of the first N problems (default: the whole file)")
     args = parser.parse_args(argv)
     if not args.data_dir:
         parser.error("set TOKENRL_DATA_DIR or --data-dir (the folder with gsm8k/test.jsonl and math500/test.jsonl)")
@@ -309,7 +387,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      "harness": "HFLM batch_size=1, do_sample=false, until=[EOS]"},
         "command": "python scripts/compare_harness.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "tasks": {}}
+    report["references"] = {}
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+        report["references"][task] = reference_check(task, data_dir, args.references_limit)
+        print(f"{task} reference solutions: {report['references'][task]['counts']}", flush=True)
+        if args.references_only:
+            continue
         limit = args.limit_math if task == "math500" and args.limit_math is not None else args.limit
         with tempfile.TemporaryDirectory() as work:
             start = time.perf_counter()

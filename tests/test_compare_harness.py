@@ -6,14 +6,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT, needs_data
 
 sys.path.insert(0, str(ROOT))
-from scripts.compare_harness import (DEFAULT_MODEL, harness_gsm8k_normal, main, tokenrl_flexible_answer,  # noqa: E402
-                                     tokenrl_math_answer, tokenrl_strict_answer)
+from scripts.compare_harness import (DEFAULT_MODEL, harness_gsm8k_normal, harness_scores, main,  # noqa: E402
+                                     reference_check, tokenrl_flexible_answer, tokenrl_math_answer,
+                                     tokenrl_strict_answer, wrong_final_answer)
 
 needs_harness = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                                    reason="lm-eval is not installed: pip install -r requirements-harness.txt "
@@ -53,7 +55,8 @@ def test_math_extraction_and_harness_normalisation():
 @needs_data
 def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
     out = tmp_path / "agreement.json"
-    report = main(["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--out", str(out)])
+    report = main(["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--references-limit", "5",
+                   "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["versions"]["lm_eval"] == "0.4.13" and saved["versions"]["torch"] and saved["date"]
     assert saved["model"]["folder"].endswith("smollm2-135m-instruct")
@@ -72,3 +75,30 @@ def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
             if any(not sample[v]["answer_agree"] or not sample[v]["score_agree"] for v in views):
                 assert sample["id"] in listed
                 assert all({"tokenrl_answer", "harness_answer"} <= set(sample[v]) for v in views)
+
+
+@needs_harness
+@needs_data
+@pytest.mark.parametrize("task,views", [("gsm8k", ("strict", "flexible")), ("math500", ("math",))])
+def test_both_scorers_accept_reference_solutions_and_refuse_a_changed_final_answer(task, views):
+    from tests.conftest import DATA_DIR
+
+    result = reference_check(task, Path(DATA_DIR), limit=25)
+    counts = result["counts"]
+    for view in views:
+        assert counts[f"reference/{view}/tokenrl_correct"] == counts[f"reference/{view}/harness_correct"] == 25
+        assert counts[f"wrong_answer/{view}/tokenrl_correct"] == 0
+    assert result["n"] == 25
+
+
+@needs_harness
+def test_the_harness_math_check_drops_what_follows_a_unit_and_tokenrl_does_not():
+    """docs/harness.md rule 6: the two MATH-500 wrong answers the harness scores 1 (test/prealgebra/1003, 1044)."""
+    from tokenrl.rewards.verifiers import math_boxed
+
+    gold = "\\frac{270}7\\text{ degrees}"
+    changed = wrong_final_answer(f"so the angle is \\boxed{{{gold}}}.", "math500")
+    assert changed == f"so the angle is \\boxed{{{gold}+1}}."
+    assert harness_scores("math500", changed, {"answer": gold, "solution": f"\\boxed{{{gold}}}"})["math"] == 1.0
+    assert math_boxed(changed, gold) == 0.0
+    assert wrong_final_answer("2 + 2 = 4\n#### 4", "gsm8k") == "2 + 2 = 4\n#### 5"
