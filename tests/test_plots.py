@@ -58,6 +58,8 @@ def test_curves_count_steps_from_one_on_an_integer_axis_with_the_ci_band_over_se
     band = reward_axis.collections[0].get_paths()[0].vertices
     assert band[:, 1].max() == pytest.approx(max(iv.mean + iv.half_width for iv in expected))
     assert all(isinstance(ax.xaxis.get_major_locator(), MaxNLocator) for ax in fig.axes)
+    fraction_band = fig.axes[3].collections[0].get_paths()[0].vertices     # every seed 0.1: the band stays in [0, 1]
+    assert 0.0 <= fraction_band[:, 1].min() and fraction_band[:, 1].max() <= 1.0
     assert all(tick.is_integer() for tick in reward_axis.get_xticks())
 
 
@@ -74,6 +76,17 @@ def test_legends_sit_outside_every_axes(make, tmp_path):
         box = legend.get_window_extent(renderer)
         for ax in fig.axes:
             assert not box.overlaps(ax.get_window_extent(renderer)), (make, ax.get_title())
+
+
+def test_a_wide_interval_is_clipped_to_the_metric_range():
+    groups = {"m": [make_run("m", seed, 0.0) for seed in range(2)]}
+    groups["m"][0].steps[0]["train/reward"], groups["m"][1].steps[0]["train/reward"] = 0.0, 1.0   # t(1)·σ/√2 ≫ 1
+    groups["m"][0].steps[0]["train/entropy"], groups["m"][1].steps[0]["train/entropy"] = 0.0, 2.0
+    fig = curves_figure(groups)
+    reward = fig.axes[0].collections[0].get_paths()[0].vertices
+    assert reward[:, 1].min() == 0.0 and reward[:, 1].max() == 1.0
+    entropy = fig.axes[1].collections[0].get_paths()[0].vertices     # bounded below only
+    assert entropy[:, 1].min() == 0.0 and entropy[:, 1].max() > 2.0
 
 
 def test_a_single_seed_draws_no_band_and_the_file_is_a_png(tmp_path):

@@ -18,8 +18,11 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from tokenrl.report.runs import Run, final_validation  # noqa: E402
 from tokenrl.report.stats import mean_ci  # noqa: E402
 
-CURVES = (("train/reward", "training reward"), ("train/entropy", "mean token entropy (nats)"),
-          ("train/renyi2", "mean Rényi-2 entropy (nats)"), ("select/fraction", "fraction of tokens updated"))
+# (metric, title, the range its values can take: a CI band is clipped to it, so 3 seeds' wide t-intervals do not
+# draw a negative entropy or a reward above 1)
+CURVES = (("train/reward", "training reward", (0.0, 1.0)), ("train/entropy", "mean token entropy (nats)", (0.0, None)),
+          ("train/renyi2", "mean Rényi-2 entropy (nats)", (0.0, None)),
+          ("select/fraction", "fraction of tokens updated", (0.0, 1.0)))
 
 # Trubetskoy's "20 simple, distinct colours" (the four palest swapped for darker ones that read on white), ordered so
 # that the first ten are ten different hues (or grey and black): small sweeps never get two shades of one hue, as
@@ -37,9 +40,10 @@ def group_style(index: int) -> dict[str, str]:
 
 
 def curves_figure(groups: dict[str, list[Run]]) -> plt.Figure:
-    """2×2 grid: each metric of CURVES against rollout step (1 … N), one line per group, 95% CI band over seeds."""
+    """2×2 grid: each metric of CURVES against rollout step (1 … N), one line per group, 95% CI band over seeds
+    (clipped to the metric's range)."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
-    for ax, (key, title) in zip(axes.flat, CURVES):
+    for ax, (key, title, (low, high)) in zip(axes.flat, CURVES):
         for index, (label, runs) in enumerate(groups.items()):
             steps = sorted({s for run in runs for s in run.steps})
             per_step = [[run.steps[s][key] for run in runs if key in run.steps.get(s, {})] for s in steps]
@@ -49,8 +53,8 @@ def curves_figure(groups: dict[str, list[Run]]) -> plt.Figure:
             xs = [s for s, _ in keep]
             ax.plot(xs, [iv.mean for _, iv in keep], label=f"{label} (n={len(runs)})", **group_style(index))
             if len(runs) > 1:
-                ax.fill_between(xs, [iv.mean - _finite(iv.half_width) for _, iv in keep],
-                                [iv.mean + _finite(iv.half_width) for _, iv in keep], alpha=0.15,
+                ax.fill_between(xs, [_clip(iv.mean - _finite(iv.half_width), low, high) for _, iv in keep],
+                                [_clip(iv.mean + _finite(iv.half_width), low, high) for _, iv in keep], alpha=0.15,
                                 color=group_style(index)["color"], linewidth=0)
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -96,6 +100,12 @@ def passk_figure(groups: dict[str, list[Run]], ks: list[str], before: dict[str, 
 def plot_passk(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float], path: Path) -> Path:
     """`passk_figure` written to `path` (the legend above the axes)."""
     return _save(passk_figure(groups, ks, before), path)
+
+
+def _clip(value: float, low: float | None, high: float | None) -> float:
+    if low is not None:
+        value = max(value, low)
+    return value if high is None else min(value, high)
 
 
 def _finite(half_width: float) -> float:
