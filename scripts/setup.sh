@@ -85,29 +85,24 @@ if [ "$VLLM_GPU" = 1 ] && ! "$PY" -c "import vllm" 2>/dev/null; then
   "$PY" -m pip install -q "vllm==$VLLM_VERSION" -c constraints.txt
 fi
 
-HARNESS_STAMP=.cache/setup.harness.stamp
-harness_want=$(cat requirements-harness.txt constraints.txt | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$HARNESS_STAMP" 2>/dev/null)" != "$harness_want" ]; then
-  echo "[setup] installing lm-evaluation-harness (optional: requirements-harness.txt)"
-  if "$PY" -m pip install -q -r requirements-harness.txt -c constraints.txt; then
-    echo "$harness_want" > "$HARNESS_STAMP"
-  else
-    echo "[setup] lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it," \
-         "tests/test_compare_harness.py skips" >&2
+# optional_install WHAT REQUIREMENTS STAMP IF_MISSING: pip-install an optional requirements file once per content of it
+# and constraints.txt (a stamp file remembers), and say IF_MISSING instead of failing where the index lacks it.
+optional_install() {
+  local want
+  want=$(cat "$2" constraints.txt | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$3" 2>/dev/null)" != "$want" ]; then
+    echo "[setup] installing $1 (optional: $2)"
+    if "$PY" -m pip install -q -r "$2" -c constraints.txt; then
+      echo "$want" > "$3"
+    else
+      echo "[setup] $4" >&2
+    fi
   fi
-fi
-
-DOCS_STAMP=.cache/setup.docs.stamp
-docs_want=$(cat requirements-docs.txt constraints.txt | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$DOCS_STAMP" 2>/dev/null)" != "$docs_want" ]; then
-  echo "[setup] installing the documentation tools (optional: requirements-docs.txt)"
-  if "$PY" -m pip install -q -r requirements-docs.txt -c constraints.txt; then
-    echo "$docs_want" > "$DOCS_STAMP"
-  else
-    echo "[setup] mkdocs not installed (not on this package index?): \`mkdocs build\` needs it," \
-         "tests/test_docs.py's site build skips" >&2
-  fi
-fi
+}
+optional_install "lm-evaluation-harness" requirements-harness.txt .cache/setup.harness.stamp \
+  "lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it, tests/test_compare_harness.py skips"
+optional_install "the documentation tools" requirements-docs.txt .cache/setup.docs.stamp \
+  "mkdocs not installed (not on this package index?): \`mkdocs build\` needs it, tests/test_docs.py's site build skips"
 
 TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
 if [ ! -e "$TCMALLOC" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
