@@ -24,7 +24,9 @@ with its final answer changed (which must score 0) with both scorers, over the w
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
+import functools
 import json
 import os
 import platform
@@ -144,9 +146,8 @@ def tokenrl_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new
 def harness_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new_tokens: int) -> dict[str, Any]:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks._yaml_loader import load_yaml   # lm-eval 0.4.13: reads `!function` tags
 
-    config = load_yaml(TASK_DIR / TASKS[task])
+    config = copy.deepcopy(harness_config(task))
     config["dataset_kwargs"] = {"data_files": {split: str(data_dir / rel) for split, rel in
                                                config["dataset_kwargs"]["data_files"].items()}}
     config["generation_kwargs"]["max_gen_toks"] = max_new_tokens
@@ -264,28 +265,40 @@ def wrong_final_answer(solution: str, task: str) -> str:
 
 
 def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, float]:
-    """The harness's own scorers on one response: lm-eval's gsm8k filters + exact_match, or the MATH task's
-    process_results (scripts/harness_tasks/utils.py)."""
+    """The harness's own scorers on one response: the filters and exact_match of scripts/harness_tasks/
+    tokenrl_gsm8k.yaml (read from it, so they cannot drift), or the MATH task's process_results."""
     if task == "gsm8k":
         from lm_eval.api.metrics import exact_match_hf_evaluate
         from lm_eval.filters.extraction import RegexFilter
 
+        config = harness_config("gsm8k")
+        metric = {k: v for k, v in config["metric_list"][0].items() if k not in ("metric", "aggregation",
+                                                                                "higher_is_better")}
         out = {}
-        for view, pattern, group in (("strict", "#### (\\-?[0-9\\.\\,]+)", 0),
-                                     ("flexible", "(-?[$0-9.,]{2,})|(-?[0-9]+)", -1)):
-            picked = list(RegexFilter(regex_pattern=pattern, group_select=group).apply([[solution]], [doc]))[0][0]
+        for entry in config["filter_list"]:
+            regex = entry["filter"][0]
+            picked = list(RegexFilter(regex_pattern=regex["regex_pattern"], group_select=regex.get("group_select", 0))
+                          .apply([[solution]], [doc]))[0][0]
+            view = entry["name"].split("-")[0]            # strict-match -> strict, flexible-extract -> flexible
             out[view] = float(exact_match_hf_evaluate(predictions=[picked], references=[doc["answer"]],
-                                                      regexes_to_ignore=GSM8K_IGNORE, ignore_case=True,
-                                                      ignore_punctuation=False)["exact_match"])
+                                                      **metric)["exact_match"])
         return out
     from scripts.harness_tasks.utils import process_results
 
     return {"math": float(process_results(doc, [solution])["exact_match"])}
 
 
+@functools.lru_cache(maxsize=None)
+def harness_config(task: str) -> dict[str, Any]:
+    """The harness task config of `task` (scripts/harness_tasks/), as lm-eval reads it."""
+    from lm_eval.tasks._yaml_loader import load_yaml   # lm-eval 0.4.13: reads `!function` tags
+
+    return load_yaml(TASK_DIR / TASKS[task])
+
+
 def reference_check(task: str, data_dir: Path, limit: int | None = None) -> dict[str, Any]:
-    """Every problem's (or the first `limit` problems') reference solution, and the same with a wrong final answer, through tokenrl's verifiers
-    (in the time-limited SafeScorer, as evaluation runs them) and the harness's scorers."""
+    """Every problem's (or the first `limit` problems') reference solution, and the same with a wrong final answer,
+    through tokenrl's verifiers (in the time-limited SafeScorer, as evaluation runs them) and the harness's scorers."""
     from tokenrl.data.benchmarks import benchmark
     from tokenrl.rewards.scorer import SafeScorer
 
@@ -303,9 +316,10 @@ def reference_check(task: str, data_dir: Path, limit: int | None = None) -> dict
         for kind in ("reference", "wrong_answer"):
             responses = [doc[solution_key] if kind == "reference" else wrong_final_answer(doc[solution_key], task)
                          for doc in docs]
+            harness = [harness_scores(task, r, doc) for r, doc in zip(responses, docs)]   # every view at once
             for view, verifier in views.items():
                 mine = scorer.score([(verifier or p.verifier, r, p.answer) for p, r in zip(problems, responses)])
-                theirs = [harness_scores(task, r, doc)[view] for r, doc in zip(responses, docs)]
+                theirs = [scores[view] for scores in harness]
                 counts[f"{kind}/{view}/tokenrl_correct"] = int(sum(mine))
                 counts[f"{kind}/{view}/harness_correct"] = int(sum(theirs))
                 counts[f"{kind}/{view}/agree"] = sum(a == b for a, b in zip(mine, theirs))
