@@ -12,7 +12,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
 from tests.conftest import compose_config
-from tokenrl.algorithms.token_stats import TokenStats
+from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import ArcherSelector, SelectionBatch
 
 

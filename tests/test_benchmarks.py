@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import DATA_DIR, ROOT, needs_data
 from tokenrl.data.benchmarks import BENCHMARKS, GPQA_PASSWORD, LOCAL, MMLU_STEM, PAPER, benchmark, expand
-from tokenrl.data.records import DataFormatError
+from tokenrl.data.jsonl import DataFormatError
 from tokenrl.evaluation.runner import EvalSettings, evaluate
 
 COUNTS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "math_train": 7498, "mmlu_stem": 3018,
@@ -91,7 +91,7 @@ def test_evaluate_counts_and_files(tmp_path):
     """A real (tiny) engine; the verifier sees what was generated, so pass@k matches the written samples."""
     from tests.helpers.tiny import tiny_policy
     from tokenrl.data.prompts import PromptFormatter
-    from tokenrl.data.records import Problem
+    from tokenrl.records.problem import Problem
     from tokenrl.rewards.scorer import SafeScorer
     from tokenrl.rollout.hf import HFEngine
 

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 from tests.conftest import compose_config
 from tests.helpers.references import grpo_advantages
-from tokenrl.algorithms.token_stats import TokenStats
+from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import ClipCovSelector, KLCovSelector, SelectionBatch
 
 

@@ -9,9 +9,10 @@ import pytest
 
 from tests.conftest import DATA_DIR, needs_data
 from tokenrl.data.datamodule import PromptSchedule
+from tokenrl.data.jsonl import DataFormatError
 from tokenrl.data.prompts import PromptFormatter
-from tokenrl.data.records import DataFormatError, Problem
 from tokenrl.data.tasks import ArithmeticTask, BenchmarkTask
+from tokenrl.records.problem import Problem
 
 
 def test_arithmetic_is_seeded_and_splits_differ():

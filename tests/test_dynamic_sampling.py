@@ -12,8 +12,8 @@ import torch
 from tests.test_training import Crash, CrashAfter, Recorder, fit
 from tokenrl.algorithms.dapo import varied_groups
 from tokenrl.data.datamodule import PromptBatch
-from tokenrl.data.records import Problem
-from tokenrl.rollout.base import RolloutBatch, concat_rollouts
+from tokenrl.records.problem import Problem
+from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups, concat_scored
 
 GATED = ["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",

@@ -1,4 +1,4 @@
-"""EntropyControl (algorithms/entropy_control.py) against a hand-written loop of Skywork-OR1's rule:
+"""EntropyControl (step/entropy_control.py) against a hand-written loop of Skywork-OR1's rule:
 c_{k+1} = clip(c_k ± Δ, 0, c_max) (+ when e_k < target), on_{k+1} = [e_k < target], α_k = c_k·on_k, on_0 = 1;
 a fixed coefficient (target None) never moves; state_dict/load_state_dict resumes the same sequence."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from tokenrl.algorithms.entropy_control import EntropyControl
+from tokenrl.step.entropy_control import EntropyControl
 
 
 def entropies(seed, n, target, spread=0.3):

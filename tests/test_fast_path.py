@@ -1,4 +1,4 @@
-"""The `fast_path` node (algorithms/fast_path.py, issue #15): its record refuses what is not a setting; end to end with
+"""The `fast_path` node (step/fast_path.py, issue #15): its record refuses what is not a setting; end to end with
 the real Trainer and the tiny model the run says once which shortcuts its update takes, logs whether the statistics
 came from the update's forward (`train/fused_statistics`), and one step with every shortcut on moves the weights as
 one with every shortcut off."""
@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from tokenrl.algorithms.fast_path import FastPath
+from tokenrl.step.fast_path import FastPath
 from tokenrl.train import build_components
 
 ICT = ["selector=ict", "selector_warmup_steps=0", "total_steps=1", "samples.every_n_steps=0",

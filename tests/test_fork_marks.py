@@ -10,9 +10,9 @@ from transformers import PreTrainedTokenizerFast
 
 from tokenrl.data.forks import ForksTask
 from tokenrl.data.forks_graph import Graph, fork_positions, random_walk
-from tokenrl.data.records import Problem
 from tokenrl.data.tasks import ArithmeticTask
 from tokenrl.models.char_tokenizer import build_char_tokenizer
+from tokenrl.records.problem import Problem
 from tokenrl.rollout.fork_marks import ForkMarker, token_marks
 
 

@@ -7,8 +7,8 @@ import string
 
 import pytest
 
-from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, layered_graph, path_reward,
-                                      random_walk, reachable_goal)
+from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, layered_graph, path_reward, random_walk,
+                                      reachable_goal)
 
 
 def random_small_graph(rng: random.Random) -> Graph:

@@ -1,4 +1,4 @@
-"""Fused statistics (algorithms/update.py, issue #15): with one epoch and one mini-batch the update takes π_old's
+"""Fused statistics (step/update.py, issue #15): with one epoch and one mini-batch the update takes π_old's
 statistics from its own forward (`TrainBatch.stats=None`). On a tiny random float64 Qwen2 and hand-built ragged
 rollouts, the fused update must choose the same tokens, report the same loss and statistics and accumulate the same
 gradient as the update with statistics from a separate no-grad pass — for every selector the fused path admits, with
@@ -22,14 +22,15 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.token_stats import TokenStats, stats_from_logits
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import Backend, UpdateForward, fused_blocker, ppo_update
-from tokenrl.models.passes import PolicyPasses
+from tokenrl.algorithms.token_stats import stats_from_logits
 from tokenrl.models.response_forward import response_logits, sampled_logprobs
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (ArcherSelector, ClipCovSelector, Entropy20Selector, GTPOSelector, ICTComplementSelector,
                                ICTSelector, KLCovSelector, RandomSelector, STAPOSelector, UniformSelector)
+from tokenrl.step.passes import PolicyPasses
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import Backend, UpdateForward, fused_blocker, ppo_update
 
 VOCAB = 128
 PAD, EOS = 0, 1

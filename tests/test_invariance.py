@@ -59,9 +59,9 @@ from tests.conftest import ROOT, TINY, compose_config
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.test_update import CaptureUpdate
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import Backend, ppo_update
-from tokenrl.selectors.base import Selection
+from tokenrl.records.selection import Selection
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import Backend, ppo_update
 from tokenrl.train import build_components
 from tokenrl.utils import derived_seed
 

@@ -21,12 +21,12 @@ import torch
 from tests.test_grpo_math import loop_policy_loss
 from tokenrl.algorithms.config import POLICY_LOSSES, AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.token_stats import TokenStats
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import UpdateForward, local_normalizer, micro_batch_loss
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (ArcherSelector, ClipCovSelector, Entropy20Selector, GTPOSelector, ICTComplementSelector,
                                ICTSelector, KLCovSelector, RandomSelector, STAPOSelector, UniformSelector)
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import UpdateForward, local_normalizer, micro_batch_loss
 
 STEP = 3
 BUDGET = 8

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from tests.conftest import CONFIG_DIR, TINY, compose_config
 from tests.test_update import CaptureUpdate, plain_backend
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.update import ppo_update
 from tokenrl.models import build_model
+from tokenrl.step.update import ppo_update
 from tokenrl.train import build_components
 from tokenrl.utils import derived_seed
 

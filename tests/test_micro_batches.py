@@ -1,4 +1,4 @@
-"""algorithms/micro_batches.py: how a mini-batch's rows are cut into micro-batches, checked against the contract on
+"""step/micro_batches.py: how a mini-batch's rows are cut into micro-batches, checked against the contract on
 random batches (groups of different sizes, some larger than a micro-batch; mini-batches drawn by a shuffle, so
 groups arrive partial and the positions into `rows` differ from the row ids)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from tokenrl.algorithms.micro_batches import micro_batches
+from tokenrl.step.micro_batches import micro_batches
 
 
 def random_batch(seed: int, n_groups: int = 7, max_group: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,8 +10,8 @@ import pytest
 from matplotlib.ticker import MaxNLocator
 
 from tokenrl.report.plots import PALETTE, curves_figure, group_style, passk_figure, plot_curves
-from tokenrl.report.stats import mean_ci
 from tokenrl.report.runs import Run
+from tokenrl.report.stats import mean_ci
 
 STEPS = 6
 

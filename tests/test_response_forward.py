@@ -14,9 +14,9 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
-from tokenrl.models.passes import shared_prefix_blocker
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs, trimmed
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.step.passes import shared_prefix_blocker
 
 VOCAB = 50
 PAD = 7            # a real token id too: only the masks may tell padding apart
@@ -290,7 +290,7 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
     """With gradient checkpointing on and the policy in training mode, transformers drops the KV cache: the statistics
     and reference passes pause checkpointing, so their shared-prefix layout equals the padded one (without the pause
     the responses would run without their prompt)."""
-    from tokenrl.models.passes import PolicyPasses
+    from tokenrl.step.passes import PolicyPasses
 
     policy, reference = tiny_qwen2(seed=0).train(), tiny_qwen2(seed=1)
     policy.gradient_checkpointing_enable()

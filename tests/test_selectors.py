@@ -12,10 +12,11 @@ from hydra.utils import instantiate
 
 from tests.conftest import ROOT, compose_config
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.token_stats import TokenStats, stats_from_logits
-from tokenrl.algorithms.update import fused_blocker
-from tokenrl.selectors import (Entropy20Selector, ICTComplementSelector, ICTSelector, RandomSelector,
-                               SelectionBatch, STAPOSelector, TokenSelector, UniformSelector)
+from tokenrl.algorithms.token_stats import stats_from_logits
+from tokenrl.records.token_stats import TokenStats
+from tokenrl.selectors import (Entropy20Selector, ICTComplementSelector, ICTSelector, RandomSelector, SelectionBatch,
+                               STAPOSelector, TokenSelector, UniformSelector)
+from tokenrl.step.update import fused_blocker
 
 
 # ---------------------------------------------------------------------------------------- brute force
@@ -251,7 +252,8 @@ RARE_RECIPE = '''# src/tokenrl/selectors/rare.py
 """`rare`: the top `ratio` of response tokens by surprisal −log π(o_t) (example)."""
 import torch
 
-from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.selectors.ranking import scoped_top_fraction, validate
 
 

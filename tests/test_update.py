@@ -1,4 +1,4 @@
-"""`ppo_update` (algorithms/update.py) runs without Lightning: on a tiny real model, a plain-PyTorch backend gives the
+"""`ppo_update` (step/update.py) runs without Lightning: on a tiny real model, a plain-PyTorch backend gives the
 same weights as `GRPOModule`'s update of the same `TrainBatch` under the real Trainer."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from hydra.utils import instantiate
 
 from tokenrl.algorithms.token_stats import compute_token_stats
-from tokenrl.algorithms.update import Backend, UpdateForward, ppo_update
-from tokenrl.models.response_forward import response_logprobs
 from tokenrl.models import build_model
+from tokenrl.models.response_forward import response_logprobs
+from tokenrl.step.update import Backend, UpdateForward, ppo_update
 from tokenrl.train import build_components
 from tokenrl.utils import derived_seed
 

@@ -27,10 +27,10 @@ from math import isclose
 import pytest
 import sympy
 
-from tokenrl.rewards.normalize import math_forms
 from tokenrl.rewards import verifiers
-from tokenrl.rewards.verifiers import (GOLD_FORMS, boxed_all, extract_choice, gsm8k_flexible, gsm8k_strict,
-                                     last_boxed, resolve)
+from tokenrl.rewards.normalize import math_forms
+from tokenrl.rewards.verifiers import (GOLD_FORMS, boxed_all, extract_choice, gsm8k_flexible, gsm8k_strict, last_boxed,
+                                       resolve)
 
 RULES = {
     # math

@@ -31,7 +31,7 @@ def workload(args):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tokenrl.rollout.base import RolloutBatch
+    from tokenrl.records.rollout_batch import RolloutBatch
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=args.vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -56,7 +56,7 @@ def naive_stats(model, batch, temperature=1.0):
     """The straightforward version: full (B, T, V) logits, then vectorised statistics per group."""
     import torch
 
-    from tokenrl.algorithms.token_stats import TokenStats
+    from tokenrl.records.token_stats import TokenStats
 
     with torch.no_grad():
         ids, att = batch.input_ids, batch.attention_mask

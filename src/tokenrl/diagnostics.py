@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.algorithms.token_stats import TokenStats
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import reference_selectors
-from tokenrl.selectors.base import SelectionBatch
 
 JS_QUANTILES = (0.1, 0.5, 0.9)
 

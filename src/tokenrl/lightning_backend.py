@@ -1,4 +1,4 @@
-"""The update loop's `Backend` under Lightning (algorithms/update.py): log-probs through the module's policy passes,
+"""The update loop's `Backend` under Lightning (step/update.py): log-probs through the module's policy passes,
 manual backward with DDP's all-reduce on the last micro-batch only, FSDP-aware clipping, loss normalisers and
 selection thresholds counted over all ranks."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 
-from tokenrl.algorithms.update import Backend
-from tokenrl.distributed import gather_variable, global_loss_normalizer
 from tokenrl.models.sharding import is_sharded
+from tokenrl.step.distributed import gather_variable, global_loss_normalizer
+from tokenrl.step.update import Backend
 
 
 def lightning_backend(module: Any, optimizer: Any) -> Backend:

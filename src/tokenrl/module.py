@@ -1,8 +1,8 @@
 """`GRPOModule`: the Lightning side of a rollout step (the math: docs/algorithms.md §1.2–1.4). `training_step`:
 1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its memory);
-2. advantages, π_old's statistics and the reference's log-probs → one `TrainBatch` (algorithms/train_batch.py);
+2. advantages, π_old's statistics and the reference's log-probs → one `TrainBatch` (step/train_batch.py);
    the statistics come from the update's own forward instead where that is exact (`fast_path.fused_statistics`);
-3. the PPO update (algorithms/update.py) with this module's backend (manual backward, DDP `no_sync` before the last
+3. the PPO update (step/update.py) with this module's backend (manual backward, DDP `no_sync` before the last
    micro-batch, FSDP-aware clipping, optimizer, lr schedule); 4. weight sync; 5. metrics, diagnostics, samples.
 """
 from __future__ import annotations
@@ -20,21 +20,14 @@ from lightning.pytorch.strategies import FSDPStrategy
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.entropy_control import EntropyControl
-from tokenrl.algorithms.fast_path import FastPath
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.schedule import with_linear_warmup
 from tokenrl.algorithms.token_stats import needs_js
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import UpdateResult, fused_blocker, ppo_update
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
-from tokenrl.distributed import gather_variable
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
 from tokenrl.lightning_backend import lightning_backend
 from tokenrl.models import build_model, build_reference
-from tokenrl.models.passes import PolicyPasses, shared_prefix_blocker
 from tokenrl.models.sharding import gathered_root, is_sharded, shard
 from tokenrl.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
@@ -44,7 +37,14 @@ from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
 from tokenrl.samples import SampleWriter
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.step_metrics import step_metrics
+from tokenrl.step.distributed import gather_variable
+from tokenrl.step.entropy_control import EntropyControl
+from tokenrl.step.fast_path import FastPath
+from tokenrl.step.metrics import step_metrics
+from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
+from tokenrl.step.schedule import with_linear_warmup
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import UpdateResult, fused_blocker, ppo_update
 from tokenrl.utils import StepTimer, derived_seed, restore_rng_state, rng_state
 
 # prompts stay on the host on purpose (see transfer_batch_to_device); Lightning warns about the override

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors import reference_selectors
-from tokenrl.selectors.base import SelectionBatch
 
 
 def _rounded(values: torch.Tensor) -> list[float | None]:

@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
-from tokenrl.algorithms.fast_path import FastPath
 from tokenrl.config_check import check_config
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
@@ -40,6 +39,7 @@ from tokenrl.progress import ProgressLog
 from tokenrl.resume import kept_metric_rows, resolve_checkpoint, run_dir_override
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.samples import SampleWriter
+from tokenrl.step.fast_path import FastPath
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from

@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tokenrl.algorithms.token_stats import stats_from_logits  # noqa: E402
 from tokenrl.algorithms.grpo import LossNormalizer  # noqa: E402
-from tokenrl.distributed import gather_variable, global_loss_normalizer  # noqa: E402
+from tokenrl.algorithms.token_stats import stats_from_logits  # noqa: E402
 from tokenrl.selectors import Entropy20Selector, ICTSelector, SelectionBatch  # noqa: E402
+from tokenrl.step.distributed import gather_variable, global_loss_normalizer  # noqa: E402
 
 SELECTORS = {"ict_global": ICTSelector(ratio=0.1, scope="global", warmup_steps=0),
              "ict_sequence": ICTSelector(ratio=0.1, scope="sequence", warmup_steps=0),

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 from tokenrl.rewards.verifiers import resolve
-from tokenrl.rollout.base import RolloutBatch, concat_rollouts
 from tokenrl.rollout.hf import HFEngine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,17 +11,15 @@ With π = softmax(z / T), T the sampling temperature (docs/algorithms.md §1.5, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
 from tokenrl.models.response_forward import decoder_and_head, response_hidden
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.token_stats import ALL_STATISTICS, TokenStats, zero_statistics
 
-BASE_STATISTICS = frozenset({"logprobs", "entropy", "renyi2"})
-ALL_STATISTICS = BASE_STATISTICS | {"js"}
 JS_PEERS = ("all", "others")
 
 
@@ -34,30 +32,6 @@ def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool)
         raise ValueError(f"selector {selector_name} needs statistics {sorted(requires - computed)} that the statistics "
                          f"pass does not compute (it computes {sorted(computed)})")
     return with_js
-
-
-@dataclass
-class TokenStats:
-    """(B, T) float32 per response token, 0 on padding; `js` is None unless it was asked for."""
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    renyi2: torch.Tensor
-    js: torch.Tensor | None = None
-
-    def rows(self, index: torch.Tensor) -> "TokenStats":
-        return TokenStats(self.logprobs[index], self.entropy[index], self.renyi2[index],
-                          None if self.js is None else self.js[index])
-
-    @staticmethod
-    def scatter(shape: torch.Size, rows: list[torch.Tensor], parts: list["TokenStats"]) -> "TokenStats":
-        """The (B, T) statistics whose rows `rows[k]` are `parts[k]` (zero elsewhere)."""
-        with_js = bool(parts) and parts[0].js is not None
-        out = _empty(shape, with_js)
-        for index, part in zip(rows, parts):
-            for name, values in out.items():
-                values[index] = getattr(part, name)
-        return TokenStats(**out)
 
 
 # logits_at(rows, positions) -> (N, V) logits of response token `positions[k]` of rollout `rows[k]`
@@ -108,11 +82,6 @@ def check_js_peers(js_peers: str) -> None:
         raise ValueError(f"selector.js_peers={js_peers!r} is not one of {JS_PEERS}")
 
 
-def _empty(shape: torch.Size, with_js: bool) -> dict[str, torch.Tensor]:
-    names = sorted(BASE_STATISTICS | ({"js"} if with_js else set()))
-    return {name: torch.zeros(shape, dtype=torch.float32) for name in names}
-
-
 def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
     return [(group_ids == g).nonzero().squeeze(1) for g in group_ids.unique(sorted=True)]
 
@@ -126,7 +95,7 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
     check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
-    out = _empty(batch.response_ids.shape, with_js)
+    out = zero_statistics(batch.response_ids.shape, with_js)
     local = torch.full((batch.response_ids.shape[0],), -1, dtype=torch.long)
 
     def flush(pending: list[torch.Tensor]) -> None:
@@ -155,7 +124,7 @@ def stats_from_logits(logits: torch.Tensor, response_ids: torch.Tensor, response
                       with_js: bool = True, js_peers: str = "all") -> TokenStats:
     """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
     check_js_peers(js_peers)
-    out = _empty(response_ids.shape, with_js)
+    out = zero_statistics(response_ids.shape, with_js)
     for group in _groups(group_ids):
         group_statistics(lambda row, pos: logits[row, pos], group, response_ids, response_mask, temperature,
                          chunk_size, with_js, out, js_peers)

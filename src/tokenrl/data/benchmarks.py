@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tokenrl.data.hub import DataUnavailableError, HubSource, load_source
-from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl
+from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl
+from tokenrl.records.problem import Problem
 from tokenrl.rewards.verifiers import check_golds
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from tokenrl.data.prompts import PromptFormatter
-from tokenrl.data.records import Problem
 from tokenrl.data.tasks import Task
+from tokenrl.records.problem import Problem
 from tokenrl.rewards.verifiers import resolve
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tokenrl.data.hub import DataUnavailableError, load_rows
-from tokenrl.data.records import DataFormatError, Problem, gsm8k_final_answer, json_error, read_jsonl, require_data
+from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl, require_data
 from tokenrl.data.tasks import Task
+from tokenrl.records.problem import Problem
 from tokenrl.rewards.verifiers import check_golds, last_boxed
 
 log = logging.getLogger(__name__)

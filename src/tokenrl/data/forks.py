@@ -14,8 +14,8 @@ import random
 from typing import Any, Mapping
 
 from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, layered_graph, random_walk, reachable_goal
-from tokenrl.data.records import Problem
 from tokenrl.data.tasks import Task
+from tokenrl.records.problem import Problem
 
 VERIFIER = "tokenrl.data.forks_graph:path_reward"
 LAYOUTS = ("shared", "per_problem")

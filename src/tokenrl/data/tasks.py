@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 
 from tokenrl.data.benchmarks import benchmark
 from tokenrl.data.prompts import with_instruction
-from tokenrl.data.records import Problem
+from tokenrl.records.problem import Problem
 
 
 class Task(ABC):

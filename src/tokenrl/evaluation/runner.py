@@ -11,8 +11,8 @@ import torch
 from tqdm.auto import tqdm
 
 from tokenrl.data.prompts import PromptFormatter, with_instruction
-from tokenrl.data.records import Problem
 from tokenrl.evaluation.passk import PassAtK
+from tokenrl.records.problem import Problem
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.utils import derived_seed

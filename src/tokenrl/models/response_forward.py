@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:

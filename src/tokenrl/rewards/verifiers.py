@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from tokenrl.rewards.normalize import bracket_kind, math_forms, number_bases
 
 if TYPE_CHECKING:
-    from tokenrl.data.records import Problem
+    from tokenrl.records.problem import Problem
 
 log = logging.getLogger(__name__)
 

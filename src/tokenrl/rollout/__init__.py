@@ -6,7 +6,8 @@ from typing import Any, Mapping
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.rollout.base import RolloutEngine, SamplingParams
 
 ENGINES = ("hf", "vllm")
 

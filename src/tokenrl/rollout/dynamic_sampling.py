@@ -18,7 +18,7 @@ import torch
 
 from tokenrl.algorithms.dapo import varied_groups
 from tokenrl.data.datamodule import PromptBatch
-from tokenrl.rollout.base import RolloutBatch, concat_rollouts
+from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 
 
 @dataclass

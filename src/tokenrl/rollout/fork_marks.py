@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.data.records import Problem
+from tokenrl.records.problem import Problem
 
 CharMarks = Callable[[Problem, str], "list[bool] | None"]
 

@@ -9,8 +9,8 @@ from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList
                           StoppingCriteria, StoppingCriteriaList)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from tokenrl.rollout.base import (RolloutBatch, RolloutEngine, SamplingParams, left_pad,
-                                  response_mask_until_eos)
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad, response_mask_until_eos
 
 
 class SampledLogprobRecorder(LogitsProcessor):

@@ -27,7 +27,8 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.models.export import served_weights
-from tokenrl.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, left_pad
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad
 from tokenrl.utils import derived_seed, global_state_kept
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """Token selectors: which response tokens receive the policy-gradient update, with what weight, clip range, KL
 weight or advantage (one module each)."""
+from tokenrl.records.selection import Selection, SelectionBatch
 from tokenrl.selectors.archer import ArcherSelector
-from tokenrl.selectors.base import Selection, SelectionBatch, TokenSelector
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.selectors.covariance import ClipCovSelector, KLCovSelector
 from tokenrl.selectors.entropy import Entropy20Selector
 from tokenrl.selectors.gtpo import GTPOSelector

@@ -10,67 +10,14 @@ Selectors run once per optimizer step on that step's mini-batch (docs/algorithms
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 
 from tokenrl.algorithms.grpo import NORMALIZERS
-from tokenrl.algorithms.token_stats import TokenStats
+from tokenrl.records.selection import Selection, SelectionBatch
 
 STATS_POLICIES = ("old", "current")
-
-
-def single_process(tensor: torch.Tensor) -> list[torch.Tensor]:
-    return [tensor]
-
-
-@dataclass
-class SelectionBatch:
-    """What a selector sees: one mini-batch of b rows (sorted by row id) on this rank.
-
-    row_ids: index of each row in the global rollout batch (seeds row-wise random choices);
-    gather: 1-D tensor -> every rank's tensor in rank order (for `global` scopes); rank: this rank's index.
-    """
-
-    stats: TokenStats
-    advantages: torch.Tensor
-    response_mask: torch.Tensor
-    group_ids: torch.Tensor
-    row_ids: torch.Tensor
-    step: int
-    gather: Callable[[torch.Tensor], list[torch.Tensor]] = field(default=single_process)
-    rank: int = 0
-
-
-@dataclass
-class Selection:
-    """What the loss does with each response token of b rows (docs/algorithms.md §11.1); every tensor is (b, T).
-
-    weights: the token's multiplier of its policy-gradient term, ≥ 0 and zero outside the response (0/1: a mask);
-    normalizer: `selected` (the tokens of non-zero weight) or `all`, the loss divisor the update counts (§1.4);
-    clip_low / clip_high: per-token ε of the ratio clip (None: the algorithm's); kl_weights: multiplier of the token's
-    KL term (None: 1); advantages: per-token advantages replacing the row's Â_i (None: Â_i); drift_coef: β_t of a
-    penalty β_t·|log π_θ − log π_old| on the token (KL-Cov; None: none).
-    """
-
-    weights: torch.Tensor
-    normalizer: str
-    clip_low: torch.Tensor | None = None
-    clip_high: torch.Tensor | None = None
-    kl_weights: torch.Tensor | None = None
-    advantages: torch.Tensor | None = None
-    drift_coef: torch.Tensor | None = None
-
-    @property
-    def mask(self) -> torch.Tensor:
-        """(b, T) float {0, 1}: the tokens whose weight is not zero (the selected tokens)."""
-        return (self.weights != 0).float()
-
-    def rows(self, index: torch.Tensor) -> "Selection":
-        """The selection of rows `index` (positions into this selection's rows)."""
-        return Selection(**{name: value if not isinstance(value, torch.Tensor) else value[index]
-                            for name, value in vars(self).items()})
 
 
 class TokenSelector(ABC):
@@ -99,7 +46,7 @@ class TokenSelector(ABC):
     @property
     def row_local(self) -> bool:
         """Whether a row's choice depends on that row and its group alone (not on the rest of the mini-batch): then
-        micro-batches of whole groups choose as the mini-batch would (the fused statistics of algorithms/update.py).
+        micro-batches of whole groups choose as the mini-batch would (the fused statistics of step/update.py).
         Default: a selector with a `scope` (selectors/ranking.py) is row-local at `scope=sequence`; one without a
         scope is not, unless it declares `row_local = True` (a wrong True would change its choice on that path)."""
         return getattr(self, "scope", None) == "sequence"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.selectors.base import Selection, SelectionBatch, TokenSelector
+from tokenrl.records.selection import Selection, SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.utils import derived_seed
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.selectors.ranking import scoped_top_fraction, validate
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.selectors.ranking import top_count, validate
 from tokenrl.utils import derived_seed
 

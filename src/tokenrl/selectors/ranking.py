@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from tokenrl.selectors.base import SelectionBatch
+from tokenrl.records.selection import SelectionBatch
 
 SCOPES = ("sequence", "batch", "global")
 

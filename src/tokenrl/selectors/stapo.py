@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 
 QUANTILE_SCOPES = ("candidates", "all_tokens")
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.selectors.base import SelectionBatch, TokenSelector
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
 
 
 class UniformSelector(TokenSelector):

@@ -10,12 +10,12 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import TokenStats, compute_token_stats, stats_from_logits
-from tokenrl.algorithms.update import UpdateForward
-from tokenrl.models.response_forward import (forward_response_logits, response_logits, response_logprobs,
-                                             shannon_entropy)
+from tokenrl.algorithms.token_stats import compute_token_stats, stats_from_logits
+from tokenrl.models.response_forward import forward_response_logits, response_logits, response_logprobs, shannon_entropy
 from tokenrl.models.sharding import gathered_root, is_sharded
-from tokenrl.rollout.base import RolloutBatch
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.token_stats import TokenStats
+from tokenrl.step.update import UpdateForward
 
 
 def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | None:

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 @dataclass(frozen=True)
 class FastPath:
     """shared_prefix: each group's prompt encoded once (models/response_forward.py); fused_statistics: π_old's
-    statistics from the update's own forward (algorithms/update.py); pack: micro-batches of similar lengths, each
-    forward cut to its own longest prompt and response (algorithms/micro_batches.py)."""
+    statistics from the update's own forward (step/update.py); pack: micro-batches of similar lengths, each
+    forward cut to its own longest prompt and response (step/micro_batches.py)."""
 
     shared_prefix: bool = True
     fused_statistics: bool = True

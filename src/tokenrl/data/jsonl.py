@@ -1,20 +1,9 @@
-"""The one record shape every task and benchmark yields, and a JSONL reader whose errors name file, line and column."""
+"""GSM8K's final-answer rule and a JSONL reader whose errors name file, line and column."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A verifiable problem: `question` is shown to the model, `answer` is checked by `verifier`."""
-
-    id: str
-    question: str
-    answer: str
-    verifier: str
 
 
 def gsm8k_final_answer(text: str) -> str | None:

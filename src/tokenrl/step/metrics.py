@@ -5,8 +5,8 @@ import numpy as np
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import kl_estimate
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.algorithms.update import UpdateResult
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import UpdateResult
 from tokenrl.utils import StepTimer
 
 

@@ -22,11 +22,12 @@ import torch
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import LossNormalizer, LossOutput, engine_is_weights, policy_loss
-from tokenrl.algorithms.micro_batches import micro_batches
-from tokenrl.algorithms.token_stats import TokenStats
-from tokenrl.algorithms.train_batch import TrainBatch
-from tokenrl.rollout.base import RolloutBatch
-from tokenrl.selectors.base import Selection, TokenSelector, single_process
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.selection import Selection, single_process
+from tokenrl.records.token_stats import TokenStats
+from tokenrl.selectors.base import TokenSelector
+from tokenrl.step.micro_batches import micro_batches
+from tokenrl.step.train_batch import TrainBatch
 
 UNIT = LossNormalizer(1.0, 1.0, 1.0)
 
@@ -134,7 +135,7 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
     """`cfg.ppo_epochs` passes over `batch` in `cfg.mini_batches` shuffled mini-batches (`shuffle` orders them); one
     pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward computes JS, so
     its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
-    (algorithms/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's
+    (step/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's
     current value; None: `cfg.entropy_coef`)."""
     entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
     if batch.stats is None:
@@ -218,7 +219,7 @@ def engine_weights(cfg: AlgorithmConfig, trainer_logp: torch.Tensor,
 
 def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool,
                 by_length: bool) -> list[torch.Tensor]:
-    """Positions into `rows` of each micro-batch (algorithms/micro_batches.py)."""
+    """Positions into `rows` of each micro-batch (step/micro_batches.py)."""
     rollouts = batch.rollouts
     return micro_batches(rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.micro_batch_size, whole_groups,
                          by_length)

@@ -6,9 +6,9 @@ from typing import Callable
 
 import torch
 
-from tokenrl.algorithms.token_stats import TokenStats
-from tokenrl.rollout.base import RolloutBatch
-from tokenrl.selectors.base import SelectionBatch, single_process
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.selection import SelectionBatch, single_process
+from tokenrl.records.token_stats import TokenStats
 
 
 @dataclass

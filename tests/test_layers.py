@@ -1,0 +1,100 @@
+"""The package's layers (docs/architecture.md): no module imports sideways or upward, every module is placed, and
+`module.py` stays a short list of a step's phases."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "tokenrl"
+
+
+def documented_layers() -> dict[str, int]:
+    """unit (a top-level module or folder of src/tokenrl) -> its layer, from the table of docs/architecture.md."""
+    layers: dict[str, int] = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
+        if row:
+            for unit in re.findall(r"`([\w]+)`", row.group(2)):
+                assert unit not in layers, f"{unit} is placed in two layers of docs/architecture.md"
+                layers[unit] = int(row.group(1))
+    return layers
+
+
+def unit_of(module: str) -> str | None:
+    """`tokenrl.a.b` -> `a`; the package root itself has no unit."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(source: str, name: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) of every tokenrl import in module `name`'s source, wherever it is (functions,
+    TYPE_CHECKING), relative imports resolved."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+    return [(line, target) for line, target in found if target.split(".")[0] == "tokenrl"]
+
+
+def sideways_or_upward(name: str, found: list[tuple[int, str]], layers: dict[str, int]) -> list[str]:
+    """The imports of module `name` that reach its own layer (another unit) or a layer above."""
+    mine = unit_of(name)
+    return [f"line {line}: {target} (layer {layers[unit_of(target)]}, this is layer {layers[mine]})"
+            for line, target in found
+            if mine is not None and unit_of(target) not in (None, mine) and layers[unit_of(target)] >= layers[mine]]
+
+
+def sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_the_layer_table_places_every_module_once():
+    layers = documented_layers()
+    units = {unit_of(module_name(path)) for path in sources()} - {None}
+    assert sorted(units - set(layers)) == [], "modules docs/architecture.md does not place in a layer"
+    assert sorted(set(layers) - units) == [], "docs/architecture.md places modules that do not exist"
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_its_own_layer_or_above(path):
+    name = module_name(path)
+    found = imports(path.read_text(), name, path.name == "__init__.py")
+    assert sideways_or_upward(name, found, documented_layers()) == [], (
+        f"{path.relative_to(ROOT)} imports sideways or upward (docs/architecture.md)")
+
+
+def test_the_check_finds_hidden_relative_and_sideways_imports():
+    """The check itself, on a made-up source of the math layer: a function-local relative import of the step and a
+    TYPE_CHECKING import of the selectors are found and flagged; an import of the records is not."""
+    source = ("from typing import TYPE_CHECKING\n"
+              "from tokenrl.records.token_stats import TokenStats\n"
+              "if TYPE_CHECKING:\n    from tokenrl.selectors.base import TokenSelector\n"
+              "def f():\n    from ..step.update import ppo_update\n")
+    found = imports(source, "tokenrl.algorithms.grpo")
+    assert [target for _, target in found] == ["tokenrl.records.token_stats", "tokenrl.selectors.base",
+                                                "tokenrl.step.update"]
+    flagged = sideways_or_upward("tokenrl.algorithms.grpo", found, documented_layers())
+    assert [line.split(":")[0] for line in flagged] == ["line 4", "line 6"]
+    assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.base")], {"step": 5, "rollout": 5}) != []
+
+
+def test_the_lightning_module_stays_short():
+    lines = len((PACKAGE / "module.py").read_text().splitlines())
+    assert lines < 200, f"module.py has {lines} lines: move a phase of the step into step/ (docs/architecture.md)"
