@@ -58,7 +58,6 @@ from omegaconf import DictConfig
 from tests.conftest import ROOT, TINY, compose_config
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.test_update import CaptureUpdate
-from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.records.selection import Selection
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import Backend, ppo_update
@@ -134,12 +133,8 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
     module.policy.load_state_dict(step.before)
     policy, passes, algorithm = module.policy, module.passes, module.cfg
     rollouts = step.train.rollouts
-    fused = module._fused_statistics(ROWS)
-    train = TrainBatch(0, rollouts, step.train.scores, step.train.rewards,
-                       group_advantages(step.train.rewards, rollouts.group_ids, eps=algorithm.adv_eps,
-                                        std_normalize=algorithm.adv_std_normalize),
-                       None if fused else passes.statistics(rollouts),
-                       passes.reference_logprobs(rollouts) if algorithm.uses_reference else None)
+    fused = module.fused_statistics(ROWS)
+    train = TrainBatch.assemble(0, rollouts, step.train.scores, step.train.rewards, algorithm, passes, fused)
     optimizer = module.optimizer_factory([p for p in policy.parameters() if p.requires_grad])
     record = Record(fused=fused, advantages=train.advantages)
     pending: list[torch.Tensor] = []

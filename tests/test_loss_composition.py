@@ -25,8 +25,9 @@ from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (ArcherSelector, ClipCovSelector, Entropy20Selector, GTPOSelector, ICTComplementSelector,
                                ICTSelector, KLCovSelector, RandomSelector, STAPOSelector, UniformSelector)
+from tokenrl.step.passes import UpdateForward
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import UpdateForward, local_normalizer, micro_batch_loss
+from tokenrl.step.update import local_normalizer, micro_batch_loss
 
 STEP = 3
 BUDGET = 8

@@ -11,7 +11,8 @@ from hydra.utils import instantiate
 from tokenrl.algorithms.token_stats import compute_token_stats
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
-from tokenrl.step.update import Backend, UpdateForward, ppo_update
+from tokenrl.step.passes import UpdateForward
+from tokenrl.step.update import Backend, ppo_update
 from tokenrl.train import build_components
 from tokenrl.utils import derived_seed
 

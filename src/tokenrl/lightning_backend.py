@@ -1,6 +1,6 @@
-"""The update loop's `Backend` under Lightning (step/update.py): log-probs through the module's policy passes,
+"""The update loop (step/update.py) under Lightning: its `Backend` (log-probs through the module's policy passes,
 manual backward with DDP's all-reduce on the last micro-batch only, FSDP-aware clipping, loss normalisers and
-selection thresholds counted over all ranks."""
+selection thresholds counted over all ranks) and the module's update with its optimizer and lr schedule."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -12,7 +12,9 @@ from lightning.pytorch.strategies import ParallelStrategy
 
 from tokenrl.models.sharding import is_sharded
 from tokenrl.step.distributed import gather_variable, global_loss_normalizer
-from tokenrl.step.update import Backend
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import Backend, UpdateResult, ppo_update
+from tokenrl.utils import derived_seed
 
 
 def lightning_backend(module: Any, optimizer: Any) -> Backend:
@@ -24,6 +26,21 @@ def lightning_backend(module: Any, optimizer: Any) -> Backend:
                    current_stats=partial(module.passes.statistics, with_js=False),
                    reduce_normalizer=partial(global_loss_normalizer, device=module.device),
                    gather=partial(gather_variable, device=module.device), rank=module.global_rank)
+
+
+def lightning_update(module: Any, train: TrainBatch) -> tuple[float, UpdateResult]:
+    """The PPO update of `module`'s step `train` with this backend, the step's entropy-bonus α and a row shuffle seeded
+    by (seed, step); the lr schedule steps once per rollout step, as verl's. Returns the lr it used and the result."""
+    optimizer, scheduler = module.optimizers(), module.lr_schedulers()
+    lr = optimizer.param_groups[0]["lr"]
+    shuffle = torch.Generator().manual_seed(derived_seed(module.seed, "shuffle", module.rollout_step))
+    result = ppo_update(train, module.selector, module.cfg, lightning_backend(module, optimizer), shuffle,
+                        by_length=module.fast_path.pack, entropy_coef=module.entropy_control.alpha,
+                        with_js=module.with_js)
+    module.optimizer_steps += result.optimizer_steps
+    if scheduler is not None:
+        scheduler.step()
+    return lr, result
 
 
 def backward(module: Any, loss: torch.Tensor, last: bool) -> None:

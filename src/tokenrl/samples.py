@@ -18,6 +18,8 @@ from transformers import PreTrainedTokenizerBase
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors import reference_selectors
+from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import UpdateResult
 
 
 def _rounded(values: torch.Tensor) -> list[float | None]:
@@ -44,6 +46,16 @@ class SampleWriter:
         gathers across ranks, so a rank-0-only call would wait forever under DDP."""
         return {name: selector.select(batch).mask for name, selector in
                 reference_selectors(batch.stats.js is not None).items()}
+
+    def record(self, train: TrainBatch, update: UpdateResult, whole: SelectionBatch, rank: int) -> None:
+        """The step's rows, when a page is due: every rank computes the reference selections (they may gather across
+        ranks), rank 0 writes."""
+        if not self.due(train.step):
+            return
+        would = self.reference_masks(whole)
+        if rank == 0:
+            self.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights, would,
+                       update.first_epoch_shaping, train.forks)
 
     def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
               updated: torch.Tensor, would: dict[str, torch.Tensor],

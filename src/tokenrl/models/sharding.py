@@ -64,6 +64,13 @@ def shard(model: nn.Module, strategy: Any) -> FullyShardedDataParallel:
                                     device_id=strategy.root_device, **kwargs)
 
 
+def shard_under(strategy: Any, models: list[nn.Module]) -> list[nn.Module]:
+    """`models` each sharded (`shard`) under Lightning's FSDP strategy; as they are under any other strategy or none."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return [shard(model, strategy) for model in models] if isinstance(strategy, FSDPStrategy) else models
+
+
 def gathered_root(model: nn.Module) -> AbstractContextManager:
     """For a pass without gradients outside the root's forward: the root unit's full parameters for the block (not
     written back), or nothing to do for an unsharded model. Every rank must enter it (an all-gather)."""

@@ -1,7 +1,7 @@
 """Rollout engines. `build_engine` picks one by name (`rollout.engine`)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -13,12 +13,15 @@ ENGINES = ("hf", "vllm")
 
 
 def build_engine(cfg: Mapping[str, Any], model: nn.Module, tokenizer: PreTrainedTokenizerBase,
-                 weights_version: int = 0) -> RolloutEngine:
-    """The engine `rollout.engine` names, serving `model`'s current weights as version `weights_version`."""
+                 weights_version: int = 0, interrupt: Callable[[], bool] | None = None) -> RolloutEngine:
+    """The engine `rollout.engine` names, serving `model`'s current weights as version `weights_version`; the `hf`
+    engine stops generating once `interrupt()` is true (a preemption signal; vLLM's requests are short)."""
     if cfg["engine"] == "hf":
         from tokenrl.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer, weights_version)
+        engine = HFEngine(model, tokenizer, weights_version)
+        engine.interrupt = interrupt or engine.interrupt
+        return engine
     if cfg["engine"] == "vllm":
         from tokenrl.rollout.vllm_engine import VLLMEngine
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrl.algorithms.config import AlgorithmConfig
+
 
 @dataclass
 class EntropyControl:
@@ -22,6 +24,11 @@ class EntropyControl:
     delta: float = 0.0
     max_coef: float = 0.0
     on: bool = True
+
+    @classmethod
+    def of(cls, cfg: AlgorithmConfig) -> "EntropyControl":
+        """The controller of `algorithm.entropy_coef`, `entropy_target`, `entropy_coef_delta` and `entropy_coef_max`."""
+        return cls(cfg.entropy_coef, cfg.entropy_target, cfg.entropy_coef_delta, cfg.entropy_coef_max)
 
     @property
     def alpha(self) -> float:

@@ -1,10 +1,18 @@
 """`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default and taken only where it is
-exact; `GRPOModule` says once per run which were taken and why not the others."""
+exact; `UpdatePath` says once per run which were taken and why not the others."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from torch import nn
+
+from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.selectors.base import TokenSelector
+from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
+from tokenrl.step.update import fused_blocker
 
 
 @dataclass(frozen=True)
@@ -28,3 +36,54 @@ class FastPath:
             if not isinstance(value, bool):
                 raise ValueError(f"fast_path.{key}={value!r} must be true or false")
         return cls(**node)
+
+
+@dataclass
+class UpdatePath:
+    """The shortcuts one run's update takes: each `*_blocker` is why the shared prefix is off (None: on), in the
+    passes without gradient (statistics, reference) and in the update's forward; `reported`: the run's log said so."""
+
+    fast_path: FastPath
+    prefix_blocker: str | None
+    update_prefix_blocker: str | None
+    reported: bool = False
+
+    @classmethod
+    def of(cls, fast_path: FastPath, policy: nn.Module) -> "UpdatePath":
+        off = None if fast_path.shared_prefix else "fast_path.shared_prefix=false"
+        return cls(fast_path, off or shared_prefix_blocker(policy, with_grad=False),
+                   off or shared_prefix_blocker(policy, with_grad=True))
+
+    def policy_passes(self, policy: nn.Module, reference: nn.Module | None, temperature: float, micro_batch_size: int,
+                      stats_chunk_size: int, with_js: bool, js_peers: str) -> PolicyPasses:
+        """The policy's passes in the layouts this path takes: the shared prefix where it is not blocked, each
+        micro-batch cut to its own widths with `pack`."""
+        return PolicyPasses(policy, reference, temperature, micro_batch_size, stats_chunk_size, with_js, js_peers,
+                            share_prefix=self.prefix_blocker is None,
+                            share_prefix_update=self.update_prefix_blocker is None, trim=self.fast_path.pack)
+
+    def statistics_blocker(self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
+        """Why a step of `rows` rows takes π_old's statistics from a separate pass (None: from the update's forward)."""
+        if not self.fast_path.fused_statistics:
+            return "fast_path.fused_statistics=false"
+        return fused_blocker(cfg, selector, with_js, rows)
+
+    def fused_statistics(self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int,
+                         report: logging.Logger | None) -> bool:
+        """Whether a step of `rows` rows takes π_old's statistics from the update's forward; the first call with a
+        `report` logger logs the update's path there."""
+        blocker = self.statistics_blocker(cfg, selector, with_js, rows)
+        if report is not None and not self.reported:
+            report.info(self.describe(blocker))
+            self.reported = True
+        return blocker is None
+
+    def describe(self, statistics_blocker: str | None) -> str:
+        """The run log's line: where the shared prefix runs, where the statistics come from, how micro-batches are cut."""
+        update, no_grad = self.update_prefix_blocker, self.prefix_blocker
+        prefix = (("on" if update is None else f"off ({update})") if update == no_grad
+                  else f"off in the update ({update}), on in the statistics and reference passes")
+        statistics = ("from the update's forward" if statistics_blocker is None
+                      else f"from a separate pass ({statistics_blocker})")
+        cut = "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width"
+        return f"update path: shared prefix {prefix}; statistics {statistics}; micro-batches {cut}"

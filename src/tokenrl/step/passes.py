@@ -15,7 +15,16 @@ from tokenrl.models.response_forward import forward_response_logits, response_lo
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
-from tokenrl.step.update import UpdateForward
+
+
+@dataclass
+class UpdateForward:
+    """The update's forward of a micro-batch: log π_θ(o_t) with gradient, (b, T), and, when asked, the detached
+    statistics of the same logits and the entropy H_t with gradient (the entropy bonus)."""
+
+    logprobs: torch.Tensor
+    stats: TokenStats | None = None
+    entropy: torch.Tensor | None = None
 
 
 def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | None:

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 
+from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import SelectionBatch, single_process
 from tokenrl.records.token_stats import TokenStats
+from tokenrl.step.distributed import all_reduce_sum, gather_variable
+from tokenrl.step.passes import PolicyPasses
 
 
 @dataclass
@@ -31,6 +36,29 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None
     row_offset: int = 0
     forks: torch.Tensor | None = None
+
+    @classmethod
+    def assemble(cls, step: int, rollouts: RolloutBatch, scores: torch.Tensor, rewards: torch.Tensor,
+                 cfg: AlgorithmConfig, passes: PolicyPasses, fused: bool, row_offset: int = 0,
+                 forks: torch.Tensor | None = None) -> "TrainBatch":
+        """The step's batch: group advantages, π_old's statistics (None where the update's forward gives them:
+        `fused`) and the reference's log-probs (with a KL term)."""
+        advantages = group_advantages(rewards, rollouts.group_ids, eps=cfg.adv_eps, std_normalize=cfg.adv_std_normalize)
+        return cls(step, rollouts, scores, rewards, advantages, None if fused else passes.statistics(rollouts),
+                   passes.reference_logprobs(rollouts) if cfg.uses_reference else None, row_offset, forks)
+
+    def mean_entropy(self, device: torch.device | str = "cpu") -> float:
+        """π_old's mean entropy over the response tokens of every rank's batch (the adaptive α's input); `device`:
+        where the collective runs."""
+        valid = self.rollouts.response_mask.bool()
+        local = torch.tensor([float(self.stats.entropy[valid].sum()), float(valid.sum())])
+        entropy, tokens = all_reduce_sum(local, device)
+        return float(entropy / tokens.clamp_min(1.0))
+
+    def whole_view(self, device: torch.device | str = "cpu", rank: int = 0) -> SelectionBatch:
+        """What a selector sees of every row of the step, gathering across ranks on `device` (the diagnostics' and
+        the samples' view)."""
+        return self.selection_view(torch.arange(self.size), partial(gather_variable, device=device), rank)
 
     @property
     def size(self) -> int:

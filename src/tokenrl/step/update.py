@@ -27,19 +27,10 @@ from tokenrl.records.selection import Selection, single_process
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.micro_batches import micro_batches
+from tokenrl.step.passes import UpdateForward
 from tokenrl.step.train_batch import TrainBatch
 
 UNIT = LossNormalizer(1.0, 1.0, 1.0)
-
-
-@dataclass
-class UpdateForward:
-    """The update's forward of a micro-batch: log π_θ(o_t) with gradient, (b, T), and, when asked, the detached
-    statistics of the same logits and the entropy H_t with gradient (the entropy bonus)."""
-
-    logprobs: torch.Tensor
-    stats: TokenStats | None = None
-    entropy: torch.Tensor | None = None
 
 
 @dataclass
