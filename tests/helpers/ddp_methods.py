@@ -33,7 +33,7 @@ from tests.conftest import TINY, compose_config  # noqa: E402
 from tests.helpers.ddp_step import full_weights  # noqa: E402
 from tests.helpers.varied import ACTS, DisagreeingEngine, InProcessScorer  # noqa: E402
 from tokenrl.records.selection import Selection, SelectionBatch
-from tokenrl.selectors.base import single_process  # noqa: E402
+from tokenrl.records.selection import single_process  # noqa: E402
 from tokenrl.train import build_components  # noqa: E402
 
 SETTING = TINY + ["samples.every_n_steps=0", "task.verifier=tests.helpers.varied:share_reward", "task.train_size=64",

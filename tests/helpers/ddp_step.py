@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
 from tokenrl.checkpointing import AtomicFSDPStrategy  # noqa: E402
-from tokenrl.rollout.base import concat_rollouts  # noqa: E402
+from tokenrl.records.rollout_batch import concat_rollouts  # noqa: E402
 from tokenrl.rollout.hf import HFEngine  # noqa: E402
 from tokenrl.train import build_components  # noqa: E402
 
