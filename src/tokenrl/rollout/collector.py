@@ -55,6 +55,7 @@ class RolloutCollector:
         """This rank's scored rollouts of the step and dynamic sampling's metrics (empty when it is off)."""
         if batch.step != who.step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {who.step}")
+
         def generate(prompts: PromptBatch, round_index: int) -> ScoredRollouts:
             return self.generate(engine, prompts, who, round_index, timer, engine_context)
 

@@ -50,6 +50,8 @@ class UpdatePath:
 
     @classmethod
     def of(cls, fast_path: FastPath, policy: nn.Module) -> "UpdatePath":
+        """The path `fast_path` asks for, as far as `policy` allows it (gradient checkpointing blocks the shared prefix
+        with gradient: `shared_prefix_blocker`)."""
         off = None if fast_path.shared_prefix else "fast_path.shared_prefix=false"
         return cls(fast_path, off or shared_prefix_blocker(policy, with_grad=False),
                    off or shared_prefix_blocker(policy, with_grad=True))
