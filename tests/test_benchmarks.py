@@ -230,6 +230,7 @@ def test_the_hub_route_gives_the_records_of_the_local_files(name, tmp_path):
     assert from_hub == BENCHMARKS[name].load(DATA_DIR)
 
 
+@pytest.mark.slow
 def test_without_hub_or_local_files_train_fails_at_start_up_naming_both_routes(tmp_path):
     """No network and no TOKENRL_DATA_DIR: one message with the Hub id and the local route, no chained tracebacks,
     no minute of retries (the Hub endpoint here refuses connections, as an offline machine's does not answer)."""

@@ -56,6 +56,7 @@ def test_unknown_choice_lists_valid_ones(group):
         assert option in message
 
 
+@pytest.mark.slow
 def test_cfg_job_prints_composed_config():
     out = subprocess.run([sys.executable, "train.py", "--cfg", "job", "model=qwen1.5b", "selector=uniform"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -65,6 +66,7 @@ def test_cfg_job_prints_composed_config():
     assert cfg.selector._target_ == "tokenrl.selectors.UniformSelector"
 
 
+@pytest.mark.slow
 def test_unknown_selector_on_the_command_line_names_valid_choices():
     out = subprocess.run([sys.executable, "train.py", "selector=nope"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)

@@ -16,6 +16,7 @@ from tests.conftest import ROOT, needs_data
 from tokenrl.train import run
 
 
+@pytest.mark.slow
 @needs_data
 def test_eval_cli_writes_results_samples_and_table(tmp_path):
     done = subprocess.run([sys.executable, "eval.py", "model=tiny", "benchmark=[gsm8k,aime24]", "eval.limit=3",
@@ -59,6 +60,7 @@ def assert_reproduction_record(results):
         assert "eval.limit=3" in record["command"] and record["date"] and "tokenrl_commit" in record
 
 
+@pytest.mark.slow
 @needs_data
 def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
     """`+eval.top_k=1` decodes greedily (what scripts/compare_harness.py compares with lm-eval): every sample of a
@@ -77,6 +79,7 @@ def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
                                               ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
                                               pytest.param("eval.n_samples=2", "eval.ks=[1, 4] needs eval.n_samples >= 4",
                                                            marks=needs_data)])
+@pytest.mark.slow
 def test_eval_bad_input_is_named(override, message, tmp_path):
     done = subprocess.run([sys.executable, "eval.py", "model=tiny", "eval.limit=2", override,
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -113,6 +116,7 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
     assert all(torch.equal(value, trained.state_dict()[key]) for key, value in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_eval_finds_its_configs_without_importing_the_train_entry_point():
     code = ("import sys; import tokenrl.eval as e; import tokenrl.paths as p; "
             "print(e.CONFIG_DIR == p.CONFIG_DIR, 'tokenrl.train' in sys.modules)")

@@ -128,6 +128,7 @@ def test_the_model_card_says_how_the_weights_were_made(full_run):
         assert part in card, part
 
 
+@pytest.mark.slow
 def test_tokenrl_export_of_a_step_checkpoint_is_the_policy_at_that_step(full_run, tmp_path):
     """step0001.ckpt of the 2-step run against the end of a 1-step run with the same settings (the same first step:
     prompts and sampling are seeded by (seed, step)), and against the checkpoint's own policy."""
@@ -149,6 +150,7 @@ def test_tokenrl_export_of_a_step_checkpoint_is_the_policy_at_that_step(full_run
     assert f"| `train/reward` | {history[0]:.4f} |" in card
 
 
+@pytest.mark.slow
 def test_a_run_folder_exports_its_last_checkpoint_and_dtype_is_on_request(full_run, tmp_path):
     done = export(full_run, tmp_path / "bf16", "--dtype", "bf16")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -171,6 +173,7 @@ def test_the_default_dtype_is_bf16_for_gpu_runs_and_the_models_otherwise():
     assert export_dtype(compose_config(["model=tiny", "trainer=gpu", "export.dtype=fp32"])) == "fp32"
 
 
+@pytest.mark.slow
 def test_a_lora_run_exports_merged_weights_and_on_request_the_adapter_alone(lora_run, tmp_path):
     from peft import PeftModel
 
@@ -197,6 +200,7 @@ def test_a_lora_run_exports_merged_weights_and_on_request_the_adapter_alone(lora
     assert "the LoRA adapter alone (r=4" in (tmp_path / "adapter" / "README.md").read_text()
 
 
+@pytest.mark.slow
 @needs_data
 def test_eval_evaluates_an_exported_folder_as_the_checkpoint_it_came_from(full_run, tmp_path):
     """`python eval.py model.source=<exported folder> model.init=pretrained` samples and scores exactly what the

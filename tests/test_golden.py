@@ -119,6 +119,7 @@ def golden() -> dict:
     return json.loads(GOLDEN.read_text())["methods"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_method_follows_its_golden_trajectory(runs, golden, method):
     assert method in golden, (f"no golden trajectory for method={method}: regenerate with "

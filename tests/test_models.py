@@ -25,6 +25,7 @@ for loader in (AutoTokenizer, AutoModelForCausalLM):
 """
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_model_fails_in_seconds(tmp_path):
     """The Hub endpoint refuses connections and the cache is empty: without the connect check, each file request
     is retried with back-off for over 20 s."""
@@ -65,6 +66,7 @@ for command in json.loads(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_the_offline_advice_builds_the_model(tmp_path):
     """Offline with nothing cached, a hub model fails naming the option and advising overrides; the command with
     exactly those overrides added builds the tokenizer and the model and runs a forward pass. `model.init=random`

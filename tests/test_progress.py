@@ -45,6 +45,7 @@ def test_one_line_per_rollout_step_with_the_steps_numbers(tiny_cfg, caplog):
         assert shown[:4] == pytest.approx(logged, abs=1e-3) and shown[4] == pytest.approx(metrics["time/step"], abs=0.05)
 
 
+@pytest.mark.slow
 def test_a_redirected_run_writes_each_line_to_its_output_and_train_log_as_it_happens(tmp_path):
     out = tmp_path / "out.txt"
     log_file = tmp_path / "run" / "train.log"

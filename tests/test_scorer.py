@@ -46,6 +46,7 @@ ADVERSARIAL = [
 ]
 
 
+@pytest.mark.slow
 def test_adversarial_answers_finish_in_time_and_run_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     scorer = SafeScorer(timeout_s=3.0)

