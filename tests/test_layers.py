@@ -49,7 +49,10 @@ def imports(source: str, name: str, is_package: bool = False) -> list[tuple[int,
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
+            if target == "tokenrl":   # `from tokenrl import step`: each name is a unit
+                found += [(node.lineno, f"tokenrl.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, target))
     return [(line, target) for line, target in found if target.split(".")[0] == "tokenrl"]
 
 
@@ -82,16 +85,18 @@ def test_no_module_imports_its_own_layer_or_above(path):
 
 def test_the_check_finds_hidden_relative_and_sideways_imports():
     """The check itself, on a made-up source of the math layer: a function-local relative import of the step and a
-    TYPE_CHECKING import of the selectors are found and flagged; an import of the records is not."""
+    TYPE_CHECKING import of the selectors and a `from tokenrl import module` are found and flagged; an import of the
+    records is not."""
     source = ("from typing import TYPE_CHECKING\n"
               "from tokenrl.records.token_stats import TokenStats\n"
               "if TYPE_CHECKING:\n    from tokenrl.selectors.base import TokenSelector\n"
-              "def f():\n    from ..step.update import ppo_update\n")
+              "def f():\n    from ..step.update import ppo_update\n"
+              "from tokenrl import module\n")
     found = imports(source, "tokenrl.algorithms.grpo")
-    assert [target for _, target in found] == ["tokenrl.records.token_stats", "tokenrl.selectors.base",
-                                                "tokenrl.step.update"]
+    assert sorted(target for _, target in found) == ["tokenrl.module", "tokenrl.records.token_stats",
+                                                     "tokenrl.selectors.base", "tokenrl.step.update"]
     flagged = sideways_or_upward("tokenrl.algorithms.grpo", found, documented_layers())
-    assert [line.split(":")[0] for line in flagged] == ["line 4", "line 6"]
+    assert sorted(line.split(":")[0] for line in flagged) == ["line 4", "line 6", "line 7"]
     assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.base")], {"step": 5, "rollout": 5}) != []
 
 
