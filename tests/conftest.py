@@ -60,3 +60,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config) -> None:
+    """Under xdist each worker takes its share of the cores for its own tensors (not every core each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (setup.cfg): one worker per core, at most 4 (a worker may start a vLLM engine or two DDP ranks, each
+    a few GiB)."""
+    return min(len(os.sched_getaffinity(0)), 4)

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
+from tests.helpers.grids import all_pairs, uncovered_pairs
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.token_stats import stats_from_logits
@@ -240,13 +241,22 @@ SELECTORS = [
 ]
 
 
-@pytest.mark.parametrize("tis_cap", [None, 1.3], ids=["no_tis", "tis"])
-@pytest.mark.parametrize("with_kl", [False, True], ids=["no_kl", "kl"])
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-@pytest.mark.parametrize("name, make_selector, micro", SELECTORS, ids=[s[0] for s in SELECTORS])
-def test_fused_update_equals_the_update_with_a_separate_statistics_pass(policy, rollouts, name, make_selector, micro,
-                                                                        aggregation, with_kl, tis_cap):
+# each selector with two settings of (aggregation, KL, TIS), together every pair of any two settings (16 rows, not 64)
+FUSED_FACTORS = ([s[0] for s in SELECTORS], ["token-mean", "seq-mean-token-mean"], [False, True], [None, 1.3])
+FUSED_ROWS = all_pairs(*FUSED_FACTORS)
+
+
+def test_the_grid_holds_every_pair_of_settings():
+    assert not uncovered_pairs(FUSED_ROWS, FUSED_FACTORS) and len(FUSED_ROWS) == 2 * len(SELECTORS)
+    assert not uncovered_pairs(all_pairs(*METHOD_FACTORS), METHOD_FACTORS)
+
+
+@pytest.mark.parametrize("name, aggregation, with_kl, tis_cap", FUSED_ROWS,
+                         ids=[f"{n}-{a}-{'kl' if k else 'no_kl'}-{'tis' if t else 'no_tis'}" for n, a, k, t in FUSED_ROWS])
+def test_fused_update_equals_the_update_with_a_separate_statistics_pass(policy, rollouts, name, aggregation, with_kl,
+                                                                        tis_cap):
     batch, rewards = rollouts
+    make_selector, micro = {s[0]: s[1:] for s in SELECTORS}[name]
     selector = make_selector()
     cfg = algorithm(micro_batch_size=micro, aggregation=aggregation, kl_coef=0.05 if with_kl else 0.0,
                     kl_masked=True, tis_cap=tis_cap)
@@ -312,14 +322,17 @@ METHODS = [
 ]
 
 
-@pytest.mark.parametrize("with_kl", [False, True], ids=["no_kl", "kl"])
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-@pytest.mark.parametrize("name, make_selector, micro, settings", METHODS, ids=[m[0] for m in METHODS])
-def test_fused_update_equals_the_separate_pass_for_every_token_level_method(policy, rollouts, name, make_selector,
-                                                                              micro, settings, aggregation, with_kl):
+METHOD_FACTORS = ([m[0] for m in METHODS], ["token-mean", "seq-mean-token-mean"], [False, True])
+
+
+@pytest.mark.parametrize("name, aggregation, with_kl", all_pairs(*METHOD_FACTORS),   # each method with both of each
+                         ids=[f"{n}-{a}-{'kl' if k else 'no_kl'}" for n, a, k in all_pairs(*METHOD_FACTORS)])
+def test_fused_update_equals_the_separate_pass_for_every_token_level_method(policy, rollouts, name, aggregation,
+                                                                              with_kl):
     """Where `fused_blocker` admits a method, its fused update chooses the same weights and per-token fields, and
     gives the same loss and gradients as the separate pass; where it refuses, the reason names the divisors."""
     batch, rewards = rollouts
+    make_selector, micro, settings = {m[0]: m[1:] for m in METHODS}[name]
     selector = make_selector()
     cfg = algorithm(micro_batch_size=micro, **{"aggregation": aggregation, **settings},
                     kl_coef=0.05 if with_kl else 0.0)

@@ -1,7 +1,8 @@
 """Selectors compose with loss variants (issues #16, #23): every selector of `tokenrl.selectors` × policy loss (ppo,
-gspo, gspo_seq, cispo, dppo, sapo) × aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm) × KL
-(off, k3 on the selected tokens, low_var_kl on every response token), on a small ragged float64 batch, through the
-update's own entry points: `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
+gspo, gspo_seq, cispo, dppo, sapo), each with an aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm)
+and a KL (off, k3 on the selected tokens, low_var_kl on every response token) chosen so that every pair of any two
+settings is in some row (tests/helpers/grids.py: 60 rows hold the 540 combinations' pairs), on a small ragged float64
+batch, through the update's own entry points: `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
 
 The loss and its gradient must equal the float64 loop of tests/test_grpo_math.py (`loop_policy_loss`, written from
 docs/algorithms.md §1.4/§11, not from the vectorised code) fed with the selection's fields: its token weights (zero: no
@@ -18,6 +19,7 @@ import dataclasses
 import pytest
 import torch
 
+from tests.helpers.grids import all_pairs, uncovered_pairs
 from tests.test_grpo_math import loop_policy_loss
 from tokenrl.algorithms.config import POLICY_LOSSES, AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
@@ -148,10 +150,19 @@ def check_selection_is_real(name, selection, resp):
         assert adv.shape == resp.shape and any(len(adv[i][resp[i].bool()].unique()) > 1 for i in range(len(adv)))
 
 
-@pytest.mark.parametrize("kl", list(KL))
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
-@pytest.mark.parametrize("name", list(SELECTORS))
+COMPOSITION_FACTORS = (list(SELECTORS), list(POLICY_LOSSES), AGGREGATIONS, list(KL))
+COMPOSITIONS = all_pairs(*COMPOSITION_FACTORS)   # every selector × loss, and every pair of any two settings
+FRACTIONAL_FACTORS = (["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"], list(POLICY_LOSSES),
+                      AGGREGATIONS)
+
+
+def test_the_grids_hold_every_pair_of_settings():
+    assert not uncovered_pairs(COMPOSITIONS, COMPOSITION_FACTORS)
+    assert not uncovered_pairs(all_pairs(*FRACTIONAL_FACTORS), FRACTIONAL_FACTORS)
+    assert len(COMPOSITIONS) == len(SELECTORS) * len(POLICY_LOSSES)
+
+
+@pytest.mark.parametrize("name, policy_loss, aggregation, kl", COMPOSITIONS)
 def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregation, kl):
     batch, logp = case
     cfg = algorithm(policy_loss, aggregation, kl)
@@ -215,9 +226,7 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     assert dr.pg == dr.kl == float(batch.size * BUDGET)
 
 
-@pytest.mark.parametrize("aggregation", AGGREGATIONS)
-@pytest.mark.parametrize("policy_loss", POLICY_LOSSES)
-@pytest.mark.parametrize("name", ["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"])
+@pytest.mark.parametrize("name, policy_loss, aggregation", all_pairs(*FRACTIONAL_FACTORS))
 def test_fractional_weights_reach_the_loss(case, name, policy_loss, aggregation):
     """A selection's weights are multipliers, not just a mask: the selector's weights times 0.25 / 0.5 / 1.5 (its other
     fields kept) give the loop's loss and gradient, and differ from the 0/1 selection's."""
