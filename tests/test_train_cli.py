@@ -131,4 +131,4 @@ def test_tokenrl_debug_prints_the_traceback(tmp_path):
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT, env={**ENV, "TOKENRL_DEBUG": "1"},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and "Traceback" in done.stderr   # the table's first row, from a real start-up
-    assert "error: total_steps=-1: must be an integer >= 1" in done.stderr
+    assert done.stderr.startswith("error:") and "total_steps=-1: must be an integer >= 1" in done.stderr
