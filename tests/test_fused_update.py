@@ -248,7 +248,7 @@ FUSED_ROWS = all_pairs(*FUSED_FACTORS)
 
 def test_the_grid_holds_every_pair_of_settings():
     assert not uncovered_pairs(FUSED_ROWS, FUSED_FACTORS) and len(FUSED_ROWS) == 2 * len(SELECTORS)
-    assert not uncovered_pairs(all_pairs(*METHOD_FACTORS), METHOD_FACTORS)
+    assert not uncovered_pairs(METHOD_ROWS, METHOD_FACTORS)
 
 
 @pytest.mark.parametrize("name, aggregation, with_kl, tis_cap", FUSED_ROWS,
@@ -323,10 +323,11 @@ METHODS = [
 
 
 METHOD_FACTORS = ([m[0] for m in METHODS], ["token-mean", "seq-mean-token-mean"], [False, True])
+METHOD_ROWS = all_pairs(*METHOD_FACTORS)   # each method with both settings of each factor
 
 
-@pytest.mark.parametrize("name, aggregation, with_kl", all_pairs(*METHOD_FACTORS),   # each method with both of each
-                         ids=[f"{n}-{a}-{'kl' if k else 'no_kl'}" for n, a, k in all_pairs(*METHOD_FACTORS)])
+@pytest.mark.parametrize("name, aggregation, with_kl", METHOD_ROWS,
+                         ids=[f"{n}-{a}-{'kl' if k else 'no_kl'}" for n, a, k in METHOD_ROWS])
 def test_fused_update_equals_the_separate_pass_for_every_token_level_method(policy, rollouts, name, aggregation,
                                                                               with_kl):
     """Where `fused_blocker` admits a method, its fused update chooses the same weights and per-token fields, and

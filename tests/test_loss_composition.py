@@ -154,11 +154,12 @@ COMPOSITION_FACTORS = (list(SELECTORS), list(POLICY_LOSSES), AGGREGATIONS, list(
 COMPOSITIONS = all_pairs(*COMPOSITION_FACTORS)   # every selector × loss, and every pair of any two settings
 FRACTIONAL_FACTORS = (["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"], list(POLICY_LOSSES),
                       AGGREGATIONS)
+FRACTIONALS = all_pairs(*FRACTIONAL_FACTORS)
 
 
 def test_the_grids_hold_every_pair_of_settings():
     assert not uncovered_pairs(COMPOSITIONS, COMPOSITION_FACTORS)
-    assert not uncovered_pairs(all_pairs(*FRACTIONAL_FACTORS), FRACTIONAL_FACTORS)
+    assert not uncovered_pairs(FRACTIONALS, FRACTIONAL_FACTORS)
     assert len(COMPOSITIONS) == len(SELECTORS) * len(POLICY_LOSSES)
 
 
@@ -226,7 +227,7 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     assert dr.pg == dr.kl == float(batch.size * BUDGET)
 
 
-@pytest.mark.parametrize("name, policy_loss, aggregation", all_pairs(*FRACTIONAL_FACTORS))
+@pytest.mark.parametrize("name, policy_loss, aggregation", FRACTIONALS)
 def test_fractional_weights_reach_the_loss(case, name, policy_loss, aggregation):
     """A selection's weights are multipliers, not just a mask: the selector's weights times 0.25 / 0.5 / 1.5 (its other
     fields kept) give the loop's loss and gradient, and differ from the 0/1 selection's."""
