@@ -3,6 +3,7 @@ on the concatenated batch; a whole step under DDP equals one process and all-red
 step under FSDP, with gradient clipping, equals one process; the ddp trainer preset starts and trains a step."""
 from __future__ import annotations
 
+import fcntl
 import signal
 import subprocess
 import sys
@@ -89,23 +90,26 @@ def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
 def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path):
     """Lightning restores an FSDP checkpoint after on_fit_start, where the engine is built: the engine must follow
     (the collector refused the first step: "the engine missed a weight sync"). From a sharded checkpoint (the preset's:
-    a folder, every rank its shard) and from a full one, the resumed run is the uninterrupted one, and the policy read
-    back from either checkpoint in one process is the module's after step 1."""
+    a folder, every rank its shard) and from a full one, both written after step 1 of a two-step run, the resumed run
+    is the uninterrupted one, and the policy read back from either checkpoint in one process is the module's after
+    step 1."""
+    from tests.helpers.fsdp_fit import SNAPSHOTS
     from tokenrl.checkpointing import TEMPORARY_GLOB, policy_state_dict
 
-    straight = _fsdp_fit(tmp_path / "straight", "-", "total_steps=2")
-    for kind in ("sharded", "full"):
-        first = _fsdp_fit(tmp_path / kind, "-", "total_steps=1", f"trainer.strategy.state_dict_type={kind}")
-        last = tmp_path / kind / "checkpoints" / "last.ckpt"
-        assert last.is_dir() == (kind == "sharded") and not list(last.parent.glob(TEMPORARY_GLOB))
-        saved = policy_state_dict(last)
-        assert saved.keys() == first["weights"].keys(), kind
-        assert all(torch.equal(saved[name], weight) for name, weight in first["weights"].items()), kind
-        resumed = _fsdp_fit(tmp_path / f"{kind}_resumed", last, "total_steps=2",
+    straight = _fsdp_fit(tmp_path / "straight", "-", "--snapshot", "total_steps=2")
+    for kind, path in SNAPSHOTS.items():
+        saved_at = tmp_path / "straight" / path
+        assert saved_at.is_dir() == (kind == "sharded") and not list(saved_at.parent.glob(TEMPORARY_GLOB))
+        saved = policy_state_dict(saved_at)
+        assert saved.keys() == straight["step1_weights"].keys(), kind
+        assert all(torch.equal(saved[name], weight) for name, weight in straight["step1_weights"].items()), kind
+        resumed = _fsdp_fit(tmp_path / f"{kind}_resumed", saved_at, "total_steps=2",
                             f"trainer.strategy.state_dict_type={kind}")
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         for name, weight in straight["weights"].items():
             assert torch.equal(resumed["weights"][name], weight), (kind, name)
+    assert any(not torch.equal(straight["weights"][name], weight)   # step 2 moved the weights after the snapshot
+               for name, weight in straight["step1_weights"].items())
 
 
 def _one_step(out, world, strategy="ddp", *overrides):
@@ -115,27 +119,44 @@ def _one_step(out, world, strategy="ddp", *overrides):
     return torch.load(out / "result.pt")
 
 
-def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp_path):
+CLIP = "algorithm.grad_clip=1.0"
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory, worker_id):
+    """The step on one process (`CLIP`: its first gradient norm is above 1.0), the reference of the DDP and the FSDP
+    step: computed once per test run, by whichever xdist worker asks first (the others wait on the lock)."""
+    if worker_id == "master":   # no xdist: this session's own folder
+        return _one_step(tmp_path_factory.mktemp("one_process"), 1, "ddp", CLIP)
+    out = tmp_path_factory.getbasetemp().parent / "one_process"   # the run's folder, shared by its workers
+    with open(f"{out}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return torch.load(out / "result.pt") if (out / "result.pt").is_file() else _one_step(out, 1, "ddp", CLIP)
+
+
+def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp_path, one_process):
     """2 ranks × 8 rows in micro-batches of 2, 2 PPO epochs of one mini-batch (a rank-count-independent split):
     8 backward passes per rank, 2 optimizer steps. With `no_sync` on all but the last micro-batch of each optimizer
-    step, exactly 2 of them all-reduce (without it, 8)."""
-    single, ddp = _one_step(tmp_path / "one", 1), _one_step(tmp_path / "two", 2)
+    step, exactly 2 of them all-reduce (without it, 8). Gradient clipping, as in the reference, reads the all-reduced
+    gradient."""
+    ddp = _one_step(tmp_path / "two", 2, "ddp", CLIP)
     assert ddp["counts"].tolist() == [[2, 2], [2, 2]]          # (all-reducing backward passes, optimizer steps)
+    assert ddp["grad_norms"] == pytest.approx(one_process["grad_norms"], rel=1e-4)
     moved = 0.0
-    for name, weight in single["weights"].items():
+    for name, weight in one_process["weights"].items():
         torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
-        moved = max(moved, float((weight - single["initial"][name]).abs().max()))
+        moved = max(moved, float((weight - one_process["initial"][name]).abs().max()))
     assert moved > 1e-3                                          # the step really changed the weights
 
 
-def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path):
+def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path, one_process):
     """`trainer=fsdp` on 2 ranks (FULL_SHARD, one unit per decoder layer: models/sharding.py) runs a step with
     `algorithm.grad_clip=1.0` — Lightning's own norm clipping raises under FSDP; the root's `clip_grad_norm_` clips
     over both ranks' shards — and ends with the weights of one process on the whole batch. The first optimizer step's
     gradient norm is above 1.0, so both runs really clip it to 1.0 (the second one, 0.004, is left alone)."""
-    clip = "algorithm.grad_clip=1.0"
+    single = one_process
     fp32 = "trainer.strategy.mixed_precision.param_dtype=null"   # the sharding's math, not the preset's bf16 gathers
-    single, fsdp = _one_step(tmp_path / "one", 1, "ddp", clip), _one_step(tmp_path / "two", 2, "fsdp", clip, fp32)
+    fsdp = _one_step(tmp_path / "two", 2, "fsdp", CLIP, fp32)
     assert fsdp["counts"][:, 1].tolist() == [2, 2]                 # optimizer steps per rank
     assert single["grad_norms"][0] == pytest.approx(1.0, abs=1e-5)
     assert fsdp["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)
