@@ -134,9 +134,30 @@ def test_native_bases_of_the_baselines():
             ict.selector.ratio, ict.selector.warmup_steps) == ("seq-mean-token-mean", 0.2, 0.001, "low_var_kl", 0.1, 20)
 
 
+SELECTORS = ["uniform", "ict", "entropy20", "stapo", "random"]
+DIAGNOSTICS = ("select/p_selected", "select/entropy_selected", "select/renyi2_all", "select/js_q50",
+               "select/jaccard_entropy20", "select/jaccard_stapo")
+
+
+def logged_diagnostics(run_dir: Path) -> list[dict[str, str]]:
+    """The CSV logger's rows of a run that carry the selection diagnostics."""
+    return [row for row in csv.DictReader((run_dir / "csv" / "metrics.csv").open()) if row.get("select/fraction")]
+
+
+@pytest.mark.parametrize("selector", SELECTORS)
+def test_every_selector_logs_every_diagnostic_each_step(tiny_cfg, tmp_path, selector):
+    run(tiny_cfg(f"selector={selector}", "logger=csv", "total_steps=2", "rollout.max_new_tokens=10",
+                 "diagnostics.js=true"))
+    logged = logged_diagnostics(tmp_path)
+    assert len(logged) == 2
+    assert all(logged[-1][key] != "" for key in DIAGNOSTICS), logged[-1]
+
+
 @pytest.mark.slow
 def test_selector_sweep_multirun_logs_diagnostics(tmp_path):
-    selectors = ["uniform", "ict", "entropy20", "stapo", "random"]
+    """A real Hydra multirun over selectors (each job in a fresh process): each job's own folder, overrides and
+    diagnostics (every selector's diagnostics in one process: the test above)."""
+    selectors = ["ict", "stapo"]
     done = subprocess.run(
         [sys.executable, "train.py", "-m", f"selector={','.join(selectors)}", "model=tiny", "logger=csv",
          "total_steps=2", "rollout.max_new_tokens=10", "checkpoint.enabled=false", "diagnostics.js=true",
@@ -144,12 +165,9 @@ def test_selector_sweep_multirun_logs_diagnostics(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     for job, selector in enumerate(selectors):
-        rows = list(csv.DictReader((tmp_path / str(job) / "csv" / "metrics.csv").open()))
-        logged = [r for r in rows if r.get("select/fraction")]
+        logged = logged_diagnostics(tmp_path / str(job))
         assert len(logged) == 2, selector
-        for key in ("select/p_selected", "select/entropy_selected", "select/renyi2_all", "select/js_q50",
-                    "select/jaccard_entropy20", "select/jaccard_stapo"):
-            assert logged[-1][key] != "", (selector, key)
+        assert all(logged[-1][key] != "" for key in DIAGNOSTICS), (selector, logged[-1])
         overrides = (tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
         assert f"selector={selector}" in overrides
 
