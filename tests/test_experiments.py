@@ -179,19 +179,6 @@ def test_ict_after_warmup_trains_on_about_ten_percent(tiny_cfg):
     assert summary["select/jaccard_entropy20"] < 1.0
 
 
-@pytest.mark.slow
-def test_local_launcher_runs_the_sweep_in_parallel_fresh_processes(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "train.py", "-m", "launcher=local", "selector=uniform,ict", "model=tiny", "logger=csv",
-         "total_steps=1", "rollout.max_new_tokens=6", "checkpoint.enabled=false", "validation.every_n_steps=0",
-         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Launching 2 jobs, 2 at a time, each in a fresh process" in done.stdout + done.stderr
-    for job in ("0", "1"):
-        assert (tmp_path / job / "summary.json").is_file()
-
-
 def test_slurm_launcher_config_composes():
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

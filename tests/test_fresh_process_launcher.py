@@ -70,7 +70,8 @@ def test_slot_devices_give_each_parallel_slot_its_own_gpus():
 
 @pytest.mark.slow
 def test_launcher_local_runs_each_slot_on_its_own_gpu(tmp_path):
-    """Two jobs side by side (launcher=local) see different CUDA_VISIBLE_DEVICES, each one of the parent's."""
+    """Two jobs side by side (launcher=local), each in a fresh process, see different CUDA_VISIBLE_DEVICES, each one of
+    the parent's."""
     sweep = tmp_path / "sweep"
     done = subprocess.run(
         [sys.executable, "train.py", "-m", "debug=default", "launcher=local", "seed=0,1", "total_steps=1",
@@ -78,6 +79,8 @@ def test_launcher_local_runs_each_slot_on_its_own_gpu(tmp_path):
          f"hydra.sweep.dir={sweep}"],
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Launching 2 jobs, 2 at a time, each in a fresh process" in done.stdout + done.stderr
+    assert all((sweep / job / "summary.json").is_file() for job in ("0", "1"))
     seen = {line.split("CUDA_VISIBLE_DEVICES=")[1].strip() for job in ("0", "1")
             for line in (sweep / job / "train.log").read_text().splitlines() if "CUDA_VISIBLE_DEVICES=" in line}
     assert seen == {"5", "7"}
