@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from tests.conftest import CONFIG_DIR, ROOT, compose_config
+from tests.conftest import CONFIG_DIR, compose_config
+from tests.helpers.forked_cli import forked_runs
 
 GROUPS = ["selector", "model", "task", "rollout", "algorithm", "trainer", "logger", "debug"]
 
@@ -56,10 +56,17 @@ def test_unknown_choice_lists_valid_ones(group):
         assert option in message
 
 
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory) -> list[subprocess.CompletedProcess]:
+    """`python train.py --cfg job model=qwen1.5b selector=uniform` and `python train.py selector=nope`, forked from one
+    process that imported tokenrl once (tests/helpers/forked_cli.py)."""
+    return forked_runs("train", [["--cfg", "job", "model=qwen1.5b", "selector=uniform"], ["selector=nope"]],
+                       tmp_path_factory.mktemp("cli"))
+
+
 @pytest.mark.slow
-def test_cfg_job_prints_composed_config():
-    out = subprocess.run([sys.executable, "train.py", "--cfg", "job", "model=qwen1.5b", "selector=uniform"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_cfg_job_prints_composed_config(cli_runs):
+    out = cli_runs[0]
     assert out.returncode == 0, out.stderr
     cfg = OmegaConf.create(out.stdout)
     assert cfg.model.name == "qwen1.5b" and cfg.model.source == "Qwen/Qwen2.5-1.5B"
@@ -67,9 +74,8 @@ def test_cfg_job_prints_composed_config():
 
 
 @pytest.mark.slow
-def test_unknown_selector_on_the_command_line_names_valid_choices():
-    out = subprocess.run([sys.executable, "train.py", "selector=nope"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+def test_unknown_selector_on_the_command_line_names_valid_choices(cli_runs):
+    out = cli_runs[1]
     assert out.returncode != 0
     assert "Available options in 'selector'" in out.stderr and "uniform" in out.stderr
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, needs_data
+from tests.helpers.forked_cli import forked_runs
 from tokenrl.train import run
 
 
@@ -75,15 +76,27 @@ def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
         assert len({line["response"] for line in lines if line["id"] == problem}) == 1
 
 
-@pytest.mark.parametrize("override,message", [("benchmark=nope", "unknown benchmark 'nope'; valid:"),
-                                              ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
-                                              pytest.param("eval.n_samples=2", "eval.ks=[1, 4] needs eval.n_samples >= 4",
-                                                           marks=needs_data)])
+BAD_INPUTS = [("benchmark=nope", "unknown benchmark 'nope'; valid:"),
+              ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
+              pytest.param("eval.n_samples=2", "eval.ks=[1, 4] needs eval.n_samples >= 4", marks=needs_data)]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """`python eval.py model=tiny eval.limit=2 <override>` for every bad input, each forked from one process that
+    imported tokenrl.eval once (tests/helpers/forked_cli.py)."""
+    base = tmp_path_factory.mktemp("bad_inputs")
+    overrides = [case.values[0] if hasattr(case, "values") else case[0] for case in BAD_INPUTS]
+    rows = [["model=tiny", "eval.limit=2", override, f"hydra.run.dir={base / str(n)}"]
+            for n, override in enumerate(overrides)]
+    return dict(zip(overrides, forked_runs("eval", rows, base / "forked")))
+
+
+@pytest.mark.parametrize("override,message", BAD_INPUTS)
 @pytest.mark.slow
-def test_eval_bad_input_is_named(override, message, tmp_path):
-    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "eval.limit=2", override,
-                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0 and message in done.stderr
+def test_eval_bad_input_is_named(override, message, bad_input_runs):
+    done = bad_input_runs[override]
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-3000:]
 
 
 def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):

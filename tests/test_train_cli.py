@@ -3,7 +3,6 @@ every row of docs/errors.md (each bad input gets its one-line message and exit s
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import signal
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers.forked_cli import forked_runs
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
@@ -103,17 +104,12 @@ def test_the_error_table_has_its_rows():
 @pytest.fixture(scope="module")
 def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """Every row of the table, each `python train.py` start-up forked from one process that imported tokenrl once
-    (tests/helpers/forked_train.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI)."""
+    (tests/helpers/forked_cli.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI)."""
     base = tmp_path_factory.mktemp("table")
     rows = [["debug=default", *overrides.split(), f"hydra.run.dir={base / str(n)}"]
             for n, (overrides, _, _) in enumerate(error_table())]
-    (base / "rows.json").write_text(json.dumps(rows))
-    done = train(str(base / "rows.json"), str(base), module="tests.helpers.forked_train")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return {overrides: (subprocess.CompletedProcess(rows[n], int((base / f"{n}.status").read_text()),
-                                                    (base / f"{n}.out").read_text(), (base / f"{n}.err").read_text()),
-                        base / str(n))
-            for n, (overrides, _, _) in enumerate(error_table())}
+    runs = forked_runs("train", rows, base, env=ENV)
+    return {overrides: (runs[n], base / str(n)) for n, (overrides, _, _) in enumerate(error_table())}
 
 
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
