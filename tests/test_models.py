@@ -86,6 +86,20 @@ def test_the_offline_advice_builds_the_model(tmp_path):
         assert result["vocab"] == [vocab, vocab] and result["logits"] == [1, 14, vocab]
 
 
+@pytest.mark.parametrize("kind", ["model", "tokenizer"])
+def test_a_folder_that_does_not_load_is_named_with_what_failed(tmp_path, kind):
+    """An existing folder is never reported as missing: its loader's own error is kept in the message."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tokenrl.models import _load_pretrained
+
+    (tmp_path / "config.json").write_text("{not json")
+    loader = AutoModelForCausalLM if kind == "model" else AutoTokenizer
+    with pytest.raises(ValueError, match=rf"model.source='{tmp_path}' is a folder that does not load \(") as err:
+        _load_pretrained(str(tmp_path), loader)
+    assert "re-run `bash scripts/setup.sh`" in str(err.value) and err.value.__cause__ is not None
+
+
 @pytest.mark.parametrize("dtype", [None, "bf16"])
 def test_the_reference_is_the_policy_in_its_dtype_without_a_full_precision_copy(dtype, monkeypatch):
     """Every parameter equals the policy's cast to `reference_dtype`, buffers keep theirs (RoPE's fp32 inverse

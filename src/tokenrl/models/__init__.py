@@ -24,9 +24,15 @@ def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kw
     """A local folder, or a hub id (from the Hugging Face cache alone when the Hub does not answer, so an offline
     run fails in seconds instead of retrying for a minute); `field` is the option that named it."""
     local = Path(source).expanduser()
-    try:
-        if local.exists():
+    if local.exists():
+        try:
             return loader.from_pretrained(str(local), **kwargs)
+        except (OSError, ValueError) as err:   # the folder is there: say what failed in it, not that it is missing
+            raise ValueError(f"{field}={source!r} is a folder that does not load ({type(err).__name__}: {err}). "
+                             f"A model folder holds config.json, the weights and the tokenizer files: re-run "
+                             f"`bash scripts/setup.sh` for the offline default, or point {field} at a complete "
+                             f"Hugging Face folder.") from err
+    try:
         if not hub_reachable():
             kwargs["local_files_only"] = True
             if loader is AutoModelForCausalLM:   # its PEFT-adapter lookup ignores local_files_only otherwise
