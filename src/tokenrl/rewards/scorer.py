@@ -51,7 +51,8 @@ class SafeScorer:
         if timeout_s <= 0:
             raise ValueError(f"reward_timeout_s={timeout_s} must be > 0")   # the top-level key of train.yaml / eval.yaml
         self.timeout_s = timeout_s
-        self._ctx = mp.get_context("forkserver")
+        methods = mp.get_all_start_methods()   # no fork server on Windows: a fresh interpreter per worker there
+        self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
 
@@ -59,7 +60,8 @@ class SafeScorer:
         if mp.get_start_method(allow_none=True) not in (None, *mp.get_all_start_methods()):
             # in a loky worker the global start method is 'loky', which a forked-from-the-server child cannot set
             mp.set_start_method("spawn", force=True)
-        self._ctx.set_forkserver_preload(PRELOAD)   # used when this call starts the server (the first worker)
+        if self._ctx.get_start_method() == "forkserver":
+            self._ctx.set_forkserver_preload(PRELOAD)   # used when this call starts the server (the first worker)
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_worker, args=(child, list(sys.path)), daemon=True)
         self._proc.start()
