@@ -1,8 +1,9 @@
 """The ordered GPU verification (scripts/gpu_check.sh runs it): each step in its own process under a 10-minute limit,
 offline, with the hf engine unless a step says otherwise; results in benchmarks/gpu_check.json (GPU, driver,
-versions, date, each step's status, seconds and output tail). Run it first whenever a GPU is at hand.
+versions, date, each step's status, seconds and output tail), rewritten after every step. Run it first whenever a
+GPU is at hand.
 
-    bash scripts/gpu_check.sh [--steps doctor tests ...] [--out benchmarks/gpu_check.json]
+    bash scripts/gpu_check.sh [--steps doctor tests ...] [--out benchmarks/gpu_check.json] [--logs DIR]
 
 1. doctor       tokenrl-doctor: versions, devices, hf / vLLM / DDP steps on the GPU(s)
 2. tests        the GPU tests (tests/test_gpu.py: bf16-mixed steps, FSDP on one GPU = plain, FSDP export, vLLM)
@@ -54,7 +55,9 @@ def steps(gpus: int, work: Path) -> dict[str, list[list[str]] | str]:
     }
 
 
-def run_step(commands: list[list[str]]) -> dict:
+def run_step(commands: list[list[str]], log: Path | None) -> dict:
+    """Run a step's commands in order, stopping at the first failure; each command's whole output is appended to
+    `log` when given."""
     start, tails = time.monotonic(), []
     for command in commands:
         try:
@@ -62,6 +65,9 @@ def run_step(commands: list[list[str]]) -> dict:
         except subprocess.TimeoutExpired:
             return {"status": "failed", "seconds": round(time.monotonic() - start, 1),
                     "reason": f"over {LIMIT_S} s: {' '.join(command)}"}
+        if log is not None:
+            with log.open("a") as out:
+                out.write(f"$ {' '.join(command)}\n{done.stdout}{done.stderr}\n[exit status {done.returncode}]\n")
         tails.append((done.stdout + done.stderr)[-1500:])
         if done.returncode:
             return {"status": "failed", "seconds": round(time.monotonic() - start, 1), "command": command,
@@ -73,6 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", nargs="+", help="run only these steps (default: all, in order)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_check.json")
+    parser.add_argument("--logs", type=Path, help="write each step's whole output to LOGS/<step>.log")
     args = parser.parse_args()
     import torch
 
@@ -82,22 +89,27 @@ def main() -> int:
         return 2
     gpus = torch.cuda.device_count()
     work = Path(tempfile.mkdtemp(prefix="tokenrl-gpu-check-"))
-    results = {}
-    for name, commands in steps(gpus, work).items():
-        if args.steps and name not in args.steps:
-            continue
-        print(f"[gpu_check] {name} ...", flush=True)
-        results[name] = {"status": "skipped", "reason": commands} if isinstance(commands, str) else run_step(commands)
-        print(f"[gpu_check] {name}: {results[name]['status']} ({results[name].get('seconds', 0)} s)", flush=True)
-    benchmarks = {path.name: json.loads(path.read_text()) for path in work.glob("*.json")}
     driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                             capture_output=True, text=True).stdout.strip()
     record = {"check": "gpu_check", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": {"gpus": [torch.cuda.get_device_name(i) for i in range(gpus)], "driver": driver,
                           "cuda": torch.version.cuda, "platform": platform.platform()},
               "versions": {"torch": torch.__version__, "python": platform.python_version()},
-              "steps": results, "benchmarks": benchmarks}
-    args.out.write_text(json.dumps(record, indent=2))
+              "steps": {}, "benchmarks": {}}
+    results = record["steps"]
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    for name, commands in steps(gpus, work).items():
+        if args.steps and name not in args.steps:
+            continue
+        print(f"[gpu_check] {name} ...", flush=True)
+        results[name] = {"status": "skipped", "reason": commands} if isinstance(commands, str) else \
+            run_step(commands, args.logs / f"{name}.log" if args.logs else None)
+        print(f"[gpu_check] {name}: {results[name]['status']} ({results[name].get('seconds', 0)} s)", flush=True)
+        if results[name]["status"] == "failed":
+            print(results[name].get("output_tail", results[name].get("reason")), flush=True)
+        record["benchmarks"] = {path.name: json.loads(path.read_text()) for path in work.glob("*.json")}
+        args.out.write_text(json.dumps(record, indent=2))   # after every step: a machine taken back keeps what ran
     shutil.rmtree(work, ignore_errors=True)
     failed = [name for name, result in results.items() if result["status"] == "failed"]
     print(f"[gpu_check] {'FAILED: ' + ', '.join(failed) if failed else 'all steps passed'}; wrote {args.out}")

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from gpu_check import steps  # noqa: E402
+from gpu_check import run_step, steps  # noqa: E402
 
 
 def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
@@ -24,6 +24,17 @@ def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
             assert all((ROOT / part).is_file() for part in files), files
     resume = plan["fsdp_resume"][1]
     assert any(part.startswith("ckpt_path=") for part in resume) and "total_steps=3" in resume
+
+
+def test_a_step_stops_at_its_first_failing_command_and_logs_each_whole_output(tmp_path):
+    log = tmp_path / "step.log"
+    commands = [[sys.executable, "-c", "print('first')"], [sys.executable, "-c", "import sys; sys.exit('second broke')"],
+                [sys.executable, "-c", "print('never')"]]
+    result = run_step(commands, log)
+    assert result["status"] == "failed" and result["exit_status"] == 1 and "second broke" in result["output_tail"]
+    text = log.read_text()
+    assert "first" in text and "second broke" in text and "never" not in text and "[exit status 1]" in text
+    assert run_step(commands[:1], None)["status"] == "passed"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
