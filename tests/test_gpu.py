@@ -53,28 +53,40 @@ def test_vllm_engine_follows_the_trained_weights_with_sleep_on():
 
 
 def fit_one_step(tmp_path, *overrides: str):
-    """One rollout step of the real module with the project's defaults (AdamW, KL on), 2 prompts × 4."""
+    """One rollout step of the real module with the project's defaults (AdamW, KL on), 2 prompts × 4, rewarded by
+    the first character's parity (a random model earns no arithmetic reward, so its advantages would all be 0)."""
     import lightning as L
 
     from tokenrl.train import build_components
 
     cfg = compose_config(["logger=none", "checkpoint.enabled=false", "validation.every_n_steps=0",
+                          "task.verifier=tests.helpers.rewards:parity_reward",   # rewards vary: the step moves weights
                           "samples.every_n_steps=0", "trainer.enable_progress_bar=false", "total_steps=1",
                           "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=32",
                           *overrides], output_dir=tmp_path)
+    class Devices(L.Callback):
+        """Where the policy's weights were during the step (Lightning's teardown moves the module to the CPU after)."""
+        def __init__(self) -> None:
+            self.seen: list[torch.device] = []
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            self.seen.append(next(module.policy.parameters()).device)
+
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)
     module.configure_model()
     initial = {name: p.detach().cpu().clone() for name, p in module.policy.named_parameters()}
+    devices = Devices()
+    trainer.callbacks.append(devices)
     trainer.fit(module, datamodule=datamodule)
-    return module, trainer, initial
+    return module, trainer, initial, devices.seen
 
 
 @pytest.mark.parametrize("model", [["model=tiny"], QWEN_RANDOM], ids=["tiny", "qwen0.5b-random"])
 def test_one_bf16_mixed_step_on_a_gpu(tmp_path, model):
-    module, trainer, initial = fit_one_step(tmp_path, "trainer=gpu", "trainer.precision=bf16-mixed", *model)
+    module, trainer, initial, devices = fit_one_step(tmp_path, "trainer=gpu", "trainer.precision=bf16-mixed", *model)
     assert module.rollout_step == 1 and module.optimizer_steps == 1
-    assert next(module.policy.parameters()).is_cuda
+    assert [device.type for device in devices] == ["cuda"]
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
     for key in ("train/loss", "train/kl", "train/entropy", "train/logprob_gap_max"):
         assert math.isfinite(metrics[key]), key

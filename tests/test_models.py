@@ -134,3 +134,20 @@ def test_the_reference_is_the_policy_in_its_dtype_without_a_full_precision_copy(
         want = policy.eval()(ids).logits
         got = reference(ids).logits.float()
     assert torch.allclose(got, want, atol=1e-6 if dtype is None else 0.1)
+
+
+def test_random_weights_are_drawn_on_the_host_whatever_the_callers_device_context():
+    """Lightning builds `configure_model` inside `torch.device("cuda")` on one GPU and outside it under FSDP; the CUDA
+    RNG draws other numbers than the CPU's, so one seed gave a single-GPU run and an FSDP run different initial
+    weights (seen on an H200). A meta-device context stands in for CUDA here: the weights must still be real and the
+    same as outside any context."""
+    from tests.conftest import compose_config
+    from tokenrl.models import build_model
+
+    cfg = dict(compose_config(["model=tiny"]).model)
+    plain = build_model(cfg, seed=3).state_dict()
+    with torch.device("meta"):
+        inside = build_model(cfg, seed=3).state_dict()
+    assert plain.keys() == inside.keys()
+    for name, tensor in plain.items():
+        assert inside[name].device.type == "cpu" and torch.equal(inside[name], tensor), name

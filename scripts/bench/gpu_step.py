@@ -7,7 +7,7 @@ model's Hub tokenizer).
     python scripts/bench/gpu_step.py [--models qwen0.5b qwen1.5b] [--prompts 32] [--group 8] [--max-new-tokens 1024]
                                      [--prompt-tokens 160] [--steps 2] [--engine hf] [--device cuda]
                                      [--fast-path off on] [--gradient-checkpointing on|off] [--tokenizer char]
-                                     [--layers N]
+                                     [--layers N] [--override KEY=VALUE ...]
 
 Each (model, fast path) variant runs in a process of its own, as scripts/bench/step.py does: vLLM refuses a second
 engine in one process, and a process's peak memory would carry the previous variant's model. `--layers N` keeps the
@@ -92,7 +92,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
           for switch in ("shared_prefix", "fused_statistics", "pack")),
         *([f"model.gradient_checkpointing={args.gradient_checkpointing == 'on'}"] if args.gradient_checkpointing
           else []),
-        f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
+        *args.override, f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
     sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])   # in the tokenizer used
     preamble = (PREAMBLE_WORD * max(1, args.prompt_tokens // sentence_tokens)).strip()
     with open_dict(cfg):
@@ -145,6 +145,8 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], help="default: the model preset's")
     parser.add_argument("--tokenizer", default="char", choices=["char", "hub"])
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
+    parser.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Hydra overrides for every variant, after the script's own (e.g. fast_path.shared_prefix=false)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")
     parser.add_argument("--variant", nargs=2, metavar=("MODEL", "FAST_PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--variant-out", type=Path, help=argparse.SUPPRESS)

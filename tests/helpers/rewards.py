@@ -7,6 +7,12 @@ def length_reward(response: str, answer: str) -> float:
     return min(len(response), 12) / 12.0
 
 
+def parity_reward(response: str, answer: str) -> float:
+    """1 when the response starts with an even character code: a random model's group almost always mixes both, at
+    any response length (`length_reward` saturates past 12 characters)."""
+    return float(bool(response) and ord(response[0]) % 2 == 0)
+
+
 def raising(response: str, answer: str) -> float:
     raise RuntimeError("this verifier always fails")
 

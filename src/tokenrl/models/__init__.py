@@ -60,14 +60,17 @@ def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
 
 
 def build_model(cfg: Mapping[str, Any], seed: int = 0) -> PreTrainedModel:
-    """The policy: `init=pretrained` loads `source`; `init=random` builds `architecture` with seeded random weights."""
+    """The policy: `init=pretrained` loads `source`; `init=random` builds `architecture` with seeded random weights,
+    drawn on the host (CPU RNG) so that a seed means the same weights on any device and strategy."""
     dtype = torch_dtype(cfg["dtype"])
     if cfg["init"] == "pretrained":
         model = _load_pretrained(cfg["source"], AutoModelForCausalLM, dtype=dtype)
     elif cfg["init"] == "random":
         arch = dict(cfg["architecture"])
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-        with torch.random.fork_rng():
+        # drawn on the host whatever device the caller's context names (Lightning builds `configure_model` inside
+        # `torch.device("cuda")` on one GPU but not under FSDP): the same seed gives the same weights everywhere
+        with torch.random.fork_rng(), torch.device("cpu"):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:

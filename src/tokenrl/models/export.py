@@ -42,21 +42,26 @@ def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tenso
 def _gathered_unit_by_unit(root: FullyShardedDataParallel) -> Iterator[tuple[str, torch.Tensor]]:
     """The FSDP half of `served_weights`: unit by unit, each gathered alone (`summon_full_params(unit, recurse=False,
     writeback=False)`, as TRL's `_sync_fsdp1_params_to_vllm`); PEFT adapters of the unit merged into the gathered
-    copy and unmerged before it is released. The root first: gathering it initialises FSDP's root state."""
+    weights and the base weights restored bit for bit before release: a unit that FSDP keeps whole (NO_SHARD, one
+    rank) gathers to the model's own storage, where `writeback=False` does not protect it. The root first: gathering
+    it initialises FSDP's root state."""
     peft = hasattr(root, "merge_adapter")
     units = [("", root)] + [(_plain_name(name) + ".", unit) for name, unit in root.named_modules()
                             if isinstance(unit, FullyShardedDataParallel) and unit is not root]
     for prefix, unit in units:
         with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False):
             tuners = [module for module in _own_modules(unit.module) if _is_tuner_layer(module)]
+            bases = [tuner.get_base_layer().weight for tuner in tuners]
+            saved = [base.detach().clone() for base in bases]
             for tuner in tuners:
                 tuner.merge()
             try:
                 copies = [(prefix + _plain_name(name), tensor.detach().clone())
                           for name, tensor in _own_state(unit.module)]
             finally:
-                for tuner in tuners:
+                for tuner, base, before in zip(tuners, bases, saved):
                     tuner.unmerge()
+                    base.data.copy_(before)   # exactly as before: W + ΔW − ΔW rounds, and an unsharded unit is W itself
         for name, tensor in copies:
             served = _served_name(name, peft)
             if served is not None:

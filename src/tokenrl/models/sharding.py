@@ -44,13 +44,16 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
 def mixed_precision(param_dtype: str | None = "bf16", reduce_dtype: str | None = "fp32",
                     buffer_dtype: str | None = "fp32") -> MixedPrecision:
     """FSDP's mixed precision from dtype names (fp32 | bf16 | fp16 | None: the model's own), for configs/trainer/fsdp.yaml:
-    verl's choice is bf16 all-gathers, fp32 gradient reduction, fp32 buffers."""
+    verl's choice is bf16 all-gathers, fp32 gradient reduction, fp32 buffers. Every unit casts its floating inputs to
+    `param_dtype` (`cast_forward_inputs`): the passes inside `gathered_root` enter the decoder layers from the root's
+    full-precision embeddings, and the hf engine's `generate` runs there without autocast (FSDP casts only the root's
+    inputs by default, so a bf16 layer met fp32 hidden states)."""
     from tokenrl.models import torch_dtype
 
     def dtype(name: str | None) -> torch.dtype | None:
         return None if name is None else torch_dtype(name)
     return MixedPrecision(param_dtype=dtype(param_dtype), reduce_dtype=dtype(reduce_dtype),
-                          buffer_dtype=dtype(buffer_dtype))
+                          buffer_dtype=dtype(buffer_dtype), cast_forward_inputs=param_dtype is not None)
 
 
 def shard(model: nn.Module, strategy: Any) -> FullyShardedDataParallel:
