@@ -10,7 +10,7 @@ import pytest
 
 from hydra_plugins.tokenrl_launcher.fresh_process import slot_devices
 from tests.conftest import compose_config
-from tokenrl.devices import device_indices, narrow_to_trainer_gpu, narrowed
+from tokenrl.devices import device_indices, narrow_to_trainer_gpu, narrowed, runs_on_gpu
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
@@ -84,3 +84,11 @@ def test_applying_leaves_a_cpu_run_alone(monkeypatch):
     cfg = compose_config(["trainer=cpu"])
     narrow_to_trainer_gpu(cfg)
     assert VISIBLE not in os.environ and cfg.trainer.devices == 1
+
+
+@pytest.mark.parametrize("accelerator, expected", [("gpu", True), ("cuda", True), ("cpu", False)])
+def test_runs_on_gpu_reads_the_trainers_accelerator(accelerator, expected):
+    import torch
+
+    assert runs_on_gpu(compose_config([f"trainer.accelerator={accelerator}"])) is expected
+    assert runs_on_gpu(compose_config(["trainer.accelerator=auto"])) is torch.cuda.is_available()

@@ -87,6 +87,56 @@ def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
                                                                                       torch.float32)
 
 
+def _bf16_generate_worker(rank: int, port: int, out: str) -> None:
+    """One gloo rank: the tiny policy sharded with the preset's bf16 gathers, then the hf engine's `generate` (autocast
+    off) and a no-grad log-prob pass inside `gathered_root`, as a step runs them."""
+    import os
+
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from tests.helpers.tiny import tiny_policy
+    from tokenrl.models.response_forward import response_logprobs
+    from tokenrl.models.sharding import gathered_root, mixed_precision, shard
+    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.hf import HFEngine
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    policy, tokenizer = tiny_policy()
+    strategy = SimpleNamespace(kwargs={"use_orig_params": True}, sharding_strategy=ShardingStrategy.FULL_SHARD,
+                               mixed_precision_config=mixed_precision("bf16"), cpu_offload=None,
+                               root_device=torch.device("cpu"))
+    root = shard(policy, strategy)
+    with gathered_root(root):
+        batch = HFEngine(root, tokenizer).generate([tokenizer("What is 2 + 3?")["input_ids"]],
+                                                   SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=0,
+                                                                  max_new_tokens=6), seed=0)
+        with torch.no_grad():
+            scored = response_logprobs(root, batch, 1.0, False, False)
+    torch.save({"sampled": batch.sampling_logprobs, "scored": scored.float(), "mask": batch.response_mask}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_gathers_serve_generate_and_the_no_grad_passes(tmp_path):
+    """The preset's bf16 all-gathers: FSDP casts only the root's inputs by default, and the passes inside
+    `gathered_root` enter the decoder layers from the root's fp32 embeddings (with autocast off for the engine):
+    "mat1 and mat2 must have the same dtype" on an H200 until every unit cast its own inputs."""
+    import torch.multiprocessing as mp
+
+    from tests.test_export import free_port
+
+    out = tmp_path / "bf16.pt"
+    mp.spawn(_bf16_generate_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    result = torch.load(out)
+    mask = result["mask"].bool()
+    assert mask.any() and torch.isfinite(result["scored"][mask]).all()
+    # the engine's log-probs are the bf16 layers' own, as the no-grad pass computes them
+    torch.testing.assert_close(result["sampled"][mask], result["scored"][mask], atol=0.05, rtol=0)
+
+
 def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path):
     """Lightning restores an FSDP checkpoint after on_fit_start, where the engine is built: the engine must follow
     (the collector refused the first step: "the engine missed a weight sync"). From a sharded checkpoint (the preset's:

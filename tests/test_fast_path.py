@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from tokenrl.step.fast_path import FastPath
+from tokenrl.step.fast_path import GPU_AUTO_OFF, FastPath, UpdatePath
 from tokenrl.train import build_components
 
 ICT = ["selector=ict", "selector_warmup_steps=0", "total_steps=1", "samples.every_n_steps=0",
@@ -30,6 +30,18 @@ def test_every_shortcut_is_on_by_default():
     assert FastPath.from_node({"pack": False, "shared_prefix": False}) == FastPath(False, True, False)
 
 
+def test_the_shared_prefix_auto_is_on_off_a_gpu_only_and_the_log_says_why():
+    """`auto` (the default in train.yaml): on the CPU the shared prefix is on; on a GPU off, where it measured 2×
+    slower in the update (docs/algorithms.md §12.1), with the reason in the run's update-path line. true forces it."""
+    on_cpu, on_gpu = FastPath.from_node({"shared_prefix": "auto"}), FastPath.from_node({"shared_prefix": "auto"}, True)
+    assert on_cpu.shared_prefix and not on_gpu.shared_prefix and on_cpu.shared_prefix_auto and on_gpu.shared_prefix_auto
+    assert FastPath.from_node({"shared_prefix": True}, on_gpu=True).shared_prefix
+    policy = torch.nn.Linear(1, 1)
+    assert UpdatePath.of(on_gpu, policy).prefix_blocker == GPU_AUTO_OFF
+    assert UpdatePath.of(on_cpu, policy).prefix_blocker is None
+    assert "fast_path.shared_prefix=auto on a GPU" in UpdatePath.of(on_gpu, policy).describe(None)
+
+
 def test_an_unknown_key_is_refused_by_its_name():
     with pytest.raises(ValueError, match=r"fast_path\.fused_stats is not a setting") as error:
         FastPath.from_node({"fused_stats": True})
@@ -45,7 +57,7 @@ def test_a_non_boolean_is_refused_by_its_name(key, value):
 
 def test_the_composed_node_is_checked_at_build_time(tiny_cfg):
     """The command line gives ints and strings as such: `fast_path.pack=1` fails before any model is loaded."""
-    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath()
+    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath(shared_prefix_auto=True)   # auto, on the CPU
     with pytest.raises(ValueError, match=r"fast_path\.pack=1 must be true or false"):
         build_components(tiny_cfg("fast_path.pack=1"))
 

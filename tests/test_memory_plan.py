@@ -53,6 +53,10 @@ def test_switches_change_what_they_should():
     padded = plan_memory(container("model=tiny", "rollout.max_new_tokens=10", "fast_path.shared_prefix=false"),
                          SHAPE, "cpu", None, prompt_tokens=20)
     assert padded.phases["update"]["activations"] > plan.phases["update"]["activations"]   # every row's prompt
+    on_gpu = {value: plan_memory(container("model=tiny", "rollout.max_new_tokens=10", f"fast_path.shared_prefix={value}"),
+                                 SHAPE, "cuda:0", None, prompt_tokens=20) for value in ("auto", "false", "true")}
+    assert on_gpu["auto"].phases["update"]["activations"] == on_gpu["false"].phases["update"]["activations"] \
+        > on_gpu["true"].phases["update"]["activations"]   # auto: off on a GPU
     deep = Shape(**{**vars(SHAPE), "layers": 24})
     kept, checkpointed = (plan_memory(container("model=tiny", "rollout.max_new_tokens=10", f"model.gradient_checkpointing={on}"),
                                       deep, "cpu", None, prompt_tokens=20) for on in ("false", "true"))

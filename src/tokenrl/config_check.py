@@ -78,7 +78,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "checkpoint.mode": (lambda v: v in ("min", "max"), "min or max"),
     "export.enabled": _BOOL,
     "export.dtype": (lambda v: v in (None, "bf16", "fp32", "fp16"), "bf16, fp32, fp16 or null (bf16 on GPU runs)"),
-    "fast_path.shared_prefix": _BOOL,
+    "fast_path.shared_prefix": (lambda v: isinstance(v, bool) or v == "auto", "true, false or auto (on off a GPU)"),
     "fast_path.fused_statistics": _BOOL,
     "fast_path.pack": _BOOL,
     "diagnostics.js": _BOOL,

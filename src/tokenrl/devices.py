@@ -22,6 +22,17 @@ VISIBLE = "CUDA_VISIBLE_DEVICES"
 GPU_ACCELERATORS = ("gpu", "cuda", "auto")
 
 
+def runs_on_gpu(cfg: DictConfig) -> bool:
+    """Whether the run's trainer computes on a GPU: `trainer.accelerator` gpu or cuda, or auto with CUDA present
+    (Lightning's choice for auto)."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return accelerator in ("gpu", "cuda")
+
+
 def device_indices(devices: Any) -> list[int] | None:
     """The GPU indices that `trainer.devices` names, Lightning's way (`device_parser._parse_gpu_ids`): a list, or a
     string with a comma ("3,"); None for a count (1, -1, "2", "auto")."""

@@ -136,7 +136,9 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
         generation = {"KV cache": rows * (prompt + response) * kv_per_token / GIB,
                       "logits": rows * shape.vocab * 4 / GIB}
 
-    shared = (cfg.get("fast_path") or {}).get("shared_prefix", True) and not model.get("gradient_checkpointing") \
+    shared_prefix = (cfg.get("fast_path") or {}).get("shared_prefix", "auto")
+    shared = (shared_prefix is True or (shared_prefix == "auto" and not device.startswith("cuda"))) \
+        and not model.get("gradient_checkpointing") \
         and "fsdp" not in str(cfg["trainer"].get("strategy", ""))
     groups = max(1, micro // int(algorithm["group_size"])) if shared else micro
     tokens = groups * prompt + micro * response

@@ -26,7 +26,7 @@ from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
-from tokenrl.devices import narrow_to_trainer_gpu
+from tokenrl.devices import narrow_to_trainer_gpu, runs_on_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.hf_export import export_run
 from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
@@ -108,7 +108,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
                         reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
                         validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
                         total_steps=cfg.total_steps, sample_writer=sample_writer,
-                        fast_path=FastPath.from_node(cfg.get("fast_path")), preemption=PreemptionWatch(),
+                        fast_path=FastPath.from_node(cfg.get("fast_path"), on_gpu=runs_on_gpu(cfg)),
+                        preemption=PreemptionWatch(),
                         fork_marker=ForkMarker(task.forks_of, tokenizer))
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]

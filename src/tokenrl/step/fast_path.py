@@ -1,5 +1,5 @@
-"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default and taken only where it is
-exact; `UpdatePath` says once per run which were taken and why not the others."""
+"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the shared prefix off a GPU
+only) and taken only where it is exact; `UpdatePath` says once per run which were taken and why not the others."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,26 +15,36 @@ from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
 from tokenrl.step.update import fused_blocker
 
 
+GPU_AUTO_OFF = ("fast_path.shared_prefix=auto on a GPU, where it measured slower: the update 4.2 s against 2.1 s on an "
+               "H200, docs/algorithms.md §12.1; true forces it")
+
+
 @dataclass(frozen=True)
 class FastPath:
     """shared_prefix: each group's prompt encoded once (models/response_forward.py); fused_statistics: π_old's
     statistics from the update's own forward (step/update.py); pack: micro-batches of similar lengths, each
-    forward cut to its own longest prompt and response (step/micro_batches.py)."""
+    forward cut to its own longest prompt and response (step/micro_batches.py). `shared_prefix_auto`: the shared
+    prefix was `auto` and resolved for the run's device (off on a GPU)."""
 
     shared_prefix: bool = True
     fused_statistics: bool = True
     pack: bool = True
+    shared_prefix_auto: bool = False
 
     @classmethod
-    def from_node(cls, node: Mapping[str, Any] | None) -> "FastPath":
-        """The record of the `fast_path` node (None: every shortcut on); ValueError names an unknown or non-boolean key."""
+    def from_node(cls, node: Mapping[str, Any] | None, on_gpu: bool = False) -> "FastPath":
+        """The record of the `fast_path` node (None: every shortcut on) for a run on a GPU or not (`shared_prefix:
+        auto` is on only off a GPU); ValueError names an unknown or invalid key."""
         node = dict(node or {})
-        names = [field.name for field in dataclasses.fields(cls)]
+        names = [field.name for field in dataclasses.fields(cls) if field.name != "shared_prefix_auto"]
         for key, value in node.items():
             if key not in names:
                 raise ValueError(f"fast_path.{key} is not a setting (settings: {names})")
-            if not isinstance(value, bool):
-                raise ValueError(f"fast_path.{key}={value!r} must be true or false")
+            if not isinstance(value, bool) and not (key == "shared_prefix" and value == "auto"):
+                raise ValueError(f"fast_path.{key}={value!r} must be true or false"
+                                 + (" or auto" if key == "shared_prefix" else ""))
+        if node.get("shared_prefix") == "auto":
+            node.update(shared_prefix=not on_gpu, shared_prefix_auto=True)
         return cls(**node)
 
 
@@ -52,7 +62,8 @@ class UpdatePath:
     def of(cls, fast_path: FastPath, policy: nn.Module) -> "UpdatePath":
         """The path `fast_path` asks for, as far as `policy` allows it (gradient checkpointing blocks the shared prefix
         with gradient: `shared_prefix_blocker`)."""
-        off = None if fast_path.shared_prefix else "fast_path.shared_prefix=false"
+        off = None if fast_path.shared_prefix else (GPU_AUTO_OFF if fast_path.shared_prefix_auto
+                                                     else "fast_path.shared_prefix=false")
         return cls(fast_path, off or shared_prefix_blocker(policy, with_grad=False),
                    off or shared_prefix_blocker(policy, with_grad=True))
 
