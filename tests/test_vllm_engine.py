@@ -227,7 +227,8 @@ def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     done = subprocess.run(
         [sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
          "trainer.precision=32-true", "rollout=vllm", "rollout.tensor_parallel_size=2", "model.init=random",
-         "model.architecture.num_attention_heads=8", "model.architecture.num_key_value_heads=2", "total_steps=2",
+         "model.architecture.num_attention_heads=8", "model.architecture.num_key_value_heads=2",
+         "model.architecture.num_hidden_layers=4", "total_steps=2",
          "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=8",
          "validation.every_n_steps=0", "samples.every_n_steps=0", "checkpoint.enabled=false", "logger=csv",
          "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"],
