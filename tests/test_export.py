@@ -36,6 +36,26 @@ def tiny_policy(lora: bool) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_serving_a_lora_policy_gives_peft_merged_weights_and_leaves_the_model_bit_for_bit(dtype):
+    """Each sync to the engine serves the merged weights; the frozen base must not move: merging then unmerging in
+    place rounds (W + ΔW − ΔW ≠ W, by a bf16 ulp per sync in a bf16 model), which would drift over a run."""
+    import copy
+
+    model = tiny_policy(True).to(dtype)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    for _ in range(2):   # a second sync serves the same
+        with served_weights(model) as weights:
+            served = [(name, tensor.clone()) for name, tensor in weights]
+        after = model.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[name], before[name]) for name in before)
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()   # PEFT's own merge: the same arithmetic
+    assert [name for name, _ in served] == list(expected)
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in served)
+    assert not torch.equal(expected["model.layers.0.self_attn.q_proj.weight"],
+                           before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
 def unsharded_export(lora: bool) -> list[tuple[str, torch.Tensor]]:
     model = tiny_policy(lora)
     with served_weights(model) as weights:

@@ -17,9 +17,12 @@ PEFT_PREFIX = "base_model.model."   # a PeftModel's keys = this + the base model
 @contextmanager
 def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tensor]]]:
     """(name, tensor) of the weights vLLM should serve, every state-dict entry once under the base model's name, for
-    the duration of the block, with PEFT adapters merged.
+    the duration of the block, with PEFT adapters merged. The model is left bit for bit as it was: an adapter is
+    merged into the base weights, they are copied out, and the base weights are restored from a copy taken before
+    (unmerging rounds: W + ΔW − ΔW ≠ W, and a frozen base that moved by that each sync would drift over a run).
 
-    Unsharded: the model's own tensors in state-dict order, no copies (adapters merged in place for the block).
+    Unsharded: the model's own tensors in state-dict order, no copies, except each LoRA layer's merged base weights
+    (a lazy stream: one layer merged at a time).
     FSDP (`model` an FSDP root, tokenrl.models.sharding): a lazy stream gathered one FSDP unit at a time — the root
     unit's tensors (embeddings, final norm, head), then each decoder layer's — so at most one unit is ever full on a
     rank. They are copies, because the gathered storage is freed when the next unit is gathered while a consumer may
@@ -27,41 +30,59 @@ def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tenso
     """
     if is_sharded(model):
         yield _gathered_unit_by_unit(model)
-        return
-    if not hasattr(model, "merge_adapter"):
+    elif hasattr(model, "merge_adapter"):   # a PEFT model
+        yield _merged_layer_by_layer(model)
+    else:
         yield [(k, v.detach()) for k, v in model.state_dict().items()]
-        return
-    model.merge_adapter()
+
+
+@contextmanager
+def _merged(tuners: list[nn.Module]) -> Iterator[None]:
+    """PEFT's adapters of `tuners` merged into their base layers for the block; afterwards the base layers' parameters
+    are what they were, bit for bit (restored from copies, after PEFT's unmerge resets its state)."""
+    bases = [dict(tuner.get_base_layer().named_parameters(recurse=False)) for tuner in tuners]
+    saved = [{name: param.detach().clone() for name, param in base.items()} for base in bases]
+    for tuner in tuners:
+        tuner.merge()
     try:
-        yield [(k.replace(".base_layer", ""), v.detach()) for k, v in model.get_base_model().state_dict().items()
-               if "lora_" not in k]
+        yield
     finally:
-        model.unmerge_adapter()
+        for tuner, base, before in zip(tuners, bases, saved):
+            tuner.unmerge()
+            for name, param in base.items():
+                param.data.copy_(before[name])
+
+
+def _merged_layer_by_layer(peft_model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The unsharded half of `served_weights` for a PEFT model: its base model's state dict in order, adapter weights
+    left out, each tuned layer's base parameters replaced by merged copies."""
+    base_model = peft_model.get_base_model()
+    tuners = {name: module for name, module in base_model.named_modules() if _is_tuner_layer(module)}
+    merged: dict[str, torch.Tensor] = {}
+    for key, value in base_model.state_dict().items():
+        if "lora_" in key:
+            continue
+        owner = key.rpartition(".base_layer.")[0]
+        if owner in tuners and key not in merged:
+            base = tuners[owner].get_base_layer()
+            with _merged([tuners[owner]]):
+                merged.update({f"{owner}.base_layer.{name}": param.detach().clone()
+                               for name, param in base.named_parameters(recurse=False)})
+        yield key.replace(".base_layer", ""), merged.pop(key, value.detach())
 
 
 def _gathered_unit_by_unit(root: FullyShardedDataParallel) -> Iterator[tuple[str, torch.Tensor]]:
     """The FSDP half of `served_weights`: unit by unit, each gathered alone (`summon_full_params(unit, recurse=False,
     writeback=False)`, as TRL's `_sync_fsdp1_params_to_vllm`); PEFT adapters of the unit merged into the gathered
-    weights and the base weights restored bit for bit before release: a unit that FSDP keeps whole (NO_SHARD, one
-    rank) gathers to the model's own storage, where `writeback=False` does not protect it. The root first: gathering
-    it initialises FSDP's root state."""
+    weights (`_merged`: a unit that FSDP keeps whole, NO_SHARD or one rank, gathers to the model's own storage, where
+    `writeback=False` does not protect it). The root first: gathering it initialises FSDP's root state."""
     peft = hasattr(root, "merge_adapter")
     units = [("", root)] + [(_plain_name(name) + ".", unit) for name, unit in root.named_modules()
                             if isinstance(unit, FullyShardedDataParallel) and unit is not root]
     for prefix, unit in units:
-        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False):
-            tuners = [module for module in _own_modules(unit.module) if _is_tuner_layer(module)]
-            bases = [tuner.get_base_layer().weight for tuner in tuners]
-            saved = [base.detach().clone() for base in bases]
-            for tuner in tuners:
-                tuner.merge()
-            try:
-                copies = [(prefix + _plain_name(name), tensor.detach().clone())
-                          for name, tensor in _own_state(unit.module)]
-            finally:
-                for tuner, base, before in zip(tuners, bases, saved):
-                    tuner.unmerge()
-                    base.data.copy_(before)   # exactly as before: W + ΔW − ΔW rounds, and an unsharded unit is W itself
+        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False), \
+                _merged([module for module in _own_modules(unit.module) if _is_tuner_layer(module)]):
+            copies = [(prefix + _plain_name(name), tensor.detach().clone()) for name, tensor in _own_state(unit.module)]
         for name, tensor in copies:
             served = _served_name(name, peft)
             if served is not None:
