@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,15 +156,20 @@ def test_every_selector_logs_every_diagnostic_each_step(tiny_cfg, tmp_path, sele
 
 @pytest.mark.slow
 def test_selector_sweep_multirun_logs_diagnostics(tmp_path):
-    """A real Hydra multirun over selectors (each job in a fresh process): each job's own folder, overrides and
-    diagnostics (every selector's diagnostics in one process: the test above)."""
+    """A real Hydra multirun over selectors: each job's own folder, overrides and diagnostics (every selector's
+    diagnostics in one process: the test above). With `launcher=local` (the fresh-process launcher, 2 jobs side by
+    side): each job in a fresh process, and each parallel slot sees its own one of the parent's CUDA_VISIBLE_DEVICES."""
     selectors = ["ict", "stapo"]
     done = subprocess.run(
         [sys.executable, "train.py", "-m", f"selector={','.join(selectors)}", "model=tiny", "logger=csv",
-         "total_steps=2", "rollout.max_new_tokens=10", "checkpoint.enabled=false", "diagnostics.js=true",
-         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+         "launcher=local", "total_steps=2", "rollout.max_new_tokens=10", "checkpoint.enabled=false",
+         "diagnostics.js=true", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "Launching 2 jobs, 2 at a time, each in a fresh process" in done.stdout + done.stderr
+    seen = {line.split("CUDA_VISIBLE_DEVICES=")[1].strip() for job in ("0", "1")
+            for line in (tmp_path / job / "train.log").read_text().splitlines() if "CUDA_VISIBLE_DEVICES=" in line}
+    assert seen == {"5", "7"}
     for job, selector in enumerate(selectors):
         logged = logged_diagnostics(tmp_path / str(job))
         assert len(logged) == 2, selector

@@ -1,10 +1,10 @@
 """The default sweep launcher runs every job in a fresh process: a 2-job vLLM sweep's per-job peak memory stays
 flat (in one process each torn-down vLLM engine keeps ≈ 0.9 GiB, so job 1's peak would be ≈ 0.9 GiB above job 0's), and
-the multirun folder layout is Hydra's."""
+the multirun folder layout is Hydra's. `launcher=local` (jobs side by side, each slot on its own GPUs) runs in
+tests/test_experiments.py's selector sweep."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -66,21 +66,3 @@ def test_slot_devices_give_each_parallel_slot_its_own_gpus():
     assert slot_devices(2, 1, []) == [{}, {}]   # a CPU machine: nothing set
     with pytest.raises(ValueError, match=r"n_jobs=3 × gpus_per_job=1 needs 3 GPUs and 2 are visible"):
         slot_devices(3, 1, ["0", "1"])
-
-
-@pytest.mark.slow
-def test_launcher_local_runs_each_slot_on_its_own_gpu(tmp_path):
-    """Two jobs side by side (launcher=local), each in a fresh process, see different CUDA_VISIBLE_DEVICES, each one of
-    the parent's."""
-    sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [sys.executable, "train.py", "-m", "debug=default", "launcher=local", "seed=0,1", "total_steps=1",
-         "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false",
-         f"hydra.sweep.dir={sweep}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Launching 2 jobs, 2 at a time, each in a fresh process" in done.stdout + done.stderr
-    assert all((sweep / job / "summary.json").is_file() for job in ("0", "1"))
-    seen = {line.split("CUDA_VISIBLE_DEVICES=")[1].strip() for job in ("0", "1")
-            for line in (sweep / job / "train.log").read_text().splitlines() if "CUDA_VISIBLE_DEVICES=" in line}
-    assert seen == {"5", "7"}
