@@ -64,8 +64,10 @@ def fit_one_step(tmp_path, *overrides: str):
                           "samples.every_n_steps=0", "trainer.enable_progress_bar=false", "total_steps=1",
                           "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=32",
                           *overrides], output_dir=tmp_path)
+
     class Devices(L.Callback):
         """Where the policy's weights were during the step (Lightning's teardown moves the module to the CPU after)."""
+
         def __init__(self) -> None:
             self.seen: list[torch.device] = []
 
