@@ -105,6 +105,8 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
                 prompt_tokens: int | None = None) -> MemoryPlan:
     """The plan of the composed train config `cfg` (a resolved container) for `shape` on `device`, with prompts of
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
+    from tokenrl.step.fast_path import FastPath   # the run's own rule for `fast_path.shared_prefix: auto`
+
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
     mixed = "16" in str(cfg["trainer"].get("precision", ""))   # bf16-mixed, 16-mixed: activations in 16 bits
@@ -136,8 +138,7 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
         generation = {"KV cache": rows * (prompt + response) * kv_per_token / GIB,
                       "logits": rows * shape.vocab * 4 / GIB}
 
-    shared_prefix = (cfg.get("fast_path") or {}).get("shared_prefix", "auto")
-    shared = (shared_prefix is True or (shared_prefix == "auto" and not device.startswith("cuda"))) \
+    shared = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).shared_prefix \
         and not model.get("gradient_checkpointing") \
         and "fsdp" not in str(cfg["trainer"].get("strategy", ""))
     groups = max(1, micro // int(algorithm["group_size"])) if shared else micro
