@@ -9,7 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, compose_config
-from tests.helpers.forked_cli import forked_runs
+from tests.helpers.forked_cli import forked_python
 
 GROUPS = ["selector", "model", "task", "rollout", "algorithm", "trainer", "logger", "debug"]
 
@@ -57,11 +57,11 @@ def test_unknown_choice_lists_valid_ones(group):
 
 
 @pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory) -> list[subprocess.CompletedProcess]:
-    """`python train.py --cfg job model=qwen1.5b selector=uniform` and `python train.py selector=nope`, forked from one
-    process that imported tokenrl once (tests/helpers/forked_cli.py)."""
-    return forked_runs("train", [["--cfg", "job", "model=qwen1.5b", "selector=uniform"], ["selector=nope"]],
-                       tmp_path_factory.mktemp("cli"))
+def cli_runs() -> list[subprocess.CompletedProcess]:
+    """`python train.py --cfg job model=qwen1.5b selector=uniform` and `python train.py selector=nope`, each forked
+    from the worker's process that imported tokenrl once (tests/helpers/forked_cli.py)."""
+    return [forked_python(["train.py", *argv]) for argv in (["--cfg", "job", "model=qwen1.5b", "selector=uniform"],
+                                                  ["selector=nope"])]
 
 
 @pytest.mark.slow

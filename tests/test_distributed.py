@@ -13,13 +13,13 @@ import torch
 
 from tests.conftest import ROOT, compose_config
 from tests.helpers.ddp_selection import full_batch, select
+from tests.helpers.forked_cli import forked_python
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
 
 def test_global_scope_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
-    done = subprocess.run([sys.executable, "tests/helpers/ddp_selection.py", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = forked_python(["tests/helpers/ddp_selection.py", str(tmp_path)], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     B = full_batch()[1].shape[0]
@@ -40,13 +40,12 @@ def test_ddp_preset_trains_on_two_cpu_processes_with_dynamic_sampling(tmp_path):
     """Two ranks train with dynamic sampling and ICT's global scope, and run the same number of generation rounds (or
     the run hangs). Without dynamic sampling the doctor's DDP check trains the preset the same way (two steps over two
     CPU processes, test_doctor.py), and a DDP multirun job does (test_fresh_process_launcher.py)."""
-    done = subprocess.run([sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu",
-                           "trainer.devices=2", "trainer.precision=32-true", "model=tiny", "selector=ict",
-                           "selector.scope=global", "selector.warmup_steps=0", "total_steps=2", "logger=csv",
-                           "checkpoint.enabled=false", "trainer.enable_progress_bar=false",
-                           f"hydra.run.dir={tmp_path}", "algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",
-                           "task.verifier=tests.helpers.rewards:odd_answers_unsolvable"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = forked_python(["train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                          "trainer.precision=32-true", "model=tiny", "selector=ict", "selector.scope=global",
+                          "selector.warmup_steps=0", "total_steps=2", "logger=csv", "checkpoint.enabled=false",
+                          "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}",
+                          "algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",
+                          "task.verifier=tests.helpers.rewards:odd_answers_unsolvable"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
     assert '"train/filled_groups": 0.0' in (tmp_path / "train.log").read_text()
@@ -73,8 +72,7 @@ def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkp
 
 
 def _fsdp_fit(out, ckpt="-", *overrides):
-    done = subprocess.run([sys.executable, "tests/helpers/fsdp_fit.py", str(out), str(ckpt), *overrides], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = forked_python(["tests/helpers/fsdp_fit.py", str(out), str(ckpt), *overrides])
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out / "result.pt", weights_only=True)
 
@@ -163,8 +161,7 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
 
 
 def _one_step(out, world, strategy="ddp", *overrides):
-    done = subprocess.run([sys.executable, "tests/helpers/ddp_step.py", str(out), str(world), strategy, *overrides],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = forked_python(["tests/helpers/ddp_step.py", str(out), str(world), strategy, *overrides])
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(out / "result.pt")
 

