@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -39,6 +41,24 @@ def compose_config(overrides: list[str] | None = None, output_dir: Path | None =
 
 
 _COMPOSED: dict[tuple[str, ...], DictConfig] = {}
+
+
+def once_per_run(tmp_path_factory, worker_id: str, name: str, compute: Callable[[Path], Any]) -> Any:
+    """`compute(folder)`, computed once per test run however the xdist workers split the tests that need it (a
+    module's tests can run on both): the first worker to ask computes it in the run's shared folder behind a file lock
+    and saves it; the others wait for the lock and read it back."""
+    import torch
+
+    if worker_id == "master":   # no xdist: this session's own folder
+        return compute(tmp_path_factory.mktemp(name))
+    folder = tmp_path_factory.getbasetemp().parent / name   # the run's folder, shared by its workers
+    saved = folder / "once_per_run.pt"
+    with open(f"{folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.is_file():
+            folder.mkdir(exist_ok=True)
+            torch.save(compute(folder), saved)
+        return torch.load(saved, weights_only=False)
 
 
 TINY = ["model=tiny", "logger=none", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=12",

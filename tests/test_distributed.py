@@ -3,7 +3,6 @@ on the concatenated batch; a whole step under DDP equals one process and all-red
 step under FSDP, with gradient clipping, equals one process; the ddp trainer preset starts and trains a step."""
 from __future__ import annotations
 
-import fcntl
 import signal
 import subprocess
 import sys
@@ -12,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, compose_config
+from tests.conftest import ROOT, compose_config, once_per_run
 from tests.helpers.ddp_selection import full_batch, select
-from tests.helpers.forked_cli import forked_python
+from tests.helpers.forked_cli import forked_python, forked_spawn
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
@@ -125,12 +124,10 @@ def test_fsdp_bf16_gathers_serve_generate_and_the_no_grad_passes(tmp_path):
     """The preset's bf16 all-gathers: FSDP casts only the root's inputs by default, and the passes inside
     `gathered_root` enter the decoder layers from the root's fp32 embeddings (with autocast off for the engine):
     "mat1 and mat2 must have the same dtype" on an H200 until every unit cast its own inputs."""
-    import torch.multiprocessing as mp
-
     from tests.test_export import free_port
 
     out = tmp_path / "bf16.pt"
-    mp.spawn(_bf16_generate_worker, args=(free_port(), str(out)), nprocs=1, join=True)
+    forked_spawn(_bf16_generate_worker, (free_port(), str(out)), nprocs=1)
     result = torch.load(out)
     mask = result["mask"].bool()
     assert mask.any() and torch.isfinite(result["scored"][mask]).all()
@@ -177,12 +174,7 @@ CLIP = "algorithm.grad_clip=1.0"
 def one_process(tmp_path_factory, worker_id):
     """The step on one process (`CLIP`: its first gradient norm is above 1.0), the reference of the DDP and the FSDP
     step: computed once per test run, by whichever xdist worker asks first (the others wait on the lock)."""
-    if worker_id == "master":   # no xdist: this session's own folder
-        return _one_step(tmp_path_factory.mktemp("one_process"), 1, "ddp", CLIP)
-    out = tmp_path_factory.getbasetemp().parent / "one_process"   # the run's folder, shared by its workers
-    with open(f"{out}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return torch.load(out / "result.pt") if (out / "result.pt").is_file() else _one_step(out, 1, "ddp", CLIP)
+    return once_per_run(tmp_path_factory, worker_id, "one_process", lambda out: _one_step(out, 1, "ddp", CLIP))
 
 
 def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp_path, one_process):

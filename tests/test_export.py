@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
 from tests.conftest import compose_config
+from tests.helpers.forked_cli import forked_spawn
 from tokenrl.models import build_model
 from tokenrl.models.export import served_weights
 from tokenrl.models.sharding import shard
@@ -116,7 +116,7 @@ def free_port() -> int:
 
 def export_on_ranks(tmp_path, world: int, device_type: str, lora: bool) -> dict:
     out = tmp_path / f"export_{device_type}_{world}_{lora}.pt"
-    mp.spawn(export_worker, args=(world, free_port(), device_type, lora, str(out)), nprocs=world, join=True)
+    forked_spawn(export_worker, (world, free_port(), device_type, lora, str(out)), nprocs=world)
     return torch.load(out)
 
 

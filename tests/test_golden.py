@@ -46,7 +46,7 @@ import torch
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from tests.conftest import TINY, compose_config
+from tests.conftest import TINY, compose_config, once_per_run
 from tests.helpers.varied import ACTS, METHODS, DisagreeingEngine, fit_recording
 
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "methods.json"
@@ -99,12 +99,12 @@ def trajectory(method: str, regime: str, out: Path) -> list[dict[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def runs(one_thread, tmp_path_factory):
-    """Every method in both regimes, one after another in this process; with TOKENRL_REGOLD=1 written to the
-    fixture."""
-    out = tmp_path_factory.mktemp("golden")
-    runs = {method: {regime: trajectory(method, regime, out / f"{method}_{regime}") for regime in REGIMES}
-            for method in METHODS}
+def runs(one_thread, tmp_path_factory, worker_id):
+    """Every method in every regime, one after another in one process, once per test run; with TOKENRL_REGOLD=1
+    written to the fixture."""
+    runs = once_per_run(tmp_path_factory, worker_id, "golden", lambda out: {
+        method: {regime: trajectory(method, regime, out / f"{method}_{regime}") for regime in REGIMES}
+        for method in METHODS})
     if REGOLD:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         setting = {"overrides": SETTING, "regimes": REGIMES, "acts": ACTS, "torch": torch.__version__,

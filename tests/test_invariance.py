@@ -45,8 +45,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -55,7 +53,8 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from tests.conftest import ROOT, TINY, compose_config
+from tests.conftest import TINY, compose_config, once_per_run
+from tests.helpers.forked_cli import forked_python
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.test_update import CaptureUpdate
 from tokenrl.records.selection import Selection
@@ -231,21 +230,19 @@ def test_one_or_several_micro_batches_give_the_same_update(step, method, regime)
 PER_RANK = ("clip_cov", "kl_cov", "stapo")
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
+@pytest.fixture(scope="session")
+def ranks(tmp_path_factory, worker_id) -> Path:
     """Every method's step under two DDP ranks and on one process, `PER_RANK` methods also choosing per rank's rows
-    (tests/helpers/ddp_methods.py; both launches run at once): the folder of their records."""
-    out = tmp_path_factory.mktemp("ranks")
-    helper = [sys.executable, "tests/helpers/ddp_methods.py"]
-    launches = [subprocess.Popen(helper + [str(out / "one"), "1", "--per-rank", "2", ",".join(PER_RANK), *METHODS],
-                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
-                subprocess.Popen(helper + [str(out / "two"), "2", *METHODS], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)]
-    for launch in launches:
-        _, err = launch.communicate(timeout=900)
-        assert launch.returncode == 0, err[-3000:]
+    (tests/helpers/ddp_methods.py, forked: tests/helpers/forked_cli.py), once per test run: the folder of their
+    records."""
+    def launch(out: Path) -> Path:
+        one_process = [str(out / "one"), "1", "--per-rank", "2", ",".join(PER_RANK), *METHODS]
+        for argv in (one_process, [str(out / "two"), "2", *METHODS]):
+            done = forked_python(["tests/helpers/ddp_methods.py", *argv], timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+        return out
 
-    return out
+    return once_per_run(tmp_path_factory, worker_id, "ranks", launch)
 
 
 def load(folder: Path) -> list[dict]:

@@ -85,6 +85,21 @@ def forked_python(argv: list[str], *, env: dict[str, str] | None = None, cwd: Pa
         return subprocess.CompletedProcess(list(argv), status, out.read_text(), err.read_text())
 
 
+SPAWN = """import importlib, json, sys
+import torch.multiprocessing as mp
+module, name, args, nprocs = json.loads(sys.argv[1])
+mp.start_processes(getattr(importlib.import_module(module), name), args=tuple(args), nprocs=nprocs, start_method="fork")
+"""
+
+
+def forked_spawn(function, args: tuple, nprocs: int) -> None:
+    """`torch.multiprocessing.spawn(function, args, nprocs)` with the processes forked, not started fresh: a child of
+    the server (which has run no torch op and touched no GPU: fork is safe there) starts them. `function` is a module
+    attribute, imported there by name; `args` go through JSON."""
+    done = forked_python(["-c", SPAWN, json.dumps([function.__module__, function.__name__, list(args), nprocs])])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def _run_child(request: dict) -> None:
     """In the forked child: the request's command, as `python` would run it; never returns."""
     status = 1
