@@ -3,10 +3,27 @@ writes its report, and exits non-zero when a check fails."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from tests.helpers.forked_cli import forked_python
 from tokenrl.doctor import checks, environment, main
+
+
+@pytest.fixture(autouse=True)
+def forked_checks(monkeypatch):
+    """Each check's `python train.py ...` forked from the worker's server (tests/helpers/forked_cli.py): what the
+    doctor makes of a run is tested here, a fresh start-up elsewhere. DDP's rank 1 still starts fresh."""
+    fresh = subprocess.run
+
+    def run(command, **kwargs):
+        if command[0] != sys.executable:
+            return fresh(command, **kwargs)
+        return forked_python(command[1:], cwd=kwargs["cwd"], timeout=kwargs["timeout"], env=kwargs.get("env"))
+
+    monkeypatch.setattr(subprocess, "run", run)
 
 
 def doctor(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:

@@ -65,7 +65,7 @@ _server: _Server | None = None
 
 
 def forked_python(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = ROOT,
-        timeout: float = 600) -> subprocess.CompletedProcess:
+                  timeout: float = 600) -> subprocess.CompletedProcess:
     """`python *argv` forked from this worker's server (started on first use): what `subprocess.run(...,
     capture_output=True, text=True, timeout=timeout)` returns, and its `TimeoutExpired` (the child killed) past it."""
     global _server
@@ -133,10 +133,11 @@ def _run_child(request: dict) -> None:
         import traceback
 
         traceback.print_exc()
-    finally:   # what the interpreter's exit does: the exit handlers, then the flushed streams
+    finally:   # what the interpreter's exit does: the exit handlers, then the streams flushed (unless closed)
         atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if not stream.closed:
+                stream.flush()
         os._exit(status)
 
 
