@@ -106,8 +106,9 @@ LONGEST_FIRST = ("test_fresh_process_launcher.py", "test_bench_gpu_step.py", "te
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Modules with slow tests run first, those of `LONGEST_FIRST` in its order, each module's tests together and in
-    their order (module fixtures are built once): xdist's workers take tests from the front of their queues and steal
-    from the back, so a run ends on quick tests, not with one worker finishing a long test alone (~80 s here)."""
+    their order (a module fixture is built once per worker): xdist's workers take tests from the front of their queues
+    and steal from the back, so a run ends on quick tests, not with one worker finishing a long test alone (~80 s
+    here)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
 
     def rank(item) -> int:
