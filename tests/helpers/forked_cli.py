@@ -42,7 +42,8 @@ class _Server:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0)
         os.close(log)
         self.pending = b""
-        atexit.register(self.process.stdin.close)   # end of input: the server exits
+        atexit.register(os.unlink, self.log)
+        atexit.register(self.process.stdin.close)   # first at exit: end of input, the server exits
 
     def request(self, request: dict) -> None:
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
