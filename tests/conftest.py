@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, open_dict
 
-from tokenrl.allocator import TCMALLOC
+from tokenrl.allocator import with_tcmalloc
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
@@ -89,9 +89,9 @@ def pytest_configure(config) -> None:
     workers start after this hook and inherit it): tests run on the allocator users' runs run on (~10% faster here),
     and a CLI run forked from an imported process (tests/helpers/forked_cli.py) does not re-execute into a fresh
     start-up. Under xdist each worker takes its share of the cores for its own tensors (not every core each)."""
-    preload = os.environ.get("LD_PRELOAD", "")
-    if os.path.exists(TCMALLOC) and "tcmalloc" not in preload:
-        os.environ["LD_PRELOAD"] = f"{TCMALLOC} {preload}".strip()
+    preloaded = with_tcmalloc(os.environ)
+    if preloaded is not None:
+        os.environ["LD_PRELOAD"] = preloaded["LD_PRELOAD"]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch
