@@ -131,7 +131,8 @@ def test_bad_overlong_buffer_fails_at_start_up(tiny_cfg):
 
 @pytest.mark.parametrize("stats_policy", ["current", "old"])
 def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats_policy):
-    """Two mini-batches: the second is ranked by π_θ after the first update (`current`) or by π_old (`old`)."""
+    """Two mini-batches: the second is ranked by π_θ after the first update (`current`); with `old`, π_old's
+    statistics rank the whole step once, before the first update."""
     import copy
 
     from tokenrl.algorithms.token_stats import compute_token_stats
@@ -150,7 +151,9 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
     recorder = Recorder()
     module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=stapo", f"selector.stats_policy={stats_policy}",
                              "algorithm.mini_batches=2", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
-    assert len(calls) == 2
+    assert len(calls) == (2 if stats_policy == "current" else 1)
+    if stats_policy == "old":
+        assert calls[0][1].tolist() == list(range(recorder.first.response_ids.shape[0]))   # every row of the step
     policy = copy.deepcopy(module.policy)
 
     def stats_under(weights, rows):
@@ -162,8 +165,9 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
         expected = stats_under(weights if stats_policy == "current" else old_weights, rows)
         assert torch.allclose(seen.entropy, expected.entropy, atol=1e-5)
         assert torch.allclose(seen.logprobs, expected.logprobs, atol=1e-5)
-    moved = stats_under(calls[1][0], calls[1][1]).entropy - stats_under(old_weights, calls[1][1]).entropy
-    assert moved.abs().max() > 1e-4                      # the first update really changed the second batch's entropy
+    if stats_policy == "current":
+        moved = stats_under(calls[1][0], calls[1][1]).entropy - stats_under(old_weights, calls[1][1]).entropy
+        assert moved.abs().max() > 1e-4                  # the first update really changed the second batch's entropy
 
 
 def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
@@ -202,7 +206,8 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
     assert not torch.allclose(js, expected["all"], atol=1e-3)
 
 
-def test_current_policy_statistics_cannot_rank_by_js():
+def test_current_policy_statistics_cannot_rank_within_groups():
+    from tokenrl.selectors import GTPOSelector
     from tokenrl.selectors.base import TokenSelector
 
     class RanksByJS(TokenSelector):
@@ -211,8 +216,10 @@ def test_current_policy_statistics_cannot_rank_by_js():
         def mask(self, batch):
             return batch.response_mask
 
-    with pytest.raises(ValueError, match="stats_policy=current cannot rank by JS"):
+    with pytest.raises(ValueError, match="stats_policy=current cannot be used with RanksByJS: it compares each row"):
         RanksByJS(stats_policy="current")
+    with pytest.raises(ValueError, match="stats_policy=current cannot be used with gtpo"):   # entropy shares of groups
+        GTPOSelector(stats_policy="current")
     with pytest.raises(ValueError, match=r"selector.stats_policy='newest' is not one of \('old', 'current'\)"):
         RanksByJS(stats_policy="newest")
 

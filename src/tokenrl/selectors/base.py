@@ -5,7 +5,8 @@ Every strategy of docs/algorithms.md is (how the weights are computed) + (which 
 how the loss reads each field. A mask selector implements `mask`; one that shapes more overrides `select`. A subclass
 names itself with `name = "..."`; its YAML (configs/selector/<name>.yaml) points `_target_` at it, and Hydra's
 config group is the list of selectors.
-Selectors run once per optimizer step on that step's mini-batch (docs/algorithms.md §7.12).
+A selector on π_old's statistics (`stats_policy=old`) runs once per rollout step over the whole batch; one on the
+current policy's, once per optimizer step on that step's mini-batch (docs/algorithms.md §7.12).
 """
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ class TokenSelector(ABC):
             raise ValueError(f"selector.normalizer={normalizer!r} is not one of {NORMALIZERS}")
         if stats_policy not in STATS_POLICIES:
             raise ValueError(f"selector.stats_policy={stats_policy!r} is not one of {STATS_POLICIES}")
-        if stats_policy == "current" and "js" in self.requires:
-            raise ValueError("selector.stats_policy=current cannot rank by JS: JS compares whole groups, which a "
-                             "mini-batch may split; use stats_policy=old")
+        if stats_policy == "current" and self.reads_groups:
+            raise ValueError(f"selector.stats_policy=current cannot be used with {getattr(self, 'name', type(self).__name__)}: it compares each row with "
+                             "its whole group, which a mini-batch may split; use stats_policy=old (selected once per "
+                             "rollout step over whole groups)")
         self.normalizer, self.stats_policy = normalizer, stats_policy
 
     @property

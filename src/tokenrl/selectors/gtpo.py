@@ -10,8 +10,8 @@ at t (d_t of them in O+, h_t in O−), with H the entropy of π_old:
 group's tokens: `joint` (default) over both sets together, so every token of a good answer ranks above every token of
 a bad one (and, unless one set's tokens far outnumber the other's, good answers' tokens are positive and bad answers'
 negative); `separate` over each set on its own (the paper's Eq. 6 as reconstructed, which gives about half of a good
-answer's tokens a negative advantage). The group's rows must be in one mini-batch (`algorithm.mini_batches=1`, the
-default; with more, the shares are over the group's rows in each mini-batch).
+answer's tokens a negative advantage). Computed once per rollout step over whole groups from π_old's entropy
+(`stats_policy=old`, step/update.py), whatever the number of mini-batches.
 """
 from __future__ import annotations
 

@@ -137,13 +137,19 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
     shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []   # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
     on_policy = cfg.ppo_epochs * cfg.mini_batches == 1
+    # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
+    # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
+    whole = (selector.select(batch.selection_view(torch.arange(batch.size), backend.gather, backend.rank))
+             if selector.stats_policy == "old" else None)
     steps = 0
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.mini_batches):
             minibatch = minibatch.sort().values
-            current = (backend.current_stats(rollouts.rows(minibatch))   # π_θ has moved since the first step
-                       if selector.stats_policy == "current" and steps > 0 else None)
-            selection = selector.select(batch.selection_view(minibatch, backend.gather, backend.rank, current))
+            if whole is not None:
+                selection = whole.rows(minibatch)
+            else:   # stats_policy=current: ranked on this mini-batch by π_θ (π_old for the first; it has moved since)
+                current = backend.current_stats(rollouts.rows(minibatch)) if steps > 0 else None
+                selection = selector.select(batch.selection_view(minibatch, backend.gather, backend.rank, current))
             if epoch == 0:
                 record_selection(first_epoch_weights, shaping, minibatch, selection)
             normalizer = backend.reduce_normalizer(local_normalizer(cfg, rollouts.response_mask[minibatch], selection))
