@@ -42,7 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TASK_DIR = ROOT / "scripts" / "harness_tasks"
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
-TASKS = {"gsm8k": "tokenrl_gsm8k.yaml", "math500": "tokenrl_math500.yaml"}
+TASKS = {"gsm8k": "tokenrl_gsm8k.yaml", "math500": "tokenrl_math500.yaml", "arithmetic": "tokenrl_arithmetic.yaml"}
+VIEWS = {"gsm8k": ["strict", "flexible"], "math500": ["math"], "arithmetic": ["last_number", "flexible"]}
+ARITHMETIC_CONFIG = ROOT / "configs" / "task" / "arithmetic.yaml"     # tokenrl's offline default task
 GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]       # lm-eval gsm8k exact_match's regexes_to_ignore
 
 
@@ -105,7 +107,7 @@ def same_answer(a: str | None, b: str | None, numeric: bool) -> bool:
 
 
 # ---------------------------------------------------------------- the two sides
-def tokenrl_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new_tokens: int | None,
+def tokenrl_side(task: str, model_dir: Path, data_dir: Path | None, limit: int, max_new_tokens: int | None,
                  work: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
@@ -122,25 +124,48 @@ def tokenrl_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new
     model = build_model(model_cfg).eval()
     engine = build_engine({"engine": "hf"}, model, tokenizer)
     formatter = PromptFormatter(tokenizer, model_cfg.get("chat_template", "auto"))
-    bench = benchmark(task)
-    problems = bench.load(data_dir)[:limit]
+    if task == "arithmetic":
+        source = arithmetic_task()
+        problems = source.problems("test")[:limit]
+        instruction, budget = source.instruction, source.max_new_tokens
+    else:
+        bench = benchmark(task)
+        problems = bench.load(data_dir)[:limit]
+        instruction, budget = bench.instruction, bench.max_new_tokens
     settings = EvalSettings(n_samples=1, ks=(1,), temperature=1.0, top_p=1.0, top_k=1,   # top_k=1: greedy
-                            max_new_tokens=int(max_new_tokens or bench.max_new_tokens), batch_prompts=1, seed=0)
+                            max_new_tokens=int(max_new_tokens or budget), batch_prompts=1, seed=0)
     scorer = SafeScorer(5.0)
     samples = work / f"{task}.tokenrl.samples.jsonl"
     try:
-        result = evaluate(task, problems, bench.instruction, engine, formatter, scorer, settings,
+        result = evaluate(task, problems, instruction, engine, formatter, scorer, settings,
                           samples_path=samples, progress=False)
         rows = [json.loads(line) for line in samples.read_text().splitlines()]
         flexible = (scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows])
                     if task == "gsm8k" else None)
     finally:
         scorer.close()
-    prompts = [formatter.text(with_instruction(p.question, bench.instruction)) for p in problems]
-    prompt_ids = [formatter.token_ids(with_instruction(p.question, bench.instruction)) for p in problems]
+    prompts = [formatter.text(with_instruction(p.question, instruction)) for p in problems]
+    prompt_ids = [formatter.token_ids(with_instruction(p.question, instruction)) for p in problems]
     return {"result": result, "rows": rows, "flexible": flexible, "prompts": prompts, "prompt_ids": prompt_ids,
             "problems": problems, "tokenizer": tokenizer, "max_new_tokens": settings.max_new_tokens,
-            "instruction": bench.instruction}
+            "instruction": instruction}
+
+
+def arithmetic_task() -> Any:
+    """tokenrl's offline default task, built from configs/task/arithmetic.yaml as `python train.py` builds it."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.load(ARITHMETIC_CONFIG), _convert_="all")
+
+
+def write_arithmetic_docs(problems: list[Any], folder: Path) -> Path:
+    """The task's problems as a JSONL for the harness's `json` loader: `folder`/arithmetic/test.jsonl, one
+    {"id", "question", "answer"} per line (generated problems, not benchmark data). Returns `folder`."""
+    (folder / "arithmetic").mkdir(parents=True, exist_ok=True)
+    (folder / "arithmetic" / "test.jsonl").write_text(
+        "".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n" for p in problems))
+    return folder
 
 
 def harness_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new_tokens: int) -> dict[str, Any]:
@@ -170,7 +195,7 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
     by_doc: dict[int, dict[str, dict]] = {}
     for sample in theirs["samples"]:
         by_doc.setdefault(int(sample["doc_id"]), {})[sample.get("filter", "none")] = sample
-    views = (["strict", "flexible"] if task == "gsm8k" else ["math"])
+    views = VIEWS[task]
     per_sample, counts = [], {"prompt_identical": 0, "response_identical": 0}
     for view in views:
         counts.update({f"{view}/answer_agree": 0, f"{view}/score_agree": 0,
@@ -202,11 +227,22 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
                 h = docs["strict-match"]
                 h_answer, h_score = harness_gsm8k_normal(h["filtered_resps"][0]), float(h["exact_match"])
                 t_score = float(row["score"])
-            elif view == "flexible":
+            elif view == "flexible" and task == "gsm8k":
                 extract, verify, numeric = tokenrl_flexible_answer, gsm8k_flexible, True
                 h = docs["flexible-extract"]
                 h_answer, h_score = harness_gsm8k_normal(h["filtered_resps"][0]), float(h["exact_match"])
                 t_score = float(mine["flexible"][index])
+            elif task == "arithmetic":        # tokenrl's reward is gsm8k_flexible; two harness scorers of the text
+                from scripts.harness_tasks import arithmetic_utils
+
+                extract, verify, numeric = tokenrl_flexible_answer, gsm8k_flexible, True
+                h = docs["none"]
+                if view == "last_number":     # tokenrl's check, reimplemented in the harness task
+                    h_answer, h_score = arithmetic_utils.last_number(theirs_response), float(h["exact_match"])
+                else:                         # the harness's stock gsm8k flexible-extract + exact_match
+                    h_answer = harness_gsm8k_normal(arithmetic_utils.flexible_pick(theirs_response))
+                    h_score = float(h["flexible_extract"])
+                t_score = float(row["score"])
             else:
                 from scripts.harness_tasks.utils import boxed_answer
 
@@ -234,6 +270,9 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
                            "tokenrl_score": t_score, "harness_score": h_score,
                            "tokenrl_verifier_on_harness_response": t_on_theirs,
                            "answer_agree": answer_agree, "score_agree": score_agree}
+        if task == "arithmetic":      # generated problems (not benchmark data) and short responses: kept whole
+            entry.update(question=mine["problems"][index].question, tokenrl_response=row["response"],
+                         harness_response=theirs_response)
         per_sample.append(entry)
     agreement = {key: value / max(n, 1) for key, value in counts.items()}
     disagreements = [e for e in per_sample if not e["response_identical"] or not e["prompt_identical"]
@@ -250,8 +289,11 @@ def shorten(entry: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- reference solutions through both scorers
 def wrong_final_answer(solution: str, task: str) -> str:
-    """The reference solution with its final answer changed: GSM8K's `#### N` -> `#### N+1`, MATH's last box
-    \\boxed{X} -> \\boxed{X+1} (both scorers must say 0)."""
+    """The reference solution with its final answer changed: GSM8K's `#### N` -> `#### N+1`, arithmetic's
+    `a + b = N` -> `a + b = N+1`, MATH's last box \\boxed{X} -> \\boxed{X+1} (both scorers must say 0)."""
+    if task == "arithmetic":
+        head, _, tail = solution.rpartition("= ")
+        return f"{head}= {int(tail) + 1}"
     if task == "gsm8k":
         head, _, tail = solution.rpartition("#### ")
         value = number_value(tail.strip())
@@ -283,6 +325,11 @@ def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, f
             out[view] = float(exact_match_hf_evaluate(predictions=[picked], references=[doc["answer"]],
                                                       **metric)["exact_match"])
         return out
+    if task == "arithmetic":
+        from scripts.harness_tasks.arithmetic_utils import process_results as arithmetic_results
+
+        scores = arithmetic_results(doc, [solution])
+        return {"last_number": float(scores["exact_match"]), "flexible": float(scores["flexible_extract"])}
     from scripts.harness_tasks.utils import process_results
 
     return {"math": float(process_results(doc, [solution])["exact_match"])}
@@ -296,19 +343,25 @@ def harness_config(task: str) -> dict[str, Any]:
     return load_yaml(TASK_DIR / TASKS[task])
 
 
-def reference_check(task: str, data_dir: Path, limit: int | None = None) -> dict[str, Any]:
+def reference_check(task: str, data_dir: Path | None, limit: int | None = None) -> dict[str, Any]:
     """Every problem's (or the first `limit` problems') reference solution, and the same with a wrong final answer,
     through tokenrl's verifiers (in the time-limited SafeScorer, as evaluation runs them) and the harness's scorers."""
     from tokenrl.data.benchmarks import benchmark
     from tokenrl.rewards.scorer import SafeScorer
 
-    bench = benchmark(task)
-    problems = bench.load(data_dir)
-    docs = [json.loads(line) for line in (data_dir / task / "test.jsonl").read_text().splitlines() if line.strip()]
+    if task == "arithmetic":      # the reference "solution" is the worked sum `a + b = N`
+        problems = arithmetic_task().problems("test")
+        docs = [{"id": p.id, "question": p.question, "answer": p.answer,
+                 "solution": f"{p.question.removeprefix('What is ').removesuffix('?')} = {p.answer}"} for p in problems]
+    else:
+        bench = benchmark(task)
+        problems = bench.load(data_dir)
+        docs = [json.loads(line) for line in (data_dir / task / "test.jsonl").read_text().splitlines() if line.strip()]
     assert len(docs) == len(problems), f"{task}: {len(docs)} rows vs {len(problems)} problems"
     problems, docs = problems[:limit], docs[:limit]
     solution_key = "answer" if task == "gsm8k" else "solution"
-    views = {"strict": "gsm8k_strict", "flexible": "gsm8k_flexible"} if task == "gsm8k" else {"math": None}
+    views = ({"strict": "gsm8k_strict", "flexible": "gsm8k_flexible"} if task == "gsm8k" else
+             {"last_number": None, "flexible": None} if task == "arithmetic" else {"math": None})
     counts: dict[str, int] = {}
     disagreements = []
     scorer = SafeScorer(5.0)
@@ -356,7 +409,7 @@ def table(report: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for task, r in report["tasks"].items():
         a, c, n = r["agreement"], r["counts"], r["n"]
-        for view in (["strict", "flexible"] if task == "gsm8k" else ["math"]):
+        for view in VIEWS[task]:
             lines.append(f"| {task} | {view} | {n} | {c['prompt_identical']}/{n} | {c['response_identical']}/{n} | "
                          f"{c[f'{view}/answer_agree']}/{n} | {c[f'{view}/score_agree']}/{n} | "
                          f"{c[f'{view}/scorer_agree_on_harness_response']}/{n} | "
@@ -368,8 +421,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=50, help="first N problems of each task")
     parser.add_argument("--limit-math", type=int, default=None, help="MATH-500 problems (default: --limit)")
-    parser.add_argument("--tasks", default="gsm8k,math500")
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a local HF model folder")
+    parser.add_argument("--tasks", "--task", default="gsm8k,math500",
+                        help="comma-separated: gsm8k, math500, arithmetic (tokenrl's offline default task: its "
+                             "held-out test problems, generated; no data files; give it a trained policy with --model)")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a local HF model folder (e.g. a run's "
+                        "logs/train/runs/<time>/model/)")
     parser.add_argument("--data-dir", default=os.environ.get("TOKENRL_DATA_DIR"))
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: tokenrl's per benchmark (1024)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -379,7 +435,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--references-limit", type=int, default=None,
                         help="reference solutions of the first N problems (default: the whole file)")
     args = parser.parse_args(argv)
-    if not args.data_dir:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown:
+        parser.error(f"--tasks: unknown {unknown}; known: {sorted(TASKS)}")
+    if not args.data_dir and set(tasks) - {"arithmetic"}:
         parser.error("set TOKENRL_DATA_DIR or --data-dir (the folder with gsm8k/test.jsonl and math500/test.jsonl)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -388,7 +448,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(args.threads)
-    data_dir, model_dir = Path(args.data_dir).resolve(), Path(args.model).resolve()
+    data_dir = Path(args.data_dir).resolve() if args.data_dir else None
+    model_dir = Path(args.model).resolve()
     report: dict[str, Any] = {
         "what": "tokenrl evaluation vs lm-evaluation-harness, same problems/prompts/model, greedy (docs/harness.md)",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -402,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "python scripts/compare_harness.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "tasks": {}}
     report["references"] = {}
-    for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
+    for task in tasks:
         report["references"][task] = reference_check(task, data_dir, args.references_limit)
         print(f"{task} reference solutions: {report['references'][task]['counts']}", flush=True)
         if args.references_only:
@@ -412,9 +473,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             start = time.perf_counter()
             mine = tokenrl_side(task, model_dir, data_dir, limit, args.max_new_tokens, Path(work))
             tokenrl_seconds = time.perf_counter() - start
-            theirs = harness_side(task, model_dir, data_dir, limit, mine["max_new_tokens"])
+            docs_dir = write_arithmetic_docs(mine["problems"], Path(work)) if task == "arithmetic" else data_dir
+            theirs = harness_side(task, model_dir, docs_dir, limit, mine["max_new_tokens"])
         result = compare(task, mine, theirs)
-        result.update({"data_file": str(Path(task) / ("test.jsonl")), "max_new_tokens": mine["max_new_tokens"],
+        data_file = ({"generated": f"tokenrl.data.tasks.ArithmeticTask, {ARITHMETIC_CONFIG.relative_to(ROOT)}, "
+                                   f"split 'test', first {limit}", "written_to": "a temporary arithmetic/test.jsonl"}
+                     if task == "arithmetic" else str(Path(task) / "test.jsonl"))
+        result.update({"data_file": data_file, "max_new_tokens": mine["max_new_tokens"],
                        "instruction": mine["instruction"], "harness_task": f"scripts/harness_tasks/{TASKS[task]}",
                        "tokenrl_seconds": tokenrl_seconds})
         report["tasks"][task] = result

@@ -13,9 +13,10 @@ import pytest
 from tests.conftest import ROOT, needs_data
 
 sys.path.insert(0, str(ROOT))
-from scripts.compare_harness import (DEFAULT_MODEL, harness_gsm8k_normal, harness_scores, main,  # noqa: E402
-                                     reference_check, tokenrl_flexible_answer, tokenrl_math_answer,
-                                     tokenrl_strict_answer, wrong_final_answer)
+from scripts.compare_harness import (DEFAULT_MODEL, arithmetic_task, harness_config,  # noqa: E402
+                                     harness_gsm8k_normal, harness_scores, main, reference_check,
+                                     tokenrl_flexible_answer, tokenrl_math_answer, tokenrl_strict_answer,
+                                     write_arithmetic_docs, wrong_final_answer)
 
 needs_harness = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                                    reason="lm-eval is not installed: pip install -r requirements-harness.txt "
@@ -102,3 +103,95 @@ def test_the_harness_math_check_drops_what_follows_a_unit_and_tokenrl_does_not()
     assert harness_scores("math500", changed, {"answer": gold, "solution": f"\\boxed{{{gold}}}"})["math"] == 1.0
     assert math_boxed(changed, gold) == 0.0
     assert wrong_final_answer("2 + 2 = 4\n#### 4", "gsm8k") == "2 + 2 = 4\n#### 5"
+
+
+# ---------------------------------------------------------------- task=arithmetic (the default run's task)
+# (response, gold, tokenrl's reward = the harness task's exact_match, the harness's stock flexible-extract)
+ARITHMETIC_ROWS = [
+    ("7", "7", 1, 1),
+    ("The answer is 7.", "7", 1, 1),
+    ("3 + 4 = 7", "7", 1, 1),
+    ("**7**", "7", 1, 1),
+    ("7.0", "7", 1, 0),               # an exact number for tokenrl; the harness compares the string `7.0`
+    ("\u22127", "-7", 1, 0),           # the Unicode minus: tokenrl reads -7, the harness's regex only `7`
+    ("3 + 4 = 8", "7", 0, 0),
+    ("The sum is 3 + 4", "4", 0, 1),  # a last operand is no answer for tokenrl; the harness takes `4`
+    ("7 - 0", "0", 0, 1),
+    ("H2O", "2", 0, 1),               # digits of a name are no number for tokenrl; the harness reads `2`
+    ("12 apples, 1,2", "12", 0, 1),   # `1,2` is malformed for tokenrl; the harness deletes commas: `12`
+    ("x^2", "2", 0, 1),               # an exponent
+    ("\\frac{1}{2}", "2", 0, 1),      # a denominator
+    ("no number", "7", 0, 0),
+    ("", "7", 0, 0),
+]
+
+
+@needs_harness
+@pytest.mark.parametrize("response,gold,tokenrl,stock", ARITHMETIC_ROWS)
+def test_the_arithmetic_harness_task_scores_as_tokenrl_s_verifier(response, gold, tokenrl, stock):
+    """scripts/harness_tasks/arithmetic_utils.py reimplements the task's verifier (gsm8k_flexible) without tokenrl:
+    the same extracted number and score on every row; its second metric is lm-eval's own flexible-extract."""
+    from scripts.harness_tasks import arithmetic_utils
+    from tokenrl.rewards.verifiers import gsm8k_flexible, last_number
+
+    assert arithmetic_utils.last_number(response) == last_number(response)
+    assert gsm8k_flexible(response, gold) == tokenrl
+    scores = arithmetic_utils.process_results({"answer": gold}, [response])
+    assert scores["exact_match"] == tokenrl
+    assert scores["flexible_extract"] == stock
+    assert harness_scores("arithmetic", response, {"answer": gold}) == {"last_number": tokenrl, "flexible":
+                                                                          scores["flexible_extract"]}
+
+
+@needs_harness
+def test_the_arithmetic_harness_task_holds_tokenrl_s_prompt_decoding_and_budget(tmp_path):
+    """The harness task renders tokenrl's user turn from the JSONL the script writes, decodes greedily with EOS as
+    the only stop and the task's token budget."""
+    from lm_eval.utils import apply_template
+
+    from tokenrl.data.prompts import with_instruction
+
+    task = arithmetic_task()
+    problems = task.problems("test")[:4]
+    config = harness_config("arithmetic")
+    rows = [json.loads(line) for line in
+            (write_arithmetic_docs(problems, tmp_path) / "arithmetic" / "test.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [p.id for p in problems]
+    for row, problem in zip(rows, problems):
+        assert apply_template(config["doc_to_text"], row) == with_instruction(problem.question, task.instruction)
+        assert apply_template(config["doc_to_target"], row) == problem.answer
+    assert config["dataset_path"] == "json" and config["dataset_kwargs"]["data_files"]["test"] == "arithmetic/test.jsonl"
+    generation = config["generation_kwargs"]
+    assert generation["until"] == [] and generation["do_sample"] is False
+    assert generation["max_gen_toks"] == task.max_new_tokens == 32
+    assert task.verifier == "gsm8k_flexible" and problems[0].verifier == "gsm8k_flexible"
+    assert config["num_fewshot"] == 0 and config["repeats"] == 1
+
+
+@needs_harness
+def test_both_arithmetic_scorers_accept_the_worked_sum_and_refuse_a_changed_one():
+    result = reference_check("arithmetic", None, limit=30)
+    counts = result["counts"]
+    for view in ("last_number", "flexible"):
+        assert counts[f"reference/{view}/tokenrl_correct"] == counts[f"reference/{view}/harness_correct"] == 30
+        assert counts[f"wrong_answer/{view}/tokenrl_correct"] == counts[f"wrong_answer/{view}/harness_correct"] == 0
+    assert result["n"] == 30 and not result["disagreements"]
+    assert wrong_final_answer("3 + 4 = 7", "arithmetic") == "3 + 4 = 8"
+
+
+@pytest.mark.slow
+@needs_harness
+@needs_model
+def test_compare_harness_on_arithmetic_needs_no_data_files(tmp_path, monkeypatch):
+    """`--tasks arithmetic` runs without TOKENRL_DATA_DIR: 3 held-out problems, the offline model, both sides."""
+    monkeypatch.delenv("TOKENRL_DATA_DIR", raising=False)
+    report = main(["--tasks", "arithmetic", "--limit", "3", "--references-limit", "5",
+                   "--out", str(tmp_path / "arithmetic.json")])
+    result = report["tasks"]["arithmetic"]
+    counts = result["counts"]
+    assert result["n"] == 3 and result["max_new_tokens"] == 32
+    assert counts["prompt_identical"] == counts["response_identical"] == 3, result["disagreements"]
+    for view in ("last_number", "flexible"):
+        assert counts[f"{view}/score_agree"] == 3
+    assert counts["last_number/tokenrl_correct"] == counts["last_number/harness_correct"]
+    assert result["samples"][0]["question"].startswith("What is ")
