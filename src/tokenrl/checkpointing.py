@@ -1,7 +1,8 @@
 """Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target; a sharded FSDP
 checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (periodic + best + exactly one
 `last.ckpt` holding the final state), clean-up of the temporaries a killed save leaves (the RNG states a checkpoint
-carries: utils.rng_state), and the policy's weights of any checkpoint read in one process (`policy_state_dict`).
+carries: utils.rng_state), and the policy's weights of any checkpoint read in one process (`policy_state_dict`,
+`load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base: models/base_weights.py).
 
 An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
 """
@@ -23,6 +24,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.api import CheckpointException
+
+from tokenrl.models.base_weights import with_base
 
 log = logging.getLogger(__name__)
 TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
@@ -234,6 +237,17 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not policy:
         raise ValueError(f"{path} holds no `policy.*` weights: is it a tokenrl training checkpoint?")
     return policy
+
+
+def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: int) -> None:
+    """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`: all
+    its weights, or a LoRA checkpoint's adapters onto `model`'s own base, refused (ValueError naming `path`) unless
+    that is the base they were trained on."""
+    path = Path(path)
+    weights = policy_state_dict(path)
+    meta = torch.load(path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True,
+                      mmap=path.is_file())
+    model.load_state_dict(with_base(model, weights, meta.get("tokenrl", {}).get("base"), model_cfg, seed, path))
 
 
 class RunCheckpoint(ModelCheckpoint):

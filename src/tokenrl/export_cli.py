@@ -2,7 +2,9 @@
 folder, the same folder every run writes to `<run>/model/` at its end (hf_export.py), from any checkpoint: `last.ckpt`,
 the best or a periodic `stepNNNN.ckpt`, a sharded FSDP checkpoint's folder, or a run folder (its
 `checkpoints/last.ckpt`). The architecture and tokenizer are rebuilt from the run's saved config
-(`<run>/.hydra/config.yaml`, or `--config`); the checkpoint is read once, into one process (`policy_state_dict`).
+(`<run>/.hydra/config.yaml`, or `--config`); the checkpoint is read once, into one process (`policy_state_dict`). A LoRA
+run's checkpoint holds the adapters alone: they go onto the base rebuilt from the config's `model.*`, refused unless it
+is the base they were trained on (models/base_weights.py).
 
     tokenrl-export logs/train/runs/<time> out/ [--dtype bf16|fp32|fp16] [--adapter-only] [--config YAML]
                    [--overwrite] [--push-to-hub USER/NAME [--private]]
@@ -29,7 +31,8 @@ import tokenrl.paths  # noqa: F401 — sets TOKENRL_ROOT, which the saved config
 from tokenrl.checkpointing import SHARDED_META, is_sharded_checkpoint, policy_state_dict
 from tokenrl.data.hub import hub_reachable
 from tokenrl.hf_export import export_dtype, model_card, saved_tokenizer, staged, write_model_folder
-from tokenrl.models import DTYPES, _load_pretrained, build_tokenizer, torch_dtype
+from tokenrl.models import DTYPES, _load_pretrained, build_model, build_tokenizer, torch_dtype
+from tokenrl.models.base_weights import with_base
 from tokenrl.models.export import served_weights
 
 log = logging.getLogger(__name__)
@@ -110,18 +113,24 @@ def model_config(model_cfg: Mapping[str, Any]) -> PretrainedConfig:
     return _load_pretrained(model_cfg["source"], AutoConfig)
 
 
-def policy_from_checkpoint(model_cfg: Mapping[str, Any], weights: dict[str, torch.Tensor], ckpt: Path,
-                           config_path: str) -> PreTrainedModel:
+def policy_from_checkpoint(model_cfg: Mapping[str, Any], weights: dict[str, torch.Tensor], state: Mapping[str, Any],
+                           seed: int, ckpt: Path, config_path: str) -> PreTrainedModel:
     """The policy of `model.*` (PEFT-wrapped with LoRA) holding the checkpoint's tensors themselves: built on the meta
-    device and given them, so the weights are in memory once."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(model_cfg), dtype=torch_dtype(model_cfg["dtype"]))
-        if model_cfg.get("lora"):
-            from peft import LoraConfig, get_peft_model
+    device and given them, so the weights are in memory once. A LoRA checkpoint without its base (`state["base"]`, its
+    reference): the base built from `model.*` and `seed`, checked against it, with the adapters loaded onto it."""
+    if state.get("base") is not None:
+        model = build_model(model_cfg, seed=seed)
+        weights, assign = with_base(model, weights, state["base"], model_cfg, seed, ckpt), False
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config(model_cfg), dtype=torch_dtype(model_cfg["dtype"]))
+            if model_cfg.get("lora"):
+                from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
+                model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
+        assign = True
     try:
-        model.load_state_dict(weights, strict=True, assign=True)
+        model.load_state_dict(weights, strict=True, assign=assign)
     except RuntimeError as err:
         detail = " ".join(str(err).split())
         raise ValueError(f"the weights of {ckpt} do not fit model={model_cfg.get('name')} of {config_path} "
@@ -174,7 +183,7 @@ def export(source: str | Path, out: str | Path, dtype: str | None = None, adapte
     dtype = dtype or export_dtype(cfg)
     weights, state = read_checkpoint(ckpt)
     config_path = str(config or run / ".hydra" / "config.yaml")
-    policy = policy_from_checkpoint(model_cfg, weights, ckpt, config_path)
+    policy = policy_from_checkpoint(model_cfg, weights, state, int(cfg.seed), ckpt, config_path)
     tokenizer = saved_tokenizer(build_tokenizer(model_cfg), model_cfg)
     card = model_card(cfg, model_cfg, choices, checkpoint_summary(state, run), f"the checkpoint `{ckpt}`", dtype,
                       adapter_only)

@@ -24,6 +24,7 @@ from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
 from tokenrl.lightning_backend import lightning_update
 from tokenrl.models import build_model, build_reference
+from tokenrl.models.base_weights import base_reference, check_base, trained_names
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
@@ -73,6 +74,8 @@ class GRPOModule(RunState, L.LightningModule):
         self.preemption = preemption or PreemptionWatch()   # a signal stops the run at the step's next safe point
         self.policy: torch.nn.Module | None = None   # the causal LM; under FSDP its root unit (models/sharding.py)
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
+        self.base: dict[str, Any] | None = None   # LoRA: the frozen base's reference (models/base_weights.py)
+        self.trained: set[str] = set()   # LoRA: the state-dict keys that train, the only ones checkpoints hold
         self.engine: RolloutEngine | None = None
         self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
         self.init_run_state()   # step counters, reward history, refill position, the step boundary (run_state.py)
@@ -80,10 +83,14 @@ class GRPOModule(RunState, L.LightningModule):
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
         """The policy and, with a KL term and no LoRA (whose reference is the policy with adapters off), its frozen
-        reference in `model.reference_dtype`; under Lightning's FSDP both sharded one unit per decoder layer."""
+        reference in `model.reference_dtype`; under Lightning's FSDP both sharded one unit per decoder layer. With
+        LoRA, the base's reference and the adapters' names (`state_dict`), read before sharding."""
         if self.policy is not None:
             return
         policy = build_model(self.model_cfg, seed=self.seed).train()
+        if self.model_cfg.get("lora"):
+            self.base = base_reference(policy, self.model_cfg, self.seed)
+            self.trained = {f"policy.{name}" for name in trained_names(policy)}
         references = ([build_reference(policy, self.model_cfg.get("reference_dtype"))]
                       if self.cfg.uses_reference and not self.model_cfg.get("lora") else [])
         strategy = self._trainer.strategy if self._trainer is not None else None
@@ -197,3 +204,33 @@ class GRPOModule(RunState, L.LightningModule):
     def engine_context(self) -> Any:
         """The hf engine generates with the policy object itself: under FSDP its root unit must be gathered."""
         return gathered_root(self.policy) if isinstance(self.engine, HFEngine) else nullcontext()
+
+    # ------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The module's state; with LoRA only what trains (the adapters): a checkpoint leaves the frozen base out
+        and carries its reference instead (`on_save_checkpoint`), on every strategy (FSDP's sharded state too)."""
+        state = super().state_dict(*args, **kwargs)
+        if self.base is None:
+            return state
+        prefix = kwargs.get("prefix", "")
+        frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix):] not in self.trained]
+        for key in frozen:
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Load a checkpoint's state; with LoRA the frozen base entries it leaves out are the module's own (the base
+        it was built from, which `on_load_checkpoint` checks against the checkpoint's reference)."""
+        if self.base is not None:
+            state_dict = {**super().state_dict(), **state_dict}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.base is not None:
+            checkpoint["tokenrl"]["base"] = self.base
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
+        check_base(checkpoint["tokenrl"].get("base"), self.base, self.trainer.ckpt_path)
+        super().on_load_checkpoint(checkpoint)

@@ -1,0 +1,121 @@
+"""A LoRA run checkpoints only what trains (module.py, models/base_weights.py): its checkpoint holds the adapters, the
+optimizer state, the counters and RNGs and a reference to its base, not the base; it resumes exactly; `tokenrl-export`
+and `load_policy` (tokenrl-eval) put its adapters on the base rebuilt from `model.*`; a checkpoint of another base is
+refused, naming the checkpoint and what differs."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from tokenrl.checkpointing import load_policy
+from tokenrl.export_cli import export
+from tokenrl.models import build_model
+from tokenrl.train import build_components
+
+LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
+RUN = [LORA, "task.verifier=tests.helpers.rewards:length_reward", "total_steps=3", "checkpoint.enabled=true",
+       "checkpoint.every_n_steps=1"]
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class CrashAfter(L.Callback):
+    """Stops the run with an error right after step `steps` (its checkpoint written), as a node failure would."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if module.rollout_step >= self.steps:
+            raise Crash(f"stopped after step {self.steps}")
+
+
+def fit(cfg, *callbacks, ckpt_path=None):
+    """`cfg` trained in this process (its config saved where tokenrl-export reads it: <run>/.hydra/config.yaml)."""
+    config = Path(cfg.paths.output_dir) / ".hydra" / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, config)
+    L.seed_everything(cfg.seed)
+    module, datamodule, trainer = build_components(cfg)
+    trainer.callbacks.extend(callbacks)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    return module
+
+
+def digest(model: torch.nn.Module) -> str:
+    """sha256 of every state-dict entry (base and adapters)."""
+    sha = hashlib.sha256()
+    for key, tensor in model.state_dict().items():
+        sha.update(key.encode() + tensor.detach().numpy().tobytes())
+    return sha.hexdigest()
+
+
+def nbytes(tensors) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_the_merged_policy(tiny_cfg, tmp_path):
+    straight = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'straight'}"))
+    with pytest.raises(Crash):
+        fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'interrupted'}"), CrashAfter(2))
+    last = tmp_path / "interrupted" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+
+    adapters = {f"policy.{name}": param for name, param in straight.policy.named_parameters() if param.requires_grad}
+    assert set(checkpoint["state_dict"]) == set(adapters) and all("lora_" in key for key in adapters)
+    assert checkpoint["tokenrl"]["rollout_step"] == 2 and checkpoint["optimizer_states"][0]["state"]
+    assert set(checkpoint["tokenrl"]["base"]) == {"source", "init", "dtype", "seed", "fingerprint"}
+    base_bytes = nbytes(straight.policy.state_dict().values()) - nbytes(adapters.values())
+    # 41 KiB: 3.5 KiB of adapters, twice that of AdamW's moments, RNG states and torch.save's per-record overhead;
+    # the same run's checkpoint held the 354 KiB base too before (489 KiB)
+    assert last.stat().st_size < base_bytes / 4
+
+    resumed = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
+    assert resumed.rollout_step == 3 and resumed.reward_history == straight.reward_history
+    assert digest(resumed.policy) == digest(straight.policy)
+
+    folders = {name: export(tmp_path / name / "checkpoints" / "last.ckpt", tmp_path / f"{name}_export")
+               for name in ("straight", "resumed")}
+    exported = {name: load_file(folder / "model.safetensors") for name, folder in folders.items()}
+    assert list(exported["resumed"]) == list(exported["straight"])
+    assert all(torch.equal(exported["resumed"][key], exported["straight"][key]) for key in exported["straight"])
+    base_q = straight.policy.state_dict()["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
+    assert not torch.equal(exported["resumed"]["model.layers.0.self_attn.q_proj.weight"], base_q)   # merged in
+
+    model_cfg = OmegaConf.to_container(tiny_cfg(*RUN).model, resolve=True)
+    reloaded = build_model(model_cfg, seed=0)   # as tokenrl-eval ckpt_path=<it> builds it
+    load_policy(reloaded, tmp_path / "resumed" / "checkpoints" / "last.ckpt", model_cfg, seed=0)
+    assert digest(reloaded) == digest(straight.policy)
+
+
+def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_difference(tiny_cfg, tmp_path):
+    """The base folder at model.source replaced by other weights (same settings): resume and export refuse the
+    checkpoint (ValueError naming it and the fingerprints); another seed of a random base names the seed."""
+    base = tmp_path / "base"
+    model_cfg = OmegaConf.to_container(tiny_cfg().model, resolve=True)
+    build_model(model_cfg, seed=0).save_pretrained(base)
+    pretrained = [*RUN, "model.init=pretrained", f"model.source={base}", "total_steps=2"]
+    fit(tiny_cfg(*pretrained, f"paths.output_dir={tmp_path / 'first'}"))
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+
+    build_model(model_cfg, seed=1).save_pretrained(base)   # another base under the same name
+    with pytest.raises(ValueError, match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights than "
+                                         r"this run's \(the same settings, but the weights at model.source changed; "
+                                         r"base fingerprint \w{12} there, \w{12} here\)"):
+        fit(tiny_cfg(*pretrained, "total_steps=3", f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
+    with pytest.raises(ValueError, match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights"):
+        export(last, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+    random_cfg = OmegaConf.to_container(tiny_cfg(LORA).model, resolve=True)
+    with pytest.raises(ValueError, match=r"model.source .* there, None here; model.init 'pretrained' there, 'random' "
+                                         r"here; seed None there, 1 here.*use that base \(model.source="):
+        load_policy(build_model(random_cfg, seed=1), last, random_cfg, seed=1)
