@@ -1,10 +1,11 @@
 """doctor.py: `python -m tokenrl.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two processes),
-writes its report, and exits non-zero when a check fails."""
+writes its report into a folder of its own (or `--out`), and exits non-zero when a check fails."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,7 +30,7 @@ def forked_checks(monkeypatch):
 def doctor(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:
     """`python -m tokenrl.doctor` in this process (its checks still run `train.py` in processes of their own): the exit
     status, what it printed and its report."""
-    out = tmp_path / "doctor.json"
+    out = tmp_path / "reports" / "doctor.json"   # --out's folder is made
     status = main(["--out", str(out), *args])
     return status, capsys.readouterr().out, json.loads(out.read_text())
 
@@ -64,3 +65,20 @@ def test_a_machine_without_gpus_runs_ddp_on_two_cpu_processes():
     assert "trainer.devices=2" in found["ddp"].overrides and not found["ddp"].skipped
     two_gpus = {**env, "gpus": [{"name": "GPU", "memory_gib": 80.0}] * 2}
     assert "trainer.devices=2" in {check.kind: check for check in checks(two_gpus)}["ddp"].overrides
+
+
+def test_each_report_gets_a_folder_of_its_own_and_the_doctor_says_where(tmp_path, monkeypatch, capsys):
+    """Without --out: logs/doctor/<time>_<pid>-<4 hex>/doctor.json, a new folder also for two reports in the same
+    second (no checks run here: the tests above run them)."""
+    monkeypatch.setattr("tokenrl.doctor.LOG_DIR", tmp_path / "doctor")
+    monkeypatch.setattr("tokenrl.doctor.checks", lambda env: [])
+    monkeypatch.setattr(time, "time", lambda: 1.8e9)
+    reports = []
+    for _ in range(2):
+        assert main([]) == 0
+        reports.append(capsys.readouterr().out.splitlines()[-1].split("report: ")[1])
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(1.8e9))
+    folders = sorted((tmp_path / "doctor").iterdir())
+    assert len(folders) == 2 and all(folder.name.startswith(f"{stamp}_") for folder in folders)
+    assert sorted(reports) == [str(folder / "doctor.json") for folder in folders]
+    assert all(json.loads((folder / "doctor.json").read_text())["ok"] for folder in folders)

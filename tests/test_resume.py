@@ -3,12 +3,15 @@ left half-written), the run folder it continues in, and the metrics rows it keep
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 
 import pytest
 import torch
 
+from tests.helpers.forked_cli import forked_python
 from tokenrl.checkpointing import AtomicFSDPStrategy
-from tokenrl.resume import checkpoint_step, kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.resume import RunComplete, checkpoint_step, kept_metric_rows, resolve_checkpoint, run_dir_override
 
 
 def write_checkpoint(path, step):
@@ -36,6 +39,24 @@ def test_resolve_checkpoint(tmp_path):
     with pytest.raises(ValueError, match=r"holds 2 rollout steps and total_steps=2: nothing is left to train; set "
                                          r"total_steps above 2"):
         resolve_checkpoint(str(last), run, 2)
+
+
+def test_auto_on_a_finished_run_says_it_is_complete_and_an_explicit_path_stays_an_error(tmp_path):
+    """`ckpt_path=auto` whose own last.ckpt holds total_steps (a finished job of a re-run sweep) raises RunComplete
+    with the run's summary; the same checkpoint named explicitly is the user's mistake (ValueError)."""
+    run = tmp_path / "run"
+    last = write_checkpoint(run / "checkpoints" / "last.ckpt", 3)
+    with pytest.raises(RunComplete, match=r"ckpt_path=auto: the run is already complete, nothing to train \(.*"
+                                          r"last.ckpt holds 3 of total_steps=3 rollout steps; it stopped before "
+                                          r"writing .*summary.json\)") as stopped:
+        resolve_checkpoint("auto", run, 3)
+    assert stopped.value.summary == {}
+    (run / "summary.json").write_text(json.dumps({"rollout_steps": 3}))
+    with pytest.raises(RunComplete, match=rf"its summary: {run / 'summary.json'}") as stopped:
+        resolve_checkpoint("auto", run, 2)
+    assert stopped.value.summary == {"rollout_steps": 3}
+    with pytest.raises(ValueError, match="nothing is left to train"):
+        resolve_checkpoint(str(last), run, 3)
 
 
 def write_sharded(path, step):
@@ -100,3 +121,29 @@ def test_kept_metric_rows_drop_the_steps_the_resume_redoes(tmp_path):
     assert kept == [{"step": "0", "val/at_step": "0.0", "val/pass@1": "0.1"},
                     {"step": "0", "train/rollout_step": "1.0"}, {"step": "1", "train/rollout_step": "2.0"}]
     assert kept_metric_rows(tmp_path / "absent.csv", 2) == []
+
+
+@pytest.mark.slow
+def test_a_rerun_sweep_with_auto_skips_its_finished_jobs_and_finishes_the_others(tmp_path):
+    """A 2-job sweep in the default sweep folder, each job in a fresh process (the default launcher): the folder is
+    resolved once, both jobs land in it. Job 1's checkpoints and summary removed, as if it had been killed before its
+    first save; the same sweep again with `ckpt_path=auto` in that folder (jobs in this process, to be quick: a job's
+    end does not depend on the launcher): job 0 says it is complete and trains nothing, job 1 trains, exit status 0."""
+    sweep = ["train.py", "-m", "debug=default", "seed=0,1", "total_steps=1", "checkpoint.enabled=true",
+             "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false",
+             f"paths.log_dir={tmp_path}"]
+    first = forked_python(sweep)
+    assert first.returncode == 0, first.stderr[-3000:]
+    [folder] = (tmp_path / "train" / "multiruns").iterdir()
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
+    shutil.rmtree(folder / "1" / "checkpoints")
+    (folder / "1" / "summary.json").unlink()
+    done = json.loads((folder / "0" / "summary.json").read_text())
+    last = folder / "0" / "checkpoints" / "last.ckpt"
+    saved = last.stat().st_mtime_ns
+
+    again = forked_python([*sweep, "ckpt_path=auto", f"hydra.sweep.dir={folder}", "hydra/launcher=basic"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ckpt_path=auto: the run is already complete" in (folder / "0" / "train.log").read_text()
+    assert last.stat().st_mtime_ns == saved and json.loads((folder / "0" / "summary.json").read_text()) == done
+    assert json.loads((folder / "1" / "summary.json").read_text())["rollout_steps"] == 1

@@ -7,9 +7,11 @@ then runs two rollout steps of the tiny model on each engine and strategy the ma
 fresh `python train.py` process, fp32 on both sides. A check passes when the run ends, its loss is finite, every
 weight in its last.ckpt is finite (so were the gradients), and the engine follows the weights: after the first
 update the engine's log-probs of its samples agree with the trainer's (`train/logprob_gap_max` ≤ 1e-3). It prints a
-table, writes a JSON to attach to a bug report (`--out`), and exits with 1 when a check fails.
+table, writes a JSON to attach to a bug report, and exits with 1 when a check fails. The report goes to a folder of its
+own, `logs/doctor/<time>_<pid>-<4 hex>/doctor.json` (as a run's folder is named), or to `--out`; the last line says
+where.
 
-    tokenrl-doctor [--out doctor.json] [--only hf vllm ddp] [--extra OVERRIDE ...]
+    tokenrl-doctor [--out PATH] [--only hf vllm ddp] [--extra OVERRIDE ...]
 """
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra_plugins.tokenrl_launcher.run_id import run_id
 
 from tokenrl.paths import ROOT
 
+LOG_DIR = ROOT / "logs" / "doctor"   # a folder per report, named as run folders are
 GAP_LIMIT = 1e-3   # fp32 engine and trainer agree to ~1e-5; a stale engine is off by the update's change
 TINY_RUN = ["debug=default", "total_steps=2", "trainer.precision=32-true", "checkpoint.enabled=true",
             "checkpoint.every_n_steps=1000", "validation.every_n_steps=0", "samples.every_n_steps=0",
@@ -166,9 +170,19 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def report_path(out: Path | None) -> Path:
+    """`out` (its folder made), or doctor.json in a new folder of LOG_DIR that no other report shares."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+    folder = LOG_DIR / run_id()
+    folder.mkdir(parents=True)   # never an existing one
+    return folder / "doctor.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("doctor.json"), help="the report (JSON)")
+    parser.add_argument("--out", type=Path, help="the report (JSON); default: logs/doctor/<new folder>/doctor.json")
     parser.add_argument("--only", nargs="+", choices=["hf", "vllm", "ddp"], help="run only these checks")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides added to every check's run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per check")
@@ -189,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(r["status"] != "failed" for r in results)
     report = {"tool": "tokenrl-doctor", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "ok": ok, "environment": env, "memory_plan": plan, "checks": results}
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"{'all checks passed' if ok else 'a check FAILED'}; report: {args.out}")
+    out = report_path(args.out)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"{'all checks passed' if ok else 'a check FAILED'}; report: {out}")
     return 0 if ok else 1
 
 

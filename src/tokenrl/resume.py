@@ -4,13 +4,15 @@ resumed run in its original folder with one `metrics.csv`.
 `python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`run_dir_override` adds
 `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
 the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
-from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job). A
-checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same name
-(checkpointing.py).
+from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job); when that
+`last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
+without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
+name (checkpointing.py).
 """
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,15 @@ from tokenrl.checkpointing import SHARDED_META, interrupted_swap, is_sharded_che
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
+
+
+class RunComplete(Exception):
+    """`ckpt_path=auto` in a run whose own last.ckpt holds every step: nothing to train. The message says so and where
+    the summary is; `summary` is the run's summary.json ({} when it stopped before writing it)."""
+
+    def __init__(self, message: str, summary: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 def checkpoint_step(path: str | Path) -> int:
@@ -36,10 +47,11 @@ def checkpoint_step(path: str | Path) -> int:
 
 def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_steps: int) -> tuple[str | None, int]:
     """The checkpoint to resume from and the rollout steps it holds ((None, 0): start fresh), checked: it exists, is a
-    tokenrl checkpoint, and leaves steps to train."""
+    tokenrl checkpoint, and leaves steps to train (else `ckpt_path=auto` raises `RunComplete`, a path ValueError)."""
     if ckpt_path is None:
         return None, 0
-    if str(ckpt_path) == AUTO:
+    auto = str(ckpt_path) == AUTO
+    if auto:
         own = Path(output_dir) / "checkpoints" / "last.ckpt"
         if not own.exists() and interrupted_swap(own) is None:
             log.info("ckpt_path=auto: no %s yet, starting from step 0", own)
@@ -58,7 +70,13 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_step
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file or folder (a run's checkpoints are in "
                                 "logs/train/runs/<time>/checkpoints/: last.ckpt, stepNNNN.ckpt)")
     step = checkpoint_step(path)
-    if step >= total_steps:
+    if step >= total_steps and auto:
+        summary_path = Path(output_dir) / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        where = f"its summary: {summary_path}" if summary else f"it stopped before writing {summary_path}"
+        raise RunComplete(f"ckpt_path=auto: the run is already complete, nothing to train ({path} holds {step} of "
+                          f"total_steps={total_steps} rollout steps; {where})", summary)
+    if step >= total_steps:   # an explicit checkpoint: the user's mistake
         raise ValueError(f"ckpt_path={ckpt_path} holds {step} rollout steps and total_steps={total_steps}: nothing is "
                          f"left to train; set total_steps above {step} to continue training")
     log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
