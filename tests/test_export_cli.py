@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import ROOT, compose_config, needs_data
 from tests.helpers.forked_cli import forked_python
-from tokenrl.checkpointing import policy_state_dict
+from tokenrl.checkpointing import load_policy, policy_state_dict
 from tokenrl.export_cli import main
 from tokenrl.hf_export import export_dtype
 from tokenrl.models import build_model, build_tokenizer
@@ -61,10 +61,11 @@ def export(*args: str) -> subprocess.CompletedProcess:
 
 def trained_policy(run_dir: Path, ckpt: str = "last.ckpt") -> torch.nn.Module:
     """The module's policy at a checkpoint: built from the run's config as the run built it (LoRA: a PeftModel with
-    unmerged adapters), holding the checkpoint's weights."""
+    unmerged adapters), holding the checkpoint's weights (LoRA: its adapters on that base)."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    model = build_model(OmegaConf.to_container(cfg.model, resolve=True), seed=cfg.seed)
-    model.load_state_dict(policy_state_dict(run_dir / "checkpoints" / ckpt))
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model = build_model(model_cfg, seed=cfg.seed)
+    load_policy(model, run_dir / "checkpoints" / ckpt, model_cfg, cfg.seed)
     return model.eval()
 
 
@@ -202,6 +203,10 @@ def test_a_lora_run_exports_merged_weights_and_on_request_the_adapter_alone(lora
     gap = max_gap(logprobs(loaded(lora_run / "model"), ids), expected)
     print(f"max |Δ log-prob| LoRA merged, fp32: {gap:.3g}")
     assert gap < 1e-5
+    done = export(lora_run, tmp_path / "merged")   # its checkpoint holds the adapters: merged onto the rebuilt base
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = load_file(tmp_path / "merged" / "model.safetensors")
+    assert list(again) == list(merged) and all(torch.equal(again[name], merged[name]) for name in merged)
 
     done = export(lora_run, tmp_path / "adapter", "--adapter-only")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from tokenrl.checkpointing import load_policy
+from tests.helpers.forked_cli import forked_python
+from tokenrl.checkpointing import load_policy, policy_state_dict
 from tokenrl.export_cli import export
 from tokenrl.models import build_model
 from tokenrl.train import build_components
@@ -119,3 +120,32 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
     with pytest.raises(ValueError, match=r"model.source .* there, None here; model.init 'pretrained' there, 'random' "
                                          r"here; seed None there, 1 here.*use that base \(model.source="):
         load_policy(build_model(random_cfg, seed=1), last, random_cfg, seed=1)
+
+
+@pytest.mark.slow
+def test_under_fsdp_a_lora_checkpoint_of_either_kind_holds_the_adapters_and_resumes_exactly(tmp_path):
+    """trainer=fsdp on 2 CPU ranks (tests/helpers/fsdp_fit.py): a sharded and a full checkpoint written after step 1
+    hold the adapters alone (the sharded one's metadata names no base tensor), and a run resumed from either ends with
+    the uninterrupted run's rewards and weights."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.helpers.fsdp_fit import SNAPSHOTS
+
+    def fsdp_fit(*runs: list) -> list[dict]:
+        done = forked_python(["tests/helpers/fsdp_fit.py", *[str(arg) for run in runs for arg in ("--then", *run)][1:]])
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [torch.load(Path(run[0]) / "result.pt", weights_only=True) for run in runs]
+
+    [straight] = fsdp_fit([tmp_path / "straight", "-", "--snapshot", "total_steps=2", LORA])
+    adapters = {name: weight for name, weight in straight["step1_weights"].items() if "lora_" in name}
+    for kind, path in SNAPSHOTS.items():
+        saved = policy_state_dict(tmp_path / "straight" / path)
+        assert saved.keys() == adapters.keys() and all(torch.equal(saved[k], adapters[k]) for k in adapters), kind
+    stored = FileSystemReader(tmp_path / "straight" / SNAPSHOTS["sharded"]).read_metadata().state_dict_metadata
+    tensors = [key for key in stored if key.startswith(("model.", "optimizer_0.state."))]
+    assert tensors and all("lora_" in key for key in tensors)   # the weights and AdamW's moments of adapters alone
+    resumes = fsdp_fit(*([tmp_path / f"{kind}_resumed", tmp_path / "straight" / path, "total_steps=2", LORA,
+                          f"trainer.strategy.state_dict_type={kind}"] for kind, path in SNAPSHOTS.items()))
+    for kind, resumed in zip(SNAPSHOTS, resumes):
+        assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
+        assert all(torch.equal(resumed["weights"][name], weight) for name, weight in straight["weights"].items()), kind
