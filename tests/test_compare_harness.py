@@ -160,7 +160,8 @@ def test_the_arithmetic_harness_task_holds_tokenrl_s_prompt_decoding_and_budget(
     for row, problem in zip(rows, problems):
         assert apply_template(config["doc_to_text"], row) == with_instruction(problem.question, task.instruction)
         assert apply_template(config["doc_to_target"], row) == problem.answer
-    assert config["dataset_path"] == "json" and config["dataset_kwargs"]["data_files"]["test"] == "arithmetic/test.jsonl"
+    assert config["dataset_path"] == "json"
+    assert config["dataset_kwargs"]["data_files"]["test"] == "arithmetic/test.jsonl"
     generation = config["generation_kwargs"]
     assert generation["until"] == [] and generation["do_sample"] is False
     assert generation["max_gen_toks"] == task.max_new_tokens == 32
