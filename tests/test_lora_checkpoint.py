@@ -76,7 +76,7 @@ def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_
     assert set(checkpoint["tokenrl"]["base"]) == {"source", "init", "dtype", "seed", "fingerprint"}
     base_bytes = nbytes(straight.policy.state_dict().values()) - nbytes(adapters.values())
     # 41 KiB: 3.5 KiB of adapters, twice that of AdamW's moments, RNG states and torch.save's per-record overhead;
-    # the same run's checkpoint held the 354 KiB base too before (489 KiB)
+    # before, the same run's checkpoint held the 354 KiB base too (372 KiB)
     assert last.stat().st_size < base_bytes / 4
 
     resumed = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
