@@ -35,11 +35,15 @@ def test_every_shipped_config_passes(overrides):
     ("total_steps=true", "total_steps=True: must be an integer >= 1"),
     ("seed=1.5", "seed=1.5: must be an integer >= 0"),
     ("rollout.top_p=2", "rollout.top_p=2: must be a number in (0, 1]"),
-    ("rollout.temperature=0", "rollout.temperature=0: must be a number in (0, inf)"),
-    ("rollout.top_k=-3", "rollout.top_k=-3: must be an integer >= 0 (0 or -1: off)"),
-    ("checkpoint.mode=best", "checkpoint.mode='best': must be min or max"),
+    ("rollout.temperature=0", "rollout.temperature=0: must be a number > 0 (greedy decoding: rollout.top_k=1)"),
+    ("rollout.top_k=-3", "rollout.top_k=-3: must be an integer >= 0 (0 or -1: off; 1: greedy)"),
+    ("checkpoint.mode=best", "checkpoint.mode='best': must be one of min, max"),
     ("fast_path.pack=yes", "fast_path.pack='yes': must be true or false"),
-    ("reward_timeout_s=0", "reward_timeout_s=0: must be a number in (0, inf)"),
+    ("reward_timeout_s=0", "reward_timeout_s=0: must be a number > 0"),
+    ("selector_ratio=0", "selector_ratio=0: must be a number in (0, 1]"),   # as typed, not as selector.ratio
+    ("algorithm.optimizer.lr=-1", "algorithm.optimizer.lr=-1: must be a number > 0"),
+    ("algorithm.optimizer.betas=[0.9,1.5]", "algorithm.optimizer.betas=[0.9, 1.5]: must be two numbers in [0, 1)"),
+    ("selector.normalizer=mean", "selector.normalizer='mean': must be one of selected, all"),
     ("+totl_steps=5", "+totl_steps: no such setting at the top level; nothing would read it (did you mean "
                       "`total_steps`?)"),
     ("+validation.every_n_step=3", "+validation.every_n_step: no such setting at `validation`; nothing would read it "

@@ -190,11 +190,11 @@ def test_a_missing_file_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"verifier": "nope"}, r"task.verifier='nope': unknown verifier 'nope'; valid: "),
+    ({"verifier": "nope"}, r"task.verifier='nope': must be a verifier: one of choice, gsm8k_flexible, "),
     ({"answer_pattern": "("}, r"task.answer_pattern='\(' is not a valid regex"),
-    ({"answer_extractor": "hash"}, r"task.answer_extractor='hash'; valid: \['boxed', 'gsm8k'\]"),
+    ({"answer_extractor": "hash"}, r"task.answer_extractor='hash': must be one of gsm8k, boxed or null \(none\)"),
     ({"answer_pattern": "#### (.*)", "answer_extractor": "gsm8k"}, r"one of task.answer_pattern and task.answer_extr"),
-    ({"test_fraction": 1.5}, r"task.test_fraction=1.5 must be in \(0, 1\)"),
+    ({"test_fraction": 1.5}, r"task.test_fraction=1.5: must be a number in \(0, 1\)"),
     ({"train_split": "validation"}, r"task.train_split='validation' names a split of a Hub dataset"),
     ({"test_split": "test"}, r"task.test_split='test': with a local task.source the test split is a second file"),
 ])

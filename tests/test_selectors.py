@@ -233,12 +233,12 @@ def test_random_keeps_ict_counts_seeded_and_uniform():
 
 
 @pytest.mark.parametrize("override,message", [
-    ("selector=ict selector.ratio=0", "selector.ratio=0"),
-    ("selector=ict selector.ratio=1.5", "must be in (0, 1]"),
-    ("selector=entropy20 selector.scope=rank", "selector.scope='rank' is not one of"),
+    ("selector=ict selector.ratio=0", "selector.ratio=0: must be a number in (0, 1]"),
+    ("selector=ict selector.ratio=1.5", "must be a number in (0, 1]"),
+    ("selector=entropy20 selector.scope=rank", "selector.scope='rank': must be one of sequence, batch, global"),
     ("selector=stapo selector.quantile_scope=x", "quantile_scope='x'"),
     ("selector=random selector.ratio=-1", "selector.ratio=-1"),
-    ("selector=ict selector.js_peers=mine", "selector.js_peers='mine' is not one of ('all', 'others')"),
+    ("selector=ict selector.js_peers=mine", "selector.js_peers='mine': must be one of all, others"),
 ])
 def test_bad_selector_settings_fail_with_the_setting_named(override, message):
     cfg = compose_config(override.split())
@@ -252,18 +252,20 @@ RARE_RECIPE = '''# src/tokenrl/selectors/rare.py
 """`rare`: the top `ratio` of response tokens by surprisal −log π(o_t) (example)."""
 import torch
 
+from tokenrl.records.rules import one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.selectors.ranking import scoped_top_fraction, validate
+from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
 
 
 class RareSelector(TokenSelector):
     name = "rare"                              # its name (configs/selector/rare.yaml points at the class)
     requires = frozenset({"logprobs"})         # statistics it reads (checked at start-up)
+    # a rule per keyword: checked at start-up before anything loads, naming the key as the user typed it
+    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES)}
 
     def __init__(self, ratio: float = 0.1, scope: str = "sequence", normalizer: str = "selected") -> None:
         super().__init__(normalizer)
-        validate(ratio, scope, "ratio")        # bad settings fail at start-up, naming the field
         self.ratio, self.scope = ratio, scope
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

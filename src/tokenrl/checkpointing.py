@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import lightning as L
 import torch
@@ -25,7 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tokenrl.models.base_weights import with_base
+from tokenrl.models.base_weights import base_reference, check_base, trained_names, with_base
 
 log = logging.getLogger(__name__)
 TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
@@ -268,3 +268,44 @@ class RunCheckpoint(ModelCheckpoint):
         """Write the current state to last.ckpt now; returns its path."""
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         return Path(self.last_model_path)
+
+
+class AdapterCheckpoints:
+    """Mixin of `GRPOModule` (before `RunState`): with LoRA its checkpoints hold only what trains (the adapters) and
+    the frozen base's reference (models/base_weights.py), on every strategy (FSDP's sharded state too); loading fills
+    the base back from the module's own, after checking it is the base the adapters were trained on."""
+
+    base: dict[str, Any] | None = None   # the frozen base's reference; None: not a LoRA run
+    trained: frozenset[str] = frozenset()   # the state-dict keys that train, the only ones checkpoints hold
+
+    def remember_base(self, policy: torch.nn.Module, model_cfg: dict[str, Any], seed: int) -> None:
+        """Record a LoRA `policy`'s base and its adapters' names (before any sharding); nothing without LoRA."""
+        if not model_cfg.get("lora"):
+            return
+        self.base = base_reference(policy, model_cfg, seed)
+        self.trained = frozenset(f"policy.{name}" for name in trained_names(policy))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().state_dict(*args, **kwargs)
+        if self.base is None:
+            return state
+        prefix = kwargs.get("prefix", "")
+        frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix):] not in self.trained]
+        for key in frozen:
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        if self.base is not None:   # the frozen entries a LoRA checkpoint leaves out are the module's own
+            state_dict = {**super().state_dict(), **state_dict}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.base is not None:
+            checkpoint["tokenrl"]["base"] = self.base
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
+        check_base(checkpoint["tokenrl"].get("base"), self.base, self.trainer.ckpt_path)
+        super().on_load_checkpoint(checkpoint)

@@ -8,26 +8,34 @@ one line per key. It returns the warnings that do not stop a run (a selector war
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import inspect
-import math
-from typing import Any, Callable, Iterable
+import re
+from typing import Any, Iterable
 
-from hydra.utils import get_method
-from omegaconf import DictConfig, OmegaConf
+from hydra.errors import InstantiationException
+from hydra.utils import get_method, instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.config_rules import OPTIONAL_DEPENDENCIES, RULES, TARGET_RULES, VLLM_INSTALL
+from tokenrl.records.rules import Rule, is_int
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
 CLOSED_NODES = ("", "validation", "samples", "fast_path", "diagnostics", "checkpoint", "rollout", "model", "algorithm",
                 "paths", "export")
 # Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
 OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing")}
-# Nodes built by `hydra.utils.instantiate`: each key must be a keyword of their `_target_`.
-TARGET_NODES = ("selector", "task", "trainer", "algorithm.optimizer")
+# Nodes built by `hydra.utils.instantiate` (and each logger): each key must be a keyword of their `_target_`.
+TARGET_NODES = ("selector", "task", "trainer", "trainer.strategy", "trainer.strategy.mixed_precision",
+                "algorithm.optimizer")
+# Built before the model loads, so their relations between keywords are checked here too.
+COMPONENTS = ("selector", "task")
 # Trainer keys tokenrl sets itself: the training length is `total_steps` rollout steps.
 TRAINER_OWNED = {"max_epochs": "total_steps", "max_steps": "total_steps", "min_epochs": "total_steps",
                  "min_steps": "total_steps", "max_time": "total_steps", "limit_train_batches": "total_steps",
                  "callbacks": "checkpoint.* (tokenrl adds its callbacks)"}
+INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
 class ConfigError(ValueError):
@@ -37,60 +45,6 @@ class ConfigError(ValueError):
         self.problems = problems
         lines = "\n".join(f"  - {problem}" for problem in problems)
         super().__init__(f"{len(problems)} bad setting{'s' if len(problems) > 1 else ''}:\n{lines}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
-
-
-def _int(low: int, high: int | None = None) -> tuple[Callable[[Any], bool], str]:
-    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    return (lambda v: _is_int(v) and v >= low and (high is None or v <= high)), allowed
-
-
-def _number(low: float, high: float, low_open: bool, high_open: bool = False) -> tuple[Callable[[Any], bool], str]:
-    def ok(v: Any) -> bool:
-        return (_is_number(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high))
-    text = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}".replace("inf]", "inf)")
-    return ok, text
-
-
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "seed": _int(0),
-    "total_steps": _int(1),
-    "selector_warmup_steps": _int(0),
-    "reward_timeout_s": _number(0, math.inf, low_open=True),
-    "validation.every_n_steps": _int(0),
-    "validation.limit": _int(1),
-    "validation.n_samples": _int(1),
-    "validation.batch_prompts": _int(1),
-    "validation.temperature": _number(0, math.inf, low_open=True),
-    "validation.top_p": _number(0, 1, low_open=True),
-    "samples.every_n_steps": _int(0),
-    "samples.rows": _int(1),
-    "checkpoint.enabled": _BOOL,
-    "checkpoint.every_n_steps": _int(1),
-    "checkpoint.mode": (lambda v: v in ("min", "max"), "min or max"),
-    "export.enabled": _BOOL,
-    "export.dtype": (lambda v: v in (None, "bf16", "fp32", "fp16"), "bf16, fp32, fp16 or null (bf16 on GPU runs)"),
-    "fast_path.shared_prefix": (lambda v: isinstance(v, bool) or v == "auto",
-                                "true, false or auto (auto: on unless the run is on a GPU)"),
-    "fast_path.fused_statistics": _BOOL,
-    "fast_path.pack": _BOOL,
-    "diagnostics.js": _BOOL,
-    "rollout.temperature": _number(0, math.inf, low_open=True),
-    "rollout.top_p": _number(0, 1, low_open=True),
-    "rollout.top_k": (lambda v: _is_int(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
-    "rollout.max_new_tokens": _int(1),
-    "rollout.max_prompt_length": _int(1),
-    "rollout.max_num_batched_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
-    "rollout.max_num_seqs": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1 or null"),
-}
 
 
 def nearest(key: str, candidates: Iterable[str]) -> str:
@@ -103,30 +57,114 @@ def _select(cfg: DictConfig, path: str) -> Any:
     return OmegaConf.select(cfg, path, throw_on_missing=False) if path else cfg
 
 
+def typed_key(cfg: DictConfig, path: str) -> str:
+    """The key as the user types it: a key whose value is a plain `${other.key}` is reported as that key (the
+    documented top-level `selector_ratio` rather than `selector.ratio`)."""
+    parent, _, leaf = path.rpartition(".")
+    node = _select(cfg, parent)
+    if isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_interpolation(node, leaf):
+        match = INTERPOLATION.fullmatch(str(node._get_node(leaf)._value()))
+        if match and match.group(1) != path:
+            return typed_key(cfg, match.group(1))
+    return path
+
+
+def target_rules(target: str) -> dict[str, Rule] | None:
+    """The keyword rules of a `_target_`: a third-party class's from config_rules.py, a tokenrl component's from its
+    class (`Configurable.config_rules`); None when it cannot be imported."""
+    if target in TARGET_RULES:
+        return TARGET_RULES[target]
+    try:
+        return dict(getattr(get_method(target), "config_rules", {}))
+    except Exception:   # noqa: BLE001 — hydra raises several kinds; reported as "cannot be imported"
+        return None
+
+
+def target_nodes(cfg: DictConfig) -> list[str]:
+    """Paths of the nodes this config builds with `_target_` (the loggers' included)."""
+    paths = [path for path in TARGET_NODES if isinstance(_select(cfg, path), DictConfig)]
+    loggers = _select(cfg, "logger")
+    if isinstance(loggers, DictConfig):
+        paths += [f"logger.{name}" for name in loggers if isinstance(loggers[name], DictConfig)]
+    return [path for path in paths if "_target_" in _select(cfg, path)]
+
+
+def _checked(cfg: DictConfig, path: str, rule: Rule, problems: list[str]) -> None:
+    """Check the value at `path` against `rule`, naming the key as typed; a `???` value is reported as missing."""
+    parent, _, leaf = path.rpartition(".")
+    node = _select(cfg, parent)
+    if not isinstance(node, DictConfig) or leaf not in node.keys():   # `in node` is False for a `???` value
+        return   # a node a config does not have (an eval config, a run without validation)
+    key = typed_key(cfg, path)
+    if OmegaConf.is_missing(node, leaf):
+        problems.append(f"{key}: must be set: {rule.allowed}")
+        return
+    if key != path and key in RULES:
+        return   # a copy of another key (validation.top_p: ${rollout.top_p}): checked there
+    value = OmegaConf.select(cfg, path)
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=True)
+    problems += [problem.replace(path, key, 1) for problem in rule.problems(path, value)]
+
+
 def _value_problems(cfg: DictConfig) -> list[str]:
+    problems: list[str] = []
+    for path, rule in RULES.items():
+        _checked(cfg, path, rule, problems)
+    for path in target_nodes(cfg):
+        rules = target_rules(_select(cfg, path)._target_) or {}
+        for key, rule in rules.items():
+            _checked(cfg, f"{path}.{key}", rule, problems)
+    return list(dict.fromkeys(problems))
+
+
+def _dependency_problems(cfg: DictConfig) -> list[str]:
+    """Packages the config needs that are not installed, with the command that installs them."""
     problems = []
-    for path, (ok, allowed) in RULES.items():
-        if OmegaConf.select(cfg, path, default="<absent>") == "<absent>":
-            continue   # a node a config does not have (an eval config, a run without validation)
-        parent, _, leaf = path.rpartition(".")
-        if OmegaConf.is_interpolation(_select(cfg, parent), leaf):
-            continue   # a copy of another key (validation.top_p: ${rollout.top_p}): reported there
-        value = OmegaConf.select(cfg, path)
-        if not ok(value):
-            problems.append(f"{path}={value!r}: must be {allowed}")
+    for path in target_nodes(cfg):
+        needed = OPTIONAL_DEPENDENCIES.get(_select(cfg, path)._target_)
+        if needed and importlib.util.find_spec(needed[0]) is None:
+            problems.append(f"{path}: needs the {needed[0]} package, which is not installed: {needed[1]} "
+                            f"(or leave it out: logger=default)")
+    rollout = _select(cfg, "rollout")
+    if isinstance(rollout, DictConfig) and rollout.get("engine") == "vllm" and importlib.util.find_spec("vllm") is None:
+        problems.append(f"rollout.engine=vllm: needs the {VLLM_INSTALL[0]} package, which is not installed: "
+                        f"{VLLM_INSTALL[1]}")
+    return problems
+
+
+def _component_problems(cfg: DictConfig) -> list[str]:
+    """Build the selector and the task (cheap: no model, no data) so the relations their constructors check are
+    reported now, with the key as typed."""
+    problems = []
+    for path in COMPONENTS:
+        node = _select(cfg, path)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        try:
+            instantiate(node)
+        except (ValueError, InstantiationException) as err:
+            cause = err.__cause__ if isinstance(err, InstantiationException) and err.__cause__ else err
+            if not isinstance(cause, ValueError):
+                raise
+            message = str(cause)
+            keyed = re.match(rf"{path}\.(\w+)", message)
+            if keyed:
+                message = message.replace(keyed.group(0), typed_key(cfg, keyed.group(0)), 1)
+            problems.append(message)
     return problems
 
 
 def _relation_problems(cfg: DictConfig) -> list[str]:
     problems = []
     n, ks = cfg.validation.n_samples, cfg.validation.ks
-    bad_ks = [k for k in ks if not (_is_int(k) and k >= 1 and (not _is_int(n) or k <= n))]
+    bad_ks = [k for k in ks if not (is_int(k) and k >= 1 and (not is_int(n) or k <= n))]
     if bad_ks:
         problems.append(f"validation.ks={list(ks)}: each k must be an integer in [1, validation.n_samples={n}] "
                         f"(unbiased pass@k needs k <= n); bad: {bad_ks}")
     try:
         AlgorithmConfig.from_node(OmegaConf.to_container(cfg.algorithm, resolve=True),
-                                  int(cfg.rollout.max_new_tokens) if _is_int(cfg.rollout.max_new_tokens) else 1)
+                                  int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1)
     except ValueError as err:
         problems.append(str(err))
         return problems
@@ -143,7 +181,7 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
                         f"{rollout.max_model_len} without chunked prefill, vLLM refuses to start; raise it or set "
                         "rollout.enable_chunked_prefill=true")
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
-    if _is_int(warmup) and _is_int(cfg.total_steps) and warmup >= cfg.total_steps:
+    if is_int(warmup) and is_int(cfg.total_steps) and warmup >= cfg.total_steps:
         problems.append(f"selector_warmup_steps={warmup}: selector {cfg.selector._target_.rsplit('.', 1)[-1]} "
                         f"updates every token for its first {warmup} steps, so a run of total_steps="
                         f"{cfg.total_steps} never selects; set selector_warmup_steps below total_steps "
@@ -169,10 +207,8 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
             siblings = [k for k in node if k != leaf] if isinstance(node, DictConfig) else []
             where = f"`{parent}`" if parent else "the top level"
             problems.append(f"+{key}: no such setting at {where}; nothing would read it{nearest(leaf, siblings)}")
-    for path in TARGET_NODES:
+    for path in target_nodes(cfg):
         node = _select(cfg, path)
-        if not isinstance(node, DictConfig) or "_target_" not in node:
-            continue
         target = node._target_
         try:
             factory = get_method(target)   # any callable: a class or a function (`_partial_`)
@@ -201,12 +237,24 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     problems = _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
     if not problems:   # relations read values whose types are now known to be right
-        problems += _relation_problems(cfg)
+        problems += _relation_problems(cfg) + _component_problems(cfg)
+    problems += _dependency_problems(cfg)
     if problems:
         raise ConfigError(problems)
     warnings = []
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
-    if _is_int(warmup) and warmup > cfg.total_steps // 2:
+    if is_int(warmup) and warmup > cfg.total_steps // 2:
         warnings.append(f"selector_warmup_steps={warmup} covers most of total_steps={cfg.total_steps}: the selector "
                         f"acts on only the last {cfg.total_steps - warmup} steps")
     return warnings
+
+
+def check_eval_config(cfg: DictConfig) -> None:
+    """Raises `ConfigError` listing every bad setting of the composed eval config (eval.py)."""
+    problems = _value_problems(cfg)
+    n, ks = cfg.eval.n_samples, cfg.eval.ks
+    if not problems and is_int(n) and any(k > n for k in ks):
+        problems.append(f"eval.ks={list(ks)}: each k must be <= eval.n_samples={n} (unbiased pass@k needs k <= n)")
+    problems += _dependency_problems(cfg)
+    if problems:
+        raise ConfigError(problems)

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
-from tokenrl.checkpointing import policy_state_dict
+from tokenrl.checkpointing import load_policy
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate
@@ -38,11 +37,6 @@ from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import build_engine
 
 log = logging.getLogger(__name__)
-
-
-def load_policy_weights(model: torch.nn.Module, ckpt_path: str) -> None:
-    """Load the policy of a tokenrl training checkpoint (a .ckpt file or a sharded checkpoint's folder) into `model`."""
-    model.load_state_dict(policy_state_dict(ckpt_path))
 
 
 VERSIONED = ("tokenrl", "torch", "transformers", "vllm", "math-verify", "datasets", "lightning", "peft")
@@ -145,7 +139,7 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
     tokenizer = build_tokenizer(model_cfg)
     model = build_model(model_cfg, seed=cfg.seed)
     if cfg.ckpt_path:
-        load_policy_weights(model, cfg.ckpt_path)
+        load_policy(model, cfg.ckpt_path, model_cfg, cfg.seed)
     model.eval()
     engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), model, tokenizer)
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)

@@ -18,13 +18,13 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import needs_js
+from tokenrl.checkpointing import AdapterCheckpoints
 from tokenrl.data.datamodule import PromptBatch
 from tokenrl.diagnostics import selection_diagnostics
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
 from tokenrl.lightning_backend import lightning_update
 from tokenrl.models import build_model, build_reference
-from tokenrl.models.base_weights import base_reference, check_base, trained_names
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
@@ -47,7 +47,7 @@ warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_devic
 log = logging.getLogger(__name__)
 
 
-class GRPOModule(RunState, L.LightningModule):
+class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     """GRPO over a causal-LM policy with a pluggable `TokenSelector`."""
 
     _update = lightning_update   # the step's PPO update (a method: tests wrap it to capture the step's TrainBatch)
@@ -74,8 +74,6 @@ class GRPOModule(RunState, L.LightningModule):
         self.preemption = preemption or PreemptionWatch()   # a signal stops the run at the step's next safe point
         self.policy: torch.nn.Module | None = None   # the causal LM; under FSDP its root unit (models/sharding.py)
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
-        self.base: dict[str, Any] | None = None   # LoRA: the frozen base's reference (models/base_weights.py)
-        self.trained: set[str] = set()   # LoRA: the state-dict keys that train, the only ones checkpoints hold
         self.engine: RolloutEngine | None = None
         self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
         self.init_run_state()   # step counters, reward history, refill position, the step boundary (run_state.py)
@@ -83,14 +81,11 @@ class GRPOModule(RunState, L.LightningModule):
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
         """The policy and, with a KL term and no LoRA (whose reference is the policy with adapters off), its frozen
-        reference in `model.reference_dtype`; under Lightning's FSDP both sharded one unit per decoder layer. With
-        LoRA, the base's reference and the adapters' names (`state_dict`), read before sharding."""
+        reference in `model.reference_dtype`; under Lightning's FSDP both sharded one unit per decoder layer."""
         if self.policy is not None:
             return
         policy = build_model(self.model_cfg, seed=self.seed).train()
-        if self.model_cfg.get("lora"):
-            self.base = base_reference(policy, self.model_cfg, self.seed)
-            self.trained = {f"policy.{name}" for name in trained_names(policy)}
+        self.remember_base(policy, self.model_cfg, self.seed)   # LoRA: checkpoints hold the adapters alone
         references = ([build_reference(policy, self.model_cfg.get("reference_dtype"))]
                       if self.cfg.uses_reference and not self.model_cfg.get("lora") else [])
         strategy = self._trainer.strategy if self._trainer is not None else None
@@ -105,9 +100,8 @@ class GRPOModule(RunState, L.LightningModule):
     def on_fit_start(self) -> None:
         if self.cfg.filter_groups is not None:
             self.collector.check_sizes(self.global_rank, self.trainer.world_size)
-        for reference in self._reference:
-            if not is_sharded(reference):   # FSDP placed it already
-                reference.to(self.device)
+        for reference in (r for r in self._reference if not is_sharded(r)):   # FSDP placed a sharded one
+            reference.to(self.device)
         log.info("building the %s rollout engine", self.rollout_cfg["engine"])
         self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, self.optimizer_steps,
                                    interrupt=lambda: self.preemption.requested)
@@ -160,8 +154,7 @@ class GRPOModule(RunState, L.LightningModule):
         self.check_preempted()   # the last safe point: an update that has begun runs to its end
         with timer("update"):
             lr, update = self._update(train)
-        if fused:
-            train = dataclasses.replace(train, stats=update.stats)
+        train = dataclasses.replace(train, stats=update.stats) if fused else train   # the update's statistics
         if self.cfg.entropy_target is not None:
             self.entropy_control.observe(train.mean_entropy(self.device))
         with timer("sync"):
@@ -172,10 +165,10 @@ class GRPOModule(RunState, L.LightningModule):
         metrics = {**step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
                    "train/fused_statistics": float(fused), "train/entropy_coef": entropy_coef,
                    **selection_diagnostics(update.first_epoch_weights, whole, train.forks)}
-        sync = self.trainer.world_size > 1
-        self.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=sync, batch_size=train.size)
-        self.log_dict({"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}, prog_bar=True,
-                      on_step=True, on_epoch=False, logger=False, sync_dist=sync, batch_size=train.size)
+        shown = {"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}   # the progress bar's
+        for values, logged in ((metrics, True), (shown, False)):
+            self.log_dict(values, prog_bar=not logged, logger=logged, on_step=True, on_epoch=False,
+                          sync_dist=self.trainer.world_size > 1, batch_size=train.size)
         if self.sample_writer is not None:
             self.sample_writer.record(train, update, whole, self.global_rank)
         self.mark_step_boundary()
@@ -187,10 +180,10 @@ class GRPOModule(RunState, L.LightningModule):
 
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""
-        per_round = self.cfg.gen_prompts_per_step
-        prompts = self.trainer.datamodule.refill_prompts(self.rollout_step, self.refill_position, per_round,
-                                                         self.global_rank, self.trainer.world_size)
-        self.refill_position += per_round
+        prompts = self.trainer.datamodule.refill_prompts(self.rollout_step, self.refill_position,
+                                                         self.cfg.gen_prompts_per_step, self.global_rank,
+                                                         self.trainer.world_size)
+        self.refill_position += self.cfg.gen_prompts_per_step
         return prompts
 
     def check_preempted(self) -> None:
@@ -204,33 +197,3 @@ class GRPOModule(RunState, L.LightningModule):
     def engine_context(self) -> Any:
         """The hf engine generates with the policy object itself: under FSDP its root unit must be gathered."""
         return gathered_root(self.policy) if isinstance(self.engine, HFEngine) else nullcontext()
-
-    # ------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The module's state; with LoRA only what trains (the adapters): a checkpoint leaves the frozen base out
-        and carries its reference instead (`on_save_checkpoint`), on every strategy (FSDP's sharded state too)."""
-        state = super().state_dict(*args, **kwargs)
-        if self.base is None:
-            return state
-        prefix = kwargs.get("prefix", "")
-        frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix):] not in self.trained]
-        for key in frozen:
-            del state[key]
-        return state
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        """Load a checkpoint's state; with LoRA the frozen base entries it leaves out are the module's own (the base
-        it was built from, which `on_load_checkpoint` checks against the checkpoint's reference)."""
-        if self.base is not None:
-            state_dict = {**super().state_dict(), **state_dict}
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.base is not None:
-            checkpoint["tokenrl"]["base"] = self.base
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
-        check_base(checkpoint["tokenrl"].get("base"), self.base, self.trainer.ckpt_path)
-        super().on_load_checkpoint(checkpoint)

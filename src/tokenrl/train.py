@@ -36,7 +36,7 @@ from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.preemption import Preempted, PreemptionWatch
 from tokenrl.progress import ProgressLog
-from tokenrl.resume import kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.resume import RunComplete, kept_metric_rows, resolve_checkpoint, run_dir_override
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.samples import SampleWriter
 from tokenrl.step.fast_path import FastPath
@@ -167,7 +167,11 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     for warning in check_config(cfg, overrides):
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
-    ckpt_path, steps_done = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
+    try:
+        ckpt_path, steps_done = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
+    except RunComplete as done:   # ckpt_path=auto in a finished run (a re-run sweep's finished job): nothing to do
+        log.info("%s", done)
+        return done.summary
     kept_rows = []
     if ckpt_path is not None:
         remove_stale_temporaries(output_dir / "checkpoints")

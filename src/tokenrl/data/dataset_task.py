@@ -19,6 +19,7 @@ from tokenrl.data.hub import DataUnavailableError, load_rows
 from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl, require_data
 from tokenrl.data.tasks import Task
 from tokenrl.records.problem import Problem
+from tokenrl.records.rules import FREE_TEXT, TEXT, Rule, integer, number, one_of, optional
 from tokenrl.rewards.verifiers import check_golds, last_boxed
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,32 @@ EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "gsm8k": gsm8k_final_answer,   # the number after the last "####", thousands separators dropped
     "boxed": last_boxed,           # the content of the last \boxed{...}
 }
+LOOKS_FOR = {"gsm8k": "a '####' followed by the answer", "boxed": "a \\boxed{...}"}   # what each extractor needs
+
+
+GLOB_CHARACTERS = ("*", "?", "[")
+
+
+def is_local(source: str) -> bool:
+    """A local file or a glob of them, rather than a Hub dataset id or a folder (both read by `datasets`)."""
+    return source.lower().endswith(FILE_SUFFIXES) or any(c in source for c in GLOB_CHARACTERS)
+
+
+def local_files(source: str) -> list[Path]:
+    """The file `source` names, or every file its glob matches (sorted: one order on every machine)."""
+    if not any(c in source for c in GLOB_CHARACTERS):
+        return [Path(source)]
+    root, pattern = (Path("/"), source.lstrip("/")) if Path(source).is_absolute() else (Path("."), source)
+    files = sorted(path for path in root.glob(pattern) if path.is_file())
+    if not files:
+        raise FileNotFoundError(f"task.source={source}: the glob matches no file")
+    return files
+
+
+SOURCE = Rule(lambda v: isinstance(v, str) and (is_local(v) or Path(v).expanduser().is_dir()
+                                               or re.fullmatch(r"[\w.-]+/[\w.-]+", v) is not None),
+              f"a local file ({', '.join(FILE_SUFFIXES)}), a glob of them (data/*.jsonl), a folder laid out as a Hub "
+              "dataset, or a Hub dataset id (org/name)")
 
 
 def read_file(path: Path) -> list[Row]:
@@ -83,38 +110,35 @@ def _answer_text(value: Any) -> str:
 class DatasetTask(Task):
     """Problems from `source` (see the module docstring); ids are `<split>-<row number>`."""
 
+    config_rules = {**Task.config_rules, "source": SOURCE, "question_field": FREE_TEXT, "answer_field": FREE_TEXT,
+                    "answer_pattern": FREE_TEXT, "answer_extractor": optional(one_of(*EXTRACTORS), "none"),
+                    "config": FREE_TEXT, "revision": FREE_TEXT, "train_split": TEXT, "test_split": FREE_TEXT,
+                    "test_fraction": number(0, 1, low_open=True, high_open=True), "split_seed": integer(0),
+                    "limit": optional(integer(1), "all")}
+
     def __init__(self, source: str, question_field: str = "question", answer_field: str = "answer",
                  answer_pattern: str | None = None, answer_extractor: str | None = None, instruction: str = "",
                  verifier: str = "math", system_prompt: str | None = None, config: str | None = None,
                  revision: str | None = None, train_split: str = "train", test_split: str | None = None,
                  test_fraction: float = 0.1, split_seed: int = 0, max_new_tokens: int = 1024,
                  limit: int | None = None) -> None:
-        from tokenrl.rewards.verifiers import resolve
-
         super().__init__(instruction or "", verifier, max_new_tokens, system_prompt or None)
-        try:
-            resolve(verifier)
-        except (KeyError, ImportError, AttributeError) as err:
-            raise ValueError(f"task.verifier={verifier!r}: {err.args[0] if err.args else err}") from None
         if answer_pattern and answer_extractor:
             raise ValueError("set one of task.answer_pattern and task.answer_extractor, not both")
-        if answer_extractor and answer_extractor not in EXTRACTORS:
-            raise ValueError(f"task.answer_extractor={answer_extractor!r}; valid: {sorted(EXTRACTORS)}")
         try:
             self.pattern = re.compile(answer_pattern) if answer_pattern else None
         except re.error as err:
             raise ValueError(f"task.answer_pattern={answer_pattern!r} is not a valid regex ({err})") from None
-        self.local = source.lower().endswith(FILE_SUFFIXES)
+        self.local = is_local(source)
         if self.local and train_split != "train":
             raise ValueError(f"task.train_split={train_split!r} names a split of a Hub dataset; a local file is one "
                              f"split (give the test rows as task.test_split=<file> or hold out task.test_fraction)")
-        if test_split is None and not 0 < test_fraction < 1:
-            raise ValueError(f"task.test_fraction={test_fraction} must be in (0, 1) when task.test_split is null")
         if self.local and test_split and not test_split.lower().endswith(FILE_SUFFIXES):
             raise ValueError(f"task.test_split={test_split!r}: with a local task.source the test split is a second "
                              f"file ({', '.join(FILE_SUFFIXES)}), or null to hold out task.test_fraction")
         self.source = str(Path(source).expanduser().resolve()) if self.local else source
         self.fields = {"question": question_field, "answer": answer_field}
+        self.extractor = answer_extractor
         self.extract = EXTRACTORS.get(answer_extractor or "")
         self.config, self.revision = config, revision
         self.train_split, self.test_split = train_split, test_split
@@ -142,12 +166,21 @@ class DatasetTask(Task):
 
     def _rows(self, source: str, split: str) -> list[Row]:
         if self.local:
-            return read_file(Path(source))
+            return [row for path in local_files(source) for row in read_file(path)]
+        folder = Path(source).expanduser()
         try:
-            rows = load_rows(source, self.config, split, self.revision)
-        except DataUnavailableError as err:
-            raise DataUnavailableError(f"task.source={source!r} (split {split}) is not available from the Hub: {err} "
-                                       f"A local .jsonl/.json/.parquet/.csv file also works as task.source.") from None
+            rows = load_rows(str(folder) if folder.is_dir() else source, self.config, split, self.revision)
+        except Exception as err:   # noqa: BLE001 — `datasets` raises many kinds on a folder it cannot read
+            if folder.is_dir():
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                raise DataFormatError(f"task.source={source} is a folder that `datasets` cannot read as split "
+                                      f"{split!r} ({reason}); name a file in it ({', '.join(FILE_SUFFIXES)}) or a glob "
+                                      f"of its files, e.g. task.source='{folder / '*.jsonl'}'") from None
+            if isinstance(err, DataUnavailableError):
+                raise DataUnavailableError(f"task.source={source!r} (split {split}) is not available from the Hub: "
+                                           f"{err} A local .jsonl/.json/.parquet/.csv file also works as task.source."
+                                           ) from None
+            raise
         return [(f"{source} {split} row {i}", row) for i, row in enumerate(rows, start=1)]
 
     def _answer(self, value: Any) -> str:
@@ -184,7 +217,11 @@ class DatasetTask(Task):
             log.warning("%s (%s): skipped %d of %d rows without an answer (field %r empty%s)", source, label,
                         skipped, len(rows), self.fields["answer"], how)
         if not out:
-            raise ValueError(f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}")
+            how = (f"task.answer_pattern={self.pattern.pattern!r} matched nothing" if self.pattern else
+                   f"task.answer_extractor={self.extractor} found nothing (it looks for {LOOKS_FOR[self.extractor]})"
+                   if self.extractor else "it is empty everywhere")
+            raise ValueError(f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}: {how}; "
+                             "check task.answer_field and how the answer is cut out of it")
         check_golds(out, f"{source} ({label})", where,
                     fix=f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final "
                         f"answer out of it with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or "

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, layered_graph, random_walk, reachable_goal
 from tokenrl.data.tasks import Task
 from tokenrl.records.problem import Problem
+from tokenrl.records.rules import integer, mapping_of, number, one_of
 
 VERIFIER = "tokenrl.data.forks_graph:path_reward"
 LAYOUTS = ("shared", "per_problem")
@@ -25,12 +26,16 @@ class ForksTask(Task):
     """Train and test problems from disjoint routes (`shared`) or seeds (`per_problem`); `warmup` (steps, batch_size,
     lr, seed) configures the supervised warm-up of a randomly initialised policy (None: none)."""
 
+    config_rules = {**Task.config_rules, "layout": one_of(*LAYOUTS), "width": integer(1), "layers": integer(2),
+                    "branching": integer(1), "distractors": integer(0), "train_size": integer(1),
+                    "test_size": integer(1), "seed": integer(0),
+                    "warmup": mapping_of({"steps": integer(1), "batch_size": integer(1),
+                                          "lr": number(0, low_open=True), "seed": integer(0)})}
+
     def __init__(self, layout: str, width: int, layers: int, branching: int, distractors: int, train_size: int,
                  test_size: int, seed: int, max_new_tokens: int, warmup: Mapping[str, Any] | None = None,
                  instruction: str = "", verifier: str = VERIFIER) -> None:
         super().__init__(instruction, verifier, max_new_tokens)
-        if layout not in LAYOUTS:
-            raise ValueError(f"task.layout={layout!r} is not one of {LAYOUTS}")
         self.shape = GraphShape(width, layers, branching, distractors)
         self.shape.check()
         if max_new_tokens < layers + 1:

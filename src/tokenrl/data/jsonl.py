@@ -24,9 +24,15 @@ def json_error(path: Path, err: json.JSONDecodeError, lineno: int | None = None)
 
 def require_data(path: Path) -> Path:
     """`path`, an existing file with more than whitespace in it."""
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a folder, not a data file")
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
-    with path.open("rb") as handle:
+    try:
+        handle = path.open("rb")
+    except PermissionError:
+        raise PermissionError(f"data file {path} is not readable (permission denied): check its permissions") from None
+    with handle:
         while chunk := handle.read(1 << 20):
             if chunk.strip():
                 return path

@@ -7,14 +7,34 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
-from tokenrl.data.benchmarks import benchmark
+from tokenrl.data.benchmarks import BENCHMARKS, benchmark
 from tokenrl.data.prompts import with_instruction
 from tokenrl.records.problem import Problem
+from tokenrl.records.rules import FREE_TEXT, Configurable, Rule, integer, list_of, one_of, optional
+from tokenrl.rewards.verifiers import VERIFIERS, resolve
 
 
-class Task(ABC):
+def _resolves(name: Any) -> bool:
+    try:
+        resolve(name)
+    except (KeyError, ImportError, AttributeError, ValueError):
+        return False
+    return True
+
+
+VERIFIER = Rule(lambda v: isinstance(v, str) and _resolves(v),
+                f"a verifier: one of {', '.join(sorted(VERIFIERS))}, or an importable package.module:function")
+BENCHMARK = one_of(*BENCHMARKS)
+
+
+class Task(Configurable, ABC):
     """A source of train/test problems with one answer format."""
+
+    config_node = "task"
+    config_rules: ClassVar[dict[str, Rule]] = {"instruction": FREE_TEXT, "system_prompt": FREE_TEXT,
+                                               "verifier": VERIFIER, "max_new_tokens": integer(1)}
 
     def __init__(self, instruction: str, verifier: str | None, max_new_tokens: int,
                  system_prompt: str | None = None) -> None:
@@ -40,12 +60,12 @@ class Task(ABC):
 class ArithmeticTask(Task):
     """Procedural `a op b` problems with operands in [low, high]; train and test drawn from disjoint seeds."""
 
+    config_rules = {**Task.config_rules, "low": integer(), "high": integer(), "ops": list_of(one_of("+", "-", "*")),
+                    "train_size": integer(1), "test_size": integer(1), "seed": integer(0)}
+
     def __init__(self, low: int, high: int, ops: list[str], train_size: int, test_size: int, seed: int,
                  instruction: str, verifier: str, max_new_tokens: int = 32) -> None:
         super().__init__(instruction, verifier, max_new_tokens)
-        bad = sorted(set(ops) - {"+", "-", "*"})
-        if bad:
-            raise ValueError(f"task.ops has {bad}; allowed: '+', '-', '*'")
         if low > high:
             raise ValueError(f"task.low={low} > task.high={high}")
         self.low, self.high, self.ops = low, high, list(ops)
@@ -67,6 +87,9 @@ class BenchmarkTask(Task):
     """Train on one benchmark split and validate on another, from the Hub or, when `data_dir` is set, from local
     files (see data/benchmarks.py): gsm8k = gsm8k_train / gsm8k, math = math_train / math500.
     `instruction`/`verifier` null keep the benchmark's."""
+
+    config_rules = {**Task.config_rules, "data_dir": FREE_TEXT, "train": BENCHMARK, "test": BENCHMARK,
+                    "verifier": optional(VERIFIER, "the benchmark's"), "limit": optional(integer(1), "all")}
 
     def __init__(self, data_dir: str | None, train: str, test: str, instruction: str | None = None,
                  verifier: str | None = None, max_new_tokens: int = 1024, limit: int | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenrl.records.rules import number
 from tokenrl.records.selection import Selection, SelectionBatch
 from tokenrl.selectors.base import TokenSelector
 
@@ -18,17 +19,13 @@ class ArcherSelector(TokenSelector):
     requires = frozenset({"entropy"})
     weighs_kl = True
     row_local = True
+    config_rules = {**TokenSelector.config_rules, "quantile": number(0, 1), "low_entropy_clip": number(0),
+                    "high_entropy_clip": number(0), "high_entropy_kl_weight": number(0)}
 
     def __init__(self, quantile: float = 0.8, low_entropy_clip: float = 0.2, high_entropy_clip: float = 0.5,
                  high_entropy_kl_weight: float = 0.0, normalizer: str = "selected",
                  stats_policy: str = "current") -> None:
         super().__init__(normalizer, stats_policy)
-        if not 0.0 <= quantile <= 1.0:
-            raise ValueError(f"selector.quantile={quantile} must be in [0, 1]")
-        for name, value in (("low_entropy_clip", low_entropy_clip), ("high_entropy_clip", high_entropy_clip),
-                            ("high_entropy_kl_weight", high_entropy_kl_weight)):
-            if value < 0:
-                raise ValueError(f"selector.{name}={value} must be >= 0")
         self.quantile, self.low_clip, self.high_clip = quantile, low_entropy_clip, high_entropy_clip
         self.high_kl_weight = high_entropy_kl_weight
 

@@ -16,12 +16,13 @@ from typing import ClassVar
 import torch
 
 from tokenrl.algorithms.grpo import NORMALIZERS
+from tokenrl.records.rules import Configurable, Rule, one_of
 from tokenrl.records.selection import Selection, SelectionBatch
 
 STATS_POLICIES = ("old", "current")
 
 
-class TokenSelector(ABC):
+class TokenSelector(Configurable, ABC):
     """Chooses the tokens that the policy-gradient loss is applied to.
 
     stats_policy: which policy's statistics a mini-batch is ranked by: `old` (the rollout step's pass under π_old)
@@ -30,19 +31,19 @@ class TokenSelector(ABC):
     """
 
     name: ClassVar[str]
+    config_node = "selector"
+    config_rules: ClassVar[dict[str, Rule]] = {"normalizer": one_of(*NORMALIZERS),
+                                               "stats_policy": one_of(*STATS_POLICIES)}
     requires: ClassVar[frozenset[str]] = frozenset()   # TokenStats fields the selector reads
     weighs_kl: ClassVar[bool] = False   # whether its selections set per-token KL weights (they weigh the KL's divisor)
     js_peers: str = "all"   # the rollouts π̄ averages for JS (token_stats.py); a JS-ranking selector may change it
 
     def __init__(self, normalizer: str = "selected", stats_policy: str = "old") -> None:
-        if normalizer not in NORMALIZERS:
-            raise ValueError(f"selector.normalizer={normalizer!r} is not one of {NORMALIZERS}")
-        if stats_policy not in STATS_POLICIES:
-            raise ValueError(f"selector.stats_policy={stats_policy!r} is not one of {STATS_POLICIES}")
         if stats_policy == "current" and self.reads_groups:
-            raise ValueError(f"selector.stats_policy=current cannot be used with {getattr(self, 'name', type(self).__name__)}: it compares each row with "
-                             "its whole group, which a mini-batch may split; use stats_policy=old (selected once per "
-                             "rollout step over whole groups)")
+            name = getattr(self, "name", type(self).__name__)
+            raise ValueError(f"selector.stats_policy=current cannot be used with {name}: it compares each row with its "
+                             "whole group, which a mini-batch may split; use stats_policy=old (selected once per rollout "
+                             "step over whole groups)")
         self.normalizer, self.stats_policy = normalizer, stats_policy
 
     @property

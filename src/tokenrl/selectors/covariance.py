@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenrl.records.rules import BOOLEAN, integer, number
 from tokenrl.records.selection import Selection, SelectionBatch
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.utils import derived_seed
@@ -35,12 +36,12 @@ def count_of(fraction: float, n: int) -> int:
 class ClipCovSelector(TokenSelector):
     name = "clip_cov"
     requires = frozenset({"logprobs"})
+    config_rules = {**TokenSelector.config_rules, "ratio": number(0, 1, low_open=True), "cov_low": number(),
+                    "cov_high": number(), "seed": integer(0)}
 
     def __init__(self, ratio: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0, seed: int = 0,
                  normalizer: str = "all", stats_policy: str = "current") -> None:
         super().__init__(normalizer, stats_policy)
-        if not 0.0 < ratio <= 1.0:
-            raise ValueError(f"selector.ratio={ratio} must be in (0, 1]")
         if not cov_low < cov_high:
             raise ValueError(f"selector.cov_low={cov_low} must be below selector.cov_high={cov_high}")
         self.ratio, self.cov_low, self.cov_high, self.seed = ratio, cov_low, cov_high, seed
@@ -60,14 +61,12 @@ class ClipCovSelector(TokenSelector):
 class KLCovSelector(TokenSelector):
     name = "kl_cov"
     requires = frozenset({"logprobs"})
+    config_rules = {**TokenSelector.config_rules, "ratio": number(0, 1, low_open=True), "coef": number(0),
+                    "unclipped": BOOLEAN}
 
     def __init__(self, ratio: float = 2e-3, coef: float = 1.0, unclipped: bool = True, normalizer: str = "all",
                  stats_policy: str = "current") -> None:
         super().__init__(normalizer, stats_policy)
-        if not 0.0 < ratio <= 1.0:
-            raise ValueError(f"selector.ratio={ratio} must be in (0, 1]")
-        if coef < 0:
-            raise ValueError(f"selector.coef={coef} must be >= 0")
         self.ratio, self.coef, self.unclipped = ratio, coef, unclipped
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

@@ -13,17 +13,18 @@ import torch
 
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.selectors.ranking import scoped_top_fraction, validate
+from tokenrl.records.rules import one_of
+from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
 
 
 class Entropy20Selector(TokenSelector):
     name = "entropy20"
     requires = frozenset({"entropy"})
+    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES)}
 
     def __init__(self, ratio: float = 0.2, scope: str = "global", normalizer: str = "selected",
                  stats_policy: str = "current") -> None:
         super().__init__(normalizer, stats_policy)
-        validate(ratio, scope, "ratio")
         self.ratio, self.scope = ratio, scope
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from tokenrl.records.rules import number, one_of
 from tokenrl.records.selection import Selection, SelectionBatch
 from tokenrl.selectors.base import TokenSelector
 
@@ -27,14 +28,12 @@ class GTPOSelector(TokenSelector):
     name = "gtpo"
     requires = frozenset({"entropy"})
     row_local = True
+    config_rules = {**TokenSelector.config_rules, "alpha1": number(0), "alpha2": number(0),
+                    "normalize": one_of(*NORMALIZATIONS), "eps": number(0, low_open=True)}
 
     def __init__(self, alpha1: float = 1.0, alpha2: float = 0.1, normalize: str = "joint", eps: float = 1e-6,
                  normalizer: str = "selected", stats_policy: str = "old") -> None:
         super().__init__(normalizer, stats_policy)
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"selector.normalize={normalize!r} is not one of {NORMALIZATIONS}")
-        if alpha1 < 0 or alpha2 < 0 or not eps > 0:
-            raise ValueError(f"selector.alpha1={alpha1}, alpha2={alpha2} must be >= 0 and selector.eps={eps} > 0")
         self.alpha1, self.alpha2, self.normalize, self.eps = alpha1, alpha2, normalize, eps
 
     @property

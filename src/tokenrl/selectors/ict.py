@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.algorithms.token_stats import check_js_peers
+from tokenrl.algorithms.token_stats import JS_PEERS
+from tokenrl.records.rules import integer, one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.selectors.ranking import scoped_top_fraction, validate
+from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
 
 
 class ICTSelector(TokenSelector):
     name = "ict"
     requires = frozenset({"js"})
+    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES),
+                    "warmup_steps": integer(0), "js_peers": one_of(*JS_PEERS)}
 
     def __init__(self, ratio: float = 0.10, scope: str = "sequence", warmup_steps: int = 20,
                  normalizer: str = "selected", js_peers: str = "all") -> None:
         super().__init__(normalizer)
-        validate(ratio, scope, "ratio")
-        if warmup_steps < 0:
-            raise ValueError(f"selector.warmup_steps={warmup_steps} must be >= 0")
-        check_js_peers(js_peers)
         self.ratio, self.scope, self.warmup_steps, self.js_peers = ratio, scope, warmup_steps, js_peers
 
     def unique_tokens(self, batch: SelectionBatch) -> torch.Tensor:

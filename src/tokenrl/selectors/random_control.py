@@ -6,20 +6,19 @@ import torch
 
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.selectors.ranking import top_count, validate
+from tokenrl.records.rules import integer
+from tokenrl.selectors.ranking import RATIO, top_count
 from tokenrl.utils import derived_seed
 
 
 class RandomSelector(TokenSelector):
     name = "random"
     row_local = True
+    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "warmup_steps": integer(0), "seed": integer(0)}
 
     def __init__(self, ratio: float = 0.10, warmup_steps: int = 20, seed: int = 0,
                  normalizer: str = "selected") -> None:
         super().__init__(normalizer)
-        validate(ratio, "sequence", "ratio")
-        if warmup_steps < 0:
-            raise ValueError(f"selector.warmup_steps={warmup_steps} must be >= 0")
         self.ratio, self.warmup_steps, self.seed = ratio, warmup_steps, seed
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

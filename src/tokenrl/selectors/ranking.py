@@ -10,9 +10,11 @@ import math
 
 import torch
 
+from tokenrl.records.rules import number
 from tokenrl.records.selection import SelectionBatch
 
 SCOPES = ("sequence", "batch", "global")
+RATIO = number(0, 1, low_open=True)   # the fraction a top-fraction selector keeps
 
 
 def top_count(fraction: float, n: int) -> int:
@@ -26,13 +28,6 @@ def top_fraction(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     order = torch.sort(scores, descending=True, stable=True).indices
     chosen[order[:top_count(fraction, scores.shape[0])]] = True
     return chosen
-
-
-def validate(fraction: float, scope: str, field: str) -> None:
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"selector.{field}={fraction} must be in (0, 1]")
-    if scope not in SCOPES:
-        raise ValueError(f"selector.scope={scope!r} is not one of {SCOPES}")
 
 
 def scoped_top_fraction(scores: torch.Tensor, batch: SelectionBatch, fraction: float, scope: str) -> torch.Tensor:

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from tokenrl.records.rules import number, one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
 
@@ -27,16 +28,12 @@ def kth_smallest(values: torch.Tensor, q: float) -> torch.Tensor:
 class STAPOSelector(TokenSelector):
     name = "stapo"
     requires = frozenset({"logprobs", "entropy"})
+    config_rules = {**TokenSelector.config_rules, "tau_p": number(0, 1, low_open=True),
+                    "q": number(0, 1, low_open=True), "quantile_scope": one_of(*QUANTILE_SCOPES)}
 
     def __init__(self, tau_p: float = 0.002, q: float = 0.75, quantile_scope: str = "candidates",
                  normalizer: str = "selected", stats_policy: str = "current") -> None:
         super().__init__(normalizer, stats_policy)
-        if not 0.0 < tau_p <= 1.0:
-            raise ValueError(f"selector.tau_p={tau_p} must be in (0, 1]")
-        if not 0.0 < q <= 1.0:
-            raise ValueError(f"selector.q={q} must be in (0, 1]")
-        if quantile_scope not in QUANTILE_SCOPES:
-            raise ValueError(f"selector.quantile_scope={quantile_scope!r} is not one of {QUANTILE_SCOPES}")
         self.tau_p, self.q, self.quantile_scope = tau_p, q, quantile_scope
 
     def silenced(self, batch: SelectionBatch) -> torch.Tensor:
