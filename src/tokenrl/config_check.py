@@ -25,7 +25,7 @@ from tokenrl.records.rules import Rule, is_int
 CLOSED_NODES = ("", "validation", "samples", "fast_path", "diagnostics", "checkpoint", "rollout", "model", "algorithm",
                 "paths", "export")
 # Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
-OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing")}
+OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing", "paper_task")}
 # Nodes built by `hydra.utils.instantiate` (and each logger): each key must be a keyword of their `_target_`.
 TARGET_NODES = ("selector", "task", "trainer", "trainer.strategy", "trainer.strategy.mixed_precision",
                 "algorithm.optimizer")

@@ -7,9 +7,11 @@ leaf key of every shipped config and fails on one that has neither a rule nor th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tokenrl.data.benchmarks import BENCHMARKS, expand
+from tokenrl.paths import CONFIG_DIR
 from tokenrl.records.rules import (BOOLEAN, FREE_TEXT, Rule, integer, is_int, is_number, list_of, mapping_of, number,
                                    one_of, optional)
 
@@ -34,6 +36,7 @@ def _benchmarks(value: Any) -> bool:
 
 
 POSITIVE = number(0, low_open=True)
+TASKS = sorted(path.stem for path in (Path(CONFIG_DIR) / "task").glob("*.yaml"))   # the `task=` choices
 
 
 def temperature(greedy: str) -> Rule:
@@ -100,6 +103,7 @@ RULES: dict[str, Rule] = {
     "model.reference_dtype": optional(DTYPE_NAMES, "as model.dtype"),
     "model.chat_template": Rule(lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
     "model.lora": LORA,
+    "model.paper_task": optional(one_of(*TASKS), "the task train.yaml's defaults choose"),
     "model.gradient_checkpointing": BOOLEAN,
     "model.lr": POSITIVE,
     "model.prompts_per_step": integer(1),

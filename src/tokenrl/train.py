@@ -29,6 +29,7 @@ from tokenrl.data.tasks import Task
 from tokenrl.devices import narrow_to_trainer_gpu, runs_on_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.hf_export import export_run
+from tokenrl.machine_defaults import with_machine_defaults
 from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
 from tokenrl.models.warmup import warmed_up
@@ -240,7 +241,7 @@ def train(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     reexec_with_tcmalloc()
-    sys.argv[1:] = run_dir_override(sys.argv[1:])
+    sys.argv[1:] = with_machine_defaults(run_dir_override(sys.argv[1:]))
     train()
 
 

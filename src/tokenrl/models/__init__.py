@@ -40,10 +40,11 @@ def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kw
         return loader.from_pretrained(source, **kwargs)
     except (OSError, ValueError):   # ValueError: huggingface_hub's HFValidationError for a path that is no repo id
         raise FileNotFoundError(
-            f"{field}={source!r} is neither a prepared local folder nor reachable on the hub. "
-            f"Offline: run `bash scripts/setup.sh` (prepares the default model) or set {field}=/path/to/hf_folder; "
-            f"for tests and throughput runs, random weights with a character tokenizer need no files: add "
-            f"`model.init=random model.tokenizer=char`.") from None
+            f"{field}={source!r} is neither a prepared local folder nor reachable on the hub. Offline: download it "
+            f"where the Hub answers (`huggingface-cli download {source} --local-dir DIR`), copy DIR to this machine "
+            f"and set {field}=DIR (`bash scripts/setup.sh` prepares only the offline default, SmolLM2-135M-Instruct); "
+            f"for tests and throughput runs on a machine that holds the model, random weights with a character "
+            f"tokenizer need no files: add `model.init=random model.tokenizer=char`.") from None
 
 
 def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:

@@ -1,0 +1,70 @@
+"""What a plain `python train.py <overrides>` adds for the machine it runs on, before Hydra composes the config.
+
+train.yaml's defaults are the laptop's (`trainer=cpu`, `rollout=hf`, `task=arithmetic`). A command that leaves a choice
+to them is completed here, visibly: on a machine with a GPU `trainer=gpu` (bf16-mixed) and `rollout=vllm_gpu` where vLLM
+is installed (`rollout=hf` where it is not); with a model preset that names its paper's task (`model.paper_task`, e.g.
+Qwen2.5's GSM8K), `task=<that task>`. Whatever the command names itself (`trainer=`, `rollout=`, `task=`), an
+experiment (which states all three) and sweeps (`-m`: their jobs may run on other machines) are left as they are.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tokenrl.paths import CONFIG_DIR
+
+CHOICE = re.compile(r"^(trainer|rollout|task|experiment|model)=([^\s]+)$")
+
+
+def preset_value(group: str, name: str, key: str) -> Any:
+    """`key` of the preset configs/<group>/<name>.yaml, or of a `/base/...@_here_` file it pulls in (None: neither
+    sets it, or there is no such preset: Hydra will say so)."""
+    path = Path(CONFIG_DIR) / group / f"{name}.yaml"
+    if not path.is_file():
+        return None
+    node = yaml.safe_load(path.read_text()) or {}
+    if key in node:
+        return node[key]
+    for entry in node.get("defaults", []):
+        if isinstance(entry, str) and entry.startswith("/base/") and entry.endswith("@_here_"):
+            base = entry.removeprefix("/base/").removesuffix("@_here_")
+            value = preset_value("base", base, key)
+            if value is not None:
+                return value
+    return None
+
+
+def machine_overrides(argv: list[str], gpu: bool, vllm: bool) -> list[str]:
+    """The overrides a command leaves to train.yaml's defaults and this machine decides (see the module docstring)."""
+    if any(arg in ("-m", "--multirun") for arg in argv):
+        return []
+    chosen = {match[1]: match[2] for arg in argv if (match := CHOICE.match(arg.lstrip("+")))}
+    if "experiment" in chosen:
+        return []
+    added = []
+    if gpu and "trainer" not in chosen:
+        added.append("trainer=gpu")
+    if gpu and "rollout" not in chosen:
+        added.append("rollout=vllm_gpu" if vllm else "rollout=hf")
+    task = preset_value("model", chosen["model"], "paper_task") if "model" in chosen and "task" not in chosen else None
+    if task:
+        added.append(f"task={task}")
+    return added
+
+
+def with_machine_defaults(argv: list[str]) -> list[str]:
+    """`argv` completed for this machine, with one line on stderr saying what was added and how to choose otherwise."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    added = machine_overrides(argv, gpu, importlib.util.find_spec("vllm") is not None)
+    if added:
+        where = "this machine has a GPU" if gpu else "this machine has no GPU (trainer=cpu, rollout=hf)"
+        print(f"tokenrl: {where}; added {' '.join(added)} (name trainer=, rollout= or task= to choose otherwise)",
+              file=sys.stderr)
+    return [*argv, *added]
