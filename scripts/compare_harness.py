@@ -147,7 +147,7 @@ def tokenrl_side(task: str, model_dir: Path, data_dir: Path | None, limit: int, 
     samples = work / f"{task}.tokenrl.samples.jsonl"
     try:
         result = evaluate(task, problems, instruction, engine, formatter, scorer, settings,
-                          samples_path=samples, progress=False)
+                          samples_path=samples)
         rows = [json.loads(line) for line in samples.read_text().splitlines()]
         flexible = (scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows])
                     if task == "gsm8k" else None)

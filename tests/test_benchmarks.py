@@ -2,11 +2,13 @@
 the local files (through a folder laid out as each Hub repository); bad input is named precisely."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -87,6 +89,38 @@ def test_malformed_record_names_file_and_line(tmp_path):
         BENCHMARKS["mmlu_stem"].load(tmp_path)
 
 
+
+def _math_archive(path: Path, members: dict[str, bytes]) -> None:
+    """A MATH_train.tar.gz at `path` holding `members` (name -> content)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as archive:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+
+
+def test_a_malformed_member_of_a_benchmark_archive_names_archive_member_and_line(tmp_path):
+    archive = tmp_path / LOCAL["math_train"]
+    good = json.dumps({"problem": "1+1?", "type": "Algebra", "solution": "\\boxed{2}"}).encode()
+    member = f"{archive}:MATH/train/algebra/2.json"
+    _math_archive(archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b'{"problem": "x",\n  oops}'})
+    with pytest.raises(DataFormatError, match=re.escape(f"{member}:2: not valid JSON (Expecting property name enclosed "
+                                                        "in double quotes at column 3)")):
+        BENCHMARKS["math_train"].load(tmp_path)
+    _math_archive(archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b"[1]"})
+    with pytest.raises(DataFormatError, match=re.escape(f"{member}: expected a JSON object")):
+        BENCHMARKS["math_train"].load(tmp_path)
+    _math_archive(archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b'{"problem": "\xff"}'})
+    with pytest.raises(DataFormatError, match=re.escape(f"{member}: not UTF-8 text")):
+        BENCHMARKS["math_train"].load(tmp_path)
+    _math_archive(archive, {"MATH/train/algebra/1.json": good})
+    assert [p.answer for p in BENCHMARKS["math_train"].load(tmp_path)] == ["2"]
+    archive.write_bytes(archive.read_bytes()[:60])   # cut short: a copy that did not finish
+    with pytest.raises(DataFormatError, match=re.escape(f"{archive}: not a readable tar archive")):
+        BENCHMARKS["math_train"].load(tmp_path)
+
+
 def test_evaluate_counts_and_files(tmp_path):
     """A real (tiny) engine; the verifier sees what was generated, so pass@k matches the written samples."""
     from tests.helpers.tiny import tiny_policy
@@ -101,7 +135,7 @@ def test_evaluate_counts_and_files(tmp_path):
     try:
         result = evaluate("toy", problems, "", HFEngine(model, tok), PromptFormatter(tok, False), scorer,
                           EvalSettings(n_samples=4, ks=(1, 4), max_new_tokens=14, batch_prompts=2),
-                          samples_path=tmp_path / "toy.samples.jsonl", progress=False)
+                          samples_path=tmp_path / "toy.samples.jsonl")
     finally:
         scorer.close()
     lines = [json.loads(line) for line in (tmp_path / "toy.samples.jsonl").read_text().splitlines()]

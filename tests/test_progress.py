@@ -67,3 +67,16 @@ def test_a_redirected_run_writes_each_line_to_its_output_and_train_log_as_it_hap
     for text in (out.read_text(), log_file.read_text()):
         steps = [LINE.search(line) for line in text.splitlines() if "[tokenrl.progress]" in line]
         assert [m[1] for m in steps if m] == ["1", "2", "3"] and all(steps), text[-3000:]
+
+
+def test_the_progress_bar_counts_rollout_steps_of_the_run(tiny_cfg, capfd):
+    """A short run with the bar on: it counts rollout steps k/total_steps (tqdm's ETA follows), not an epoch's batches
+    ("Epoch 0/-2" before)."""
+    from tokenrl.train import run
+
+    run(tiny_cfg("trainer.enable_progress_bar=true", "total_steps=2", "task.verifier=tests.helpers.rewards:length_reward"))
+    captured = capfd.readouterr()
+    bar = (captured.out + captured.err).replace("\r", "\n")
+    renderings = [line for line in bar.splitlines() if "it/s" in line]
+    assert renderings[-1].startswith("rollout steps: 100%") and "| 2/2 [" in renderings[-1], bar[-2000:]
+    assert "/-" not in bar   # no epoch count of a run without epochs

@@ -9,7 +9,7 @@ shows nothing useful until the end. `ProgressLog` logs one INFO record per rollo
 
 `k/N`: rollout steps done / `total_steps`. The numbers are the step's logged metrics (`train/reward`,
 `train/accuracy`, `train/entropy`, `select/fraction`, `time/<phase>`, read from `trainer.callback_metrics`: over all
-ranks under DDP); only rank 0 writes.
+ranks under DDP); only rank 0 writes. On a terminal, `RolloutProgressBar` counts the same rollout steps with an ETA.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +52,23 @@ class ProgressLog(L.Callback):
         step = int(metrics["train/rollout_step"]) if "train/rollout_step" in metrics else \
             getattr(pl_module, "rollout_step", batch_idx + 1)
         log.info(self.line(metrics, step))
+
+
+class RolloutProgressBar(TQDMProgressBar):
+    """Lightning's progress bar counting rollout steps of `total_steps` (tqdm's rate and ETA follow), from the step a
+    resumed run starts at, instead of an epoch's batches (the run is one pass over `total_steps` prompt batches)."""
+
+    def __init__(self, total_steps: int) -> None:
+        super().__init__()
+        self.total_steps = total_steps
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        done = int(getattr(pl_module, "rollout_step", 0))
+        self.train_progress_bar.reset(total=self.total_steps)
+        self.train_progress_bar.initial = done
+        self.train_progress_bar.n = done
+        self.train_progress_bar.set_description("rollout steps")
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        return {key: value for key, value in super().get_metrics(trainer, pl_module).items() if key != "v_num"}

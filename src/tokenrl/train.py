@@ -36,7 +36,7 @@ from tokenrl.models.warmup import warmed_up
 from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.preemption import Preempted, PreemptionWatch
-from tokenrl.progress import ProgressLog
+from tokenrl.progress import ProgressLog, RolloutProgressBar
 from tokenrl.resume import RunComplete, kept_metric_rows, resolve_checkpoint, run_dir_override
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.samples import SampleWriter
@@ -116,6 +116,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     # one log line per rollout step (console, train.log); preemption signals → last.ckpt
     callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), module.preemption]
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(RolloutProgressBar(cfg.total_steps))
     if cfg.checkpoint.enabled:
         callbacks.append(RunCheckpoint(output_dir / "checkpoints", cfg.checkpoint.every_n_steps,
                                        cfg.checkpoint.monitor, cfg.checkpoint.mode))

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.passk import PassAtK
@@ -18,6 +17,7 @@ from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.utils import derived_seed
 
 log = logging.getLogger(__name__)
+PROGRESS_AFTER_S = 5.0   # an evaluation shorter than this stays quiet
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ class EvalSettings:
 
 def evaluate(name: str, problems: list[Problem], instruction: str, engine: RolloutEngine,
              formatter: PromptFormatter, scorer: SafeScorer, settings: EvalSettings,
-             samples_path: Path | None = None, progress: bool = True) -> dict:
+             samples_path: Path | None = None) -> dict:
     """pass@k for k in settings.ks, avg@n and counts; one JSON line per sample in `samples_path` (no question text).
+    Once it has run `PROGRESS_AFTER_S`, a line per batch of prompts says how far it is and about how long is left.
 
     Prompts longer than `max_prompt_length` tokens are skipped (counted in `skipped_long_prompts`)."""
     if any(k > settings.n_samples for k in settings.ks):
@@ -58,7 +59,7 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
     handle = samples_path.open("w") if samples_path else None
     try:
         batches = range(0, len(kept), settings.batch_prompts)
-        for first in tqdm(batches, desc=name, disable=not progress, unit="batch"):
+        for done, first in enumerate(batches, start=1):
             chunk = kept[first:first + settings.batch_prompts]
             rollouts = engine.generate(prompts[first:first + settings.batch_prompts], params,
                                        seed=derived_seed(settings.seed, "eval", name, first))
@@ -70,6 +71,11 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
                 metric.update(correct, settings.n_samples)
             correct_total += float(per_problem.sum())
             tokens += int(rollouts.response_mask.sum())
+            elapsed = time.perf_counter() - start
+            if elapsed > PROGRESS_AFTER_S:
+                log.info("%s: %d/%d batches of %d prompts × %d samples, %.0f s, about %.0f s left", name, done,
+                         len(batches), settings.batch_prompts, settings.n_samples, elapsed,
+                         elapsed / done * (len(batches) - done))
             if handle:
                 for row, (problem, text, score, reason) in enumerate(
                         zip(answers, rollouts.texts, scores, rollouts.finish_reasons)):
@@ -113,7 +119,7 @@ class Validator:
         out = {}
         for validation_set in self.sets:
             result = evaluate(f"val/{validation_set.prefix}".rstrip("/"), validation_set.problems,
-                              validation_set.instruction, engine, self.formatter, scorer, self.settings, progress=False)
+                              validation_set.instruction, engine, self.formatter, scorer, self.settings)
             out.update({f"{validation_set.prefix}{key}": float(value) for key, value in result.items()
                         if key.startswith(("pass@", "avg@"))})
         return out
