@@ -4,21 +4,30 @@
         [--also-against random] [--title "CPU selector study"] [--reading notes.md]
 
 Writes report.md, report.json, curves.png, passk.png and samples.html into --out (default: <folder>/report).
-Failed, incomplete and never-started runs are listed as such and left out of every mean.
+Failed, incomplete and never-started runs are listed as such and left out of every mean. A bad input (a missing or
+empty folder, a single run's folder) is one `error:` line on stderr and exit status 2.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tokenrl.report import build_report  # noqa: E402
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser; a bad command line is one `error:` line and exit status 2, as every bad input here."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (python scripts/report.py --help lists the options)\n")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a multirun folder (logs/<task_name>/multiruns/<time>)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <folder>/report)")
     parser.add_argument("--baseline", default="uniform", help="group the paired differences are taken against")
@@ -27,8 +36,13 @@ def main() -> None:
     parser.add_argument("--title", default=None)
     parser.add_argument("--reading", type=Path, default=None, help="markdown inserted under the command (your reading)")
     args = parser.parse_args()
-    payload = build_report(args.folder, args.out or args.folder / "report", args.baseline, args.title, args.reading,
-                           tuple(args.also_against))
+    try:
+        if args.reading and not args.reading.is_file():
+            raise FileNotFoundError(f"--reading {args.reading}: no such file")
+        payload = build_report(args.folder, args.out or args.folder / "report", args.baseline, args.title,
+                               args.reading, tuple(args.also_against))
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"error: {err}\n")
     bad = [r for r in payload["runs"] if r["status"] != "complete"]
     print(f"{len(payload['runs']) - len(bad)} complete runs, {len(bad)} not complete, "
           f"{len(payload['missing'])} never started -> {args.out or args.folder / 'report'}/report.md")

@@ -66,6 +66,22 @@ def test_a_parquet_file_trains_with_named_fields_a_pattern_and_a_test_file(tiny_
     assert summary["rollout_steps"] == 2 and summary["optimizer_steps"] >= 2 and "val/pass@1" in summary
 
 
+
+def test_a_glob_of_two_files_trains_on_the_rows_of_both(tiny_cfg, tmp_path):
+    write_jsonl(tmp_path / "b.jsonl", sums(10)[6:])
+    write_jsonl(tmp_path / "a.jsonl", sums(6))
+    write_jsonl(tmp_path / "a.jsonl.bak", sums(20)[12:])   # the glob's suffix leaves it out
+    cfg = tiny_cfg("task=dataset", f"task.source='{tmp_path}/*.jsonl'", "task.answer_extractor=gsm8k",
+                   "task.test_fraction=0.2", *LEARNS)
+    module, datamodule, trainer = build_components(cfg)
+    datamodule.setup("fit")
+    task = datamodule.task
+    held_out = {p.question for p in task.problems("test")}
+    assert len(held_out) == 2 and {p.question for p in datamodule.train_problems} | held_out == {
+        r["question"] for r in sums(10)}   # a.jsonl's rows 0-5 and b.jsonl's 6-9, once each
+    by_id = {p.id: p.question for p in task.problems("train") + task.problems("test")}
+    assert by_id["train-6"] == "5+6=?" and by_id["train-7"] == "6+7=?"   # sorted: a.jsonl's rows, then b.jsonl's
+
 def test_splits_by_name_from_a_folder_laid_out_as_a_hub_repository(tmp_path):
     """A Hub id and a local folder in the Hub's layout go through the same `datasets` route."""
     repo = tmp_path / "user" / "sums"

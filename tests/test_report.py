@@ -116,10 +116,24 @@ def test_report_tables_from_known_numbers(sweep, tmp_path):
     assert "identical in all 2 runs of seed 0" in page and "would select: ict" in page and "run ict: updated" in page
 
 
-def test_report_on_a_folder_without_runs_says_so(tmp_path):
-    done = subprocess.run([sys.executable, "scripts/report.py", str(tmp_path)], cwd=ROOT, capture_output=True,
+@pytest.mark.parametrize("given,message", [
+    ("missing", "{folder}: no such folder; a report is over a sweep's folder, logs/<task_name>/multiruns/<time>"),
+    ("empty", "{folder} has no job folders (<n>/.hydra/config.yaml); a report is over a sweep's folder"),
+    ("file", "{folder}: not a folder; a report is over a sweep's folder"),
+    ("run", "{folder} is a single run's folder; a report is over a sweep's folder, logs/<task_name>/multiruns/<time>"),
+    ("reading", "--reading {folder}/notes.md: no such file"),
+    ("option", "unrecognized arguments: --baseline-of"),
+])
+def test_each_bad_input_is_one_error_line_and_status_2(sweep, tmp_path, given, message):
+    folder = {"missing": tmp_path / "nothing", "empty": tmp_path, "file": sweep / "multirun.yaml",
+              "run": sweep / "0", "reading": sweep, "option": sweep}[given]
+    extra = {"reading": ["--reading", str(sweep / "notes.md")], "option": ["--baseline-of", "x"]}.get(given, [])
+    done = subprocess.run([sys.executable, "scripts/report.py", str(folder), *extra], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
-    assert done.returncode != 0 and "has no job folders" in done.stderr
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, done.stderr
+    assert message.format(folder=folder) in done.stderr
+    assert not (sweep / "report").exists()
 
 
 def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):

@@ -13,8 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 
+from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
+from tokenrl.checkpointing import SHARDED_META
+from tokenrl.models import build_model
+from tokenrl.resume import check_checkpoint_matches, checkpoint_shapes, policy_shapes
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 
@@ -119,6 +125,31 @@ def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides,
     if status == 2:   # tokenrl's own errors: the traceback is in the run's train.log
         assert "Traceback" in (run_dir / "train.log").read_text()
 
+
+
+def model_config(name: str) -> dict:
+    return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
+
+
+def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp_path):
+    """tests/fixtures/forks_tiny.ckpt: model=forks_tiny's weights' names and shapes (`policy_shapes`), each a
+    stride-0 view of one zero (9 KB), and `tokenrl.rollout_step=1`; a sharded checkpoint is checked by its index."""
+    fixture = ROOT / "tests" / "fixtures" / "forks_tiny.ckpt"
+    forks_tiny, tiny = model_config("forks_tiny"), model_config("tiny")
+    assert checkpoint_shapes(fixture) == (policy_shapes(forks_tiny), True)
+    check_checkpoint_matches(fixture, forks_tiny)
+    with pytest.raises(ValueError, match=r"27 of 27 weights differ in shape, e.g. `policy.lm_head.weight` \[128, 128\] "
+                                         r"in the checkpoint vs \[128, 64\] here\): resume with the model it"):
+        check_checkpoint_matches(fixture, tiny)
+    sharded = tmp_path / "last.ckpt"
+    dcp.save({"model": {key: torch.zeros(shape) for key, shape in policy_shapes(tiny).items()}}, checkpoint_id=sharded)
+    torch.save({"tokenrl": {"rollout_step": 1}}, sharded / SHARDED_META)
+    check_checkpoint_matches(sharded, tiny)
+    with pytest.raises(ValueError, match=rf"ckpt_path={sharded}: a checkpoint of another model \(27 of 27 weights"):
+        check_checkpoint_matches(sharded, forks_tiny)
+    lora = {**tiny, "lora": {"r": 2, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
+    built = {f"policy.{key}": list(value.shape) for key, value in build_model(lora).state_dict().items()}
+    assert policy_shapes(lora) == built and any(".lora_A." in key for key in built)   # the meta build's names
 
 def test_tokenrl_debug_prints_the_traceback(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "train.py"), "debug=default", "total_steps=-1",

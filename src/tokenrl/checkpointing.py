@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
+from tokenrl.cli_errors import checkpoint_mismatch
 from tokenrl.models.base_weights import base_reference, check_base, trained_names, with_base
 
 log = logging.getLogger(__name__)
@@ -242,12 +243,18 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: int) -> None:
     """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`: all
     its weights, or a LoRA checkpoint's adapters onto `model`'s own base, refused (ValueError naming `path`) unless
-    that is the base they were trained on."""
+    that is the base they were trained on; a checkpoint of another model (other shapes) is refused the same way."""
     path = Path(path)
     weights = policy_state_dict(path)
     meta = torch.load(path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True,
                       mmap=path.is_file())
-    model.load_state_dict(with_base(model, weights, meta.get("tokenrl", {}).get("base"), model_cfg, seed, path))
+    state = with_base(model, weights, meta.get("tokenrl", {}).get("base"), model_cfg, seed, path)
+    mismatch = checkpoint_mismatch(path, {key: value.shape for key, value in state.items()},
+                                   {key: value.shape for key, value in model.state_dict().items()},
+                                   "evaluate it with the model it was trained with (its run's model.*)")
+    if mismatch is not None:
+        raise mismatch
+    model.load_state_dict(state)
 
 
 class RunCheckpoint(ModelCheckpoint):

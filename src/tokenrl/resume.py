@@ -7,7 +7,8 @@ the checkpoint holds (rows of steps after it, which the resumed run redoes, are 
 from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job); when that
 `last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
 without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
-name (checkpointing.py).
+name (checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
+(`check_checkpoint_matches`).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import csv
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 from tokenrl.checkpointing import SHARDED_META, interrupted_swap, is_sharded_checkpoint
+from tokenrl.cli_errors import checkpoint_mismatch
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -81,6 +83,55 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_step
                          f"left to train; set total_steps above {step} to continue training")
     log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
     return str(path), step
+
+
+def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
+    """The shapes of the `policy.*` weights of the checkpoint at `path` (a `.ckpt` file, memory-mapped, or a sharded
+    folder's index: no weights are read), and whether it holds them all (False: a LoRA checkpoint's adapters)."""
+    path = Path(path)
+    if path.is_dir():
+        from torch.distributed.checkpoint import FileSystemReader
+
+        index = FileSystemReader(path).read_metadata().state_dict_metadata
+        shapes = {key.removeprefix("model."): list(item.size) for key, item in index.items()
+                  if key.startswith("model.policy.")}
+        meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
+    else:
+        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        shapes = {key: list(value.shape) for key, value in meta.get("state_dict", {}).items()
+                  if key.startswith("policy.")}
+    return shapes, meta.get("tokenrl", {}).get("base") is None
+
+
+def policy_shapes(model_cfg: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The shapes of the `policy.*` weights a run of `model.*` = `model_cfg` checkpoints, from its architecture
+    built on the meta device (no memory, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tokenrl.models import _load_pretrained
+
+    if model_cfg["init"] == "random":
+        arch = dict(model_cfg["architecture"])
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    else:
+        config = _load_pretrained(model_cfg["source"], AutoConfig)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    if model_cfg.get("lora"):
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
+    return {f"policy.{key}": list(value.shape) for key, value in model.state_dict().items()}
+
+
+def check_checkpoint_matches(path: str | Path, model_cfg: Mapping[str, Any]) -> None:
+    """Raise ValueError (one line naming `path`, how many weights differ and one of them) unless the checkpoint at
+    `path` holds weights of the shapes the model of `model_cfg` has."""
+    saved, complete = checkpoint_shapes(path)
+    mismatch = checkpoint_mismatch(path, saved, policy_shapes(model_cfg), "resume with the model it was trained with",
+                                   complete)
+    if mismatch is not None:
+        raise mismatch
 
 
 def run_dir_override(argv: list[str]) -> list[str]:

@@ -91,12 +91,30 @@ def _json_array(path: Path) -> list[Row]:
     return [(f"{path}[{i}]", row) for i, row in enumerate(rows)]
 
 
+def _archive_member(archive: tarfile.TarFile, path: Path, member: tarfile.TarInfo) -> dict[str, Any]:
+    """The JSON object of one member of a tar archive; DataFormatError naming archive, member, line and column."""
+    where = Path(f"{path}:{member.name}")
+    try:
+        row = json.loads(archive.extractfile(member).read().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DataFormatError(f"{where}: not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise json_error(where, err) from None
+    if not isinstance(row, dict):
+        raise DataFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
 def _math_tar(path: Path) -> list[Row]:
     """Hendrycks MATH train from the tar archive, read in place (files under MATH/train/<subject>/)."""
-    with tarfile.open(_require(path)) as archive:
-        return [(f"{path}:{member.name}", json.loads(archive.extractfile(member).read()))
-                for member in sorted(archive.getmembers(), key=lambda m: m.name)
-                if member.isfile() and member.name.endswith(".json") and "/train/" in member.name]
+    _require(path)
+    try:
+        with tarfile.open(path) as archive:
+            return [(f"{path}:{member.name}", _archive_member(archive, path, member))
+                    for member in sorted(archive.getmembers(), key=lambda m: m.name)
+                    if member.isfile() and member.name.endswith(".json") and "/train/" in member.name]
+    except (tarfile.TarError, EOFError) as err:
+        raise DataFormatError(f"{path}: not a readable tar archive ({err})") from None
 
 
 def _gpqa_zip(path: Path) -> list[Row]:

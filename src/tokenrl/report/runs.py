@@ -36,6 +36,7 @@ class Run:
 
 
 ROLLOUT_STEP = "train/rollout_step"
+SWEEP_FOLDER = "a report is over a sweep's folder, logs/<task_name>/multiruns/<time> (`python train.py -m ...`)"
 
 
 def rollout_step_index(logged: float | str) -> int:
@@ -106,11 +107,13 @@ def load_sweep(folder: Path) -> list[Run]:
     """Every job folder (a numbered folder with `.hydra/`) under a multirun folder, labelled by its swept overrides."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"multirun folder {folder} does not exist")
+        raise FileNotFoundError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}; {SWEEP_FOLDER}")
+    if (folder / ".hydra" / "config.yaml").is_file():
+        raise ValueError(f"{folder} is a single run's folder; {SWEEP_FOLDER}")
     jobs = sorted((p for p in folder.iterdir() if p.is_dir() and (p / ".hydra" / "config.yaml").is_file()),
                   key=lambda p: (len(p.name), p.name))
     if not jobs:
-        raise ValueError(f"{folder} has no job folders (<n>/.hydra/config.yaml): is it a Hydra multirun folder?")
+        raise ValueError(f"{folder} has no job folders (<n>/.hydra/config.yaml); {SWEEP_FOLDER}")
     runs = [load_run(job) for job in jobs]
     varying = sorted(set(sweep_grid(folder)) - {"seed"}) or sorted(
         {k for run in runs for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1} - {"seed"})
