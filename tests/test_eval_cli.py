@@ -53,6 +53,7 @@ def assert_reproduction_record(results):
         assert prompt["template"].rstrip().endswith(bench.instruction) and prompt["max_prompt_length"] == 2048
         assert record["sampling"] == {**record["sampling"], "n": 4, "ks": [1, 4], "temperature": 1.0, "top_p": 1.0,
                                       "top_k": 0, "max_new_tokens": 6, "seed": 0}
+        assert not {"temperature", "top_p", "top_k", "max_new_tokens"} & set(record["engine"])   # one sampling setting
         assert record["engine"]["engine"] == "hf" and record["verifiers"] == ["gsm8k_strict" if r["benchmark"] ==
                                                                               "gsm8k" else "math"]
         versions = record["versions"]

@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from tests.helpers.crash import Crash, CrashAfter
 from tests.helpers.forked_cli import forked_python
 from tokenrl.checkpointing import load_policy, policy_state_dict
 from tokenrl.export_cli import export
@@ -23,20 +24,6 @@ LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_p
 RUN = [LORA, "task.verifier=tests.helpers.rewards:length_reward", "total_steps=3", "checkpoint.enabled=true",
        "checkpoint.every_n_steps=1"]
 
-
-class Crash(RuntimeError):
-    pass
-
-
-class CrashAfter(L.Callback):
-    """Stops the run with an error right after step `steps` (its checkpoint written), as a node failure would."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if module.rollout_step >= self.steps:
-            raise Crash(f"stopped after step {self.steps}")
 
 
 def fit(cfg, *callbacks, ckpt_path=None):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tokenrl.train import build_components, run
+from tests.helpers.crash import Crash, CrashAfter
 
 LEARNABLE = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=3"]
 
@@ -228,20 +229,6 @@ def test_negative_warmup_is_named(tiny_cfg):
     with pytest.raises(ValueError, match=r"algorithm.lr_warmup_steps=-1 must be >= 0"):
         fit(tiny_cfg(*LEARNABLE, "algorithm.lr_warmup_steps=-1"))
 
-
-class Crash(RuntimeError):
-    pass
-
-
-class CrashAfter(L.Callback):
-    """Kills the run right after step `steps` (its checkpoint written), as a node failure would."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if module.rollout_step >= self.steps:
-            raise Crash(f"stopped after step {self.steps}")
 
 
 @pytest.mark.parametrize("extra", [[], pytest.param(["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"],

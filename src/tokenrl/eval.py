@@ -28,6 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import load_policy
+from tokenrl.cli_errors import report_user_error
+from tokenrl.config_check import check_eval_config
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate
@@ -39,6 +41,10 @@ from tokenrl.rollout import build_engine
 log = logging.getLogger(__name__)
 
 
+# errors of the user's settings or files: one line on the console, the traceback in the run's log (docs/errors.md)
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError)
+# rollout.* keys of training that eval ignores (it samples by eval.*)
+TRAINING_SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length")
 VERSIONED = ("tokenrl", "torch", "transformers", "vllm", "math-verify", "datasets", "lightning", "peft")
 
 
@@ -95,7 +101,8 @@ def reproduction_record(cfg: DictConfig, bench: Benchmark, settings: EvalSetting
                         verifiers: list[str]) -> dict[str, Any]:
     """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    rollout = OmegaConf.to_container(cfg.rollout, resolve=True)
+    rollout = {key: value for key, value in OmegaConf.to_container(cfg.rollout, resolve=True).items()
+               if key not in TRAINING_SAMPLING}   # the evaluation samples by `eval.*` (recorded under "sampling")
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -134,6 +141,7 @@ def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
 
 
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
+    check_eval_config(cfg)
     names = expand(OmegaConf.to_container(cfg.benchmark) if OmegaConf.is_list(cfg.benchmark) else str(cfg.benchmark))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     tokenizer = build_tokenizer(model_cfg)
@@ -179,7 +187,11 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def evaluate_main(cfg: DictConfig) -> None:
-    run(cfg)
+    try:
+        run(cfg)
+    except USER_ERRORS as err:
+        report_user_error(err)
+        raise SystemExit(2) from None
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.allocator import reexec_with_tcmalloc
 from tokenrl.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
+from tokenrl.cli_errors import report_user_error
 from tokenrl.config_check import check_config
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
@@ -37,7 +38,8 @@ from tokenrl.module import GRPOModule
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.preemption import Preempted, PreemptionWatch
 from tokenrl.progress import ProgressLog, RolloutProgressBar
-from tokenrl.resume import RunComplete, kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.resume import (RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint,
+                            run_dir_override)
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.samples import SampleWriter
 from tokenrl.step.fast_path import FastPath
@@ -47,7 +49,6 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 # errors of the user's settings, files or disk: one line on the console, the traceback in train.log
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteError)
-DEBUG_ENV = "TOKENRL_DEBUG"   # =1: the traceback of a user error on the console too
 
 
 def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
@@ -179,6 +180,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     if ckpt_path is not None:
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
+        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))   # before any load
     L.seed_everything(cfg.seed, workers=True)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
@@ -212,22 +214,6 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         torch.distributed.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
         torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown
     return summary
-
-
-def report_user_error(err: BaseException) -> None:
-    """One line on the console naming what to fix; the traceback in train.log (and on the console with
-    TOKENRL_DEBUG=1)."""
-    debug = os.environ.get(DEBUG_ENV) == "1"
-    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (err,), (type(err), err, err.__traceback__))
-    for handler in files:
-        handler.handle(record)
-    where = f"in {files[0].baseFilename}; " if files else ""
-    hint = "" if debug else f"\n(the traceback is {where}TOKENRL_DEBUG=1 prints it here)"
-    print(f"error: {err}{hint}", file=sys.stderr)
-    if debug:
-        import traceback
-        traceback.print_exception(err)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
