@@ -83,7 +83,7 @@ def test_unknown_selector_on_the_command_line_names_valid_choices(cli_runs):
 # Every field of the six Qwen2.5 presets (configs/model/qwen*.yaml state only their deltas over
 # configs/base/qwen2.5.yaml; the instruct files over their base-model size): composing must give exactly this.
 QWEN_COMMON = {"tokenizer": None, "init": "pretrained", "dtype": "fp32", "reference_dtype": "bf16", "lora": None,
-               "lr": 1e-6, "prompts_per_step": 32}
+               "lr": 1e-6, "prompts_per_step": 32, "paper_task": "gsm8k"}
 QWEN_ARCH_COMMON = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "bos_token_id": 151643,
                     "pad_token_id": 151643}
 # name: (micro_batch_size, stats_chunk_size, hidden, intermediate, layers, heads, kv heads, vocab, tied, max positions,

@@ -306,7 +306,7 @@ def test_push_to_hub_without_the_hub_keeps_the_folder_and_says_how_to_push(full_
 def test_export_settings_are_checked_at_start_up_and_the_console_script_is_declared():
     from tokenrl.config_check import ConfigError, check_config
 
-    with pytest.raises(ConfigError, match=r"export.dtype='bf61': must be bf16, fp32, fp16 or null"):
+    with pytest.raises(ConfigError, match=r"export.dtype='bf61': must be one of fp32, bf16, fp16 or null"):
         check_config(compose_config(["model=tiny", "export.dtype=bf61"]))
     with pytest.raises(ConfigError, match=r"\+export.dtpye: no such setting at `export`.*did you mean `dtype`"):
         check_config(compose_config(["model=tiny", "+export.dtpye=bf16"]), ["+export.dtpye=bf16"])

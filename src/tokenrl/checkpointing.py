@@ -314,5 +314,7 @@ class AdapterCheckpoints:
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
-        check_base(checkpoint["tokenrl"].get("base"), self.base, self.trainer.ckpt_path)
+        saved = checkpoint["tokenrl"].get("base")
+        if saved is not None:   # a LoRA checkpoint (the path is for the message; restored outside a fit, none)
+            check_base(saved, self.base, self._trainer.ckpt_path if self._trainer is not None else "the checkpoint")
         super().on_load_checkpoint(checkpoint)
