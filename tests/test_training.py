@@ -376,3 +376,13 @@ def test_samples_record_tokens_statistics_and_each_selectors_choice(tiny_cfg, tm
             # this run's selector is ICT with the paper defaults: what it updated is what the reference ICT picks
             assert record["updated"] == record["would_select"]["ict"]
             assert sum(record["updated"]) == math.ceil(0.1 * n)
+
+
+def test_a_reference_selection_at_another_ratio_than_the_runs_is_named_by_it(tiny_cfg, tmp_path):
+    import json
+
+    run(tiny_cfg("total_steps=1", "selector=ict", "selector_warmup_steps=0", "selector_ratio=0.3",
+                 "samples.every_n_steps=1", "samples.rows=2", "task.verifier=tests.helpers.rewards:length_reward"))
+    record = json.loads((tmp_path / "samples" / "step_0000.jsonl").read_text().splitlines()[0])
+    assert set(record["would_select"]) == {"ict@0.1", "entropy20", "stapo"}   # the reference ICT, not the run's 0.3
+    assert sum(record["would_select"]["ict@0.1"]) == math.ceil(0.1 * len(record["tokens"]))

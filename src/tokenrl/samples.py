@@ -5,7 +5,8 @@ rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, 
 the decoded prompt and token pieces, reward, advantage, per-token entropy (and JS when computed), the mask this
 run's selector actually updated (`updated`), and what each reference selector would choose on the same tokens
 (`would_select`: `selectors.reference_selectors`, ICT top-10% per response without warm-up when JS is there,
-20-Entropy, STAPO), and the true forks (`forks`, 0/1 per token) where the task names them (task=forks).
+20-Entropy, STAPO; a reference named like the run's own selector but at another ratio is named with its ratio,
+`ict@0.1`), and the true forks (`forks`, 0/1 per token) where the task names them (task=forks).
 """
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ class SampleWriter:
     """Writes the first `rows` responses of every `every_n_steps`-th rollout step (0 turns it off)."""
 
     def __init__(self, folder: Path, every_n_steps: int, rows: int, tokenizer: PreTrainedTokenizerBase,
-                 selector_name: str) -> None:
+                 selector_name: str, selector_ratio: float | None = None) -> None:
         if every_n_steps < 0 or rows < 0:
             raise ValueError(f"samples.every_n_steps={every_n_steps} and samples.rows={rows} must be >= 0")
         self.folder, self.every, self.rows = Path(folder), every_n_steps, rows
-        self.tokenizer, self.selector_name = tokenizer, selector_name
+        self.tokenizer, self.selector_name, self.selector_ratio = tokenizer, selector_name, selector_ratio
 
     def due(self, step: int) -> bool:
         return self.every > 0 and self.rows > 0 and step % self.every == 0
@@ -47,12 +48,20 @@ class SampleWriter:
         return {name: selector.select(batch).mask for name, selector in
                 reference_selectors(batch.stats.js is not None).items()}
 
+    def reference_name(self, name: str, ratio: float | None) -> str:
+        """`name`, or `name@ratio` when the run's own selector has that name at another ratio (ICT at 0.3 beside the
+        reference ICT at the paper's 0.1)."""
+        differs = name == self.selector_name and ratio is not None and ratio != self.selector_ratio
+        return f"{name}@{ratio:g}" if differs else name
+
     def record(self, train: TrainBatch, update: UpdateResult, whole: SelectionBatch, rank: int) -> None:
         """The step's rows, when a page is due: every rank computes the reference selections (they may gather across
         ranks), rank 0 writes."""
         if not self.due(train.step):
             return
-        would = self.reference_masks(whole)
+        references = reference_selectors(whole.stats.js is not None)
+        would = {self.reference_name(name, getattr(references[name], "ratio", None)): mask
+                 for name, mask in self.reference_masks(whole).items()}
         if rank == 0:
             self.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights, would,
                        update.first_epoch_shaping, train.forks)

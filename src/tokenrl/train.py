@@ -103,7 +103,8 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
         validator = Validator(validation_sets(cfg, task), formatter, settings)
     selector = instantiate(cfg.selector)
     sample_writer = SampleWriter(Path(cfg.paths.output_dir) / "samples", cfg.samples.every_n_steps, cfg.samples.rows,
-                                 tokenizer, selector_name=selector.name)
+                                 tokenizer, selector_name=selector.name,
+                                 selector_ratio=getattr(selector, "ratio", None))
     module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
                         selector=selector, tokenizer=tokenizer,
                         optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,

@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenrl.report.runs import Run
 
 COLOURS = {"forks": "#e63946", "ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
-REFERENCES = {"ict": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
+REFERENCES = {"ict": "ICT (top-10% JS per response)", "ict@0.1": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
               "stapo": "STAPO (silenced spurious tokens removed)"}
 SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
                   "drift_coef": "drift penalty β"}
@@ -110,7 +110,7 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
             f"they differ between runs of seed {seed}, so the rows below come from run {source.job} only")
     shown = [REFERENCES.get(name, name) for name in first[0]["would_select"]]
-    missing = ("" if "ict" in first[0]["would_select"] else
+    missing = ("" if any(name.split("@")[0] == "ict" for name in first[0]["would_select"]) else
                f" ICT is not shown: no run of seed {seed} computed JS (a selector that reads JS, such as ict, or "
                f"diagnostics.js=true computes it).")
     parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
@@ -120,7 +120,7 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     for index, record in enumerate(first[:rows]):
         lines = [_meta(record), _fork_row(record)]
         for name, mask in record["would_select"].items():
-            lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name, "#ddd")))
+            lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name.split("@")[0], "#ddd")))
         if identical:
             for label, recs in records.items():
                 lines.append(_run_rows(f"run {label}", recs[index]))
