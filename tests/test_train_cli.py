@@ -107,18 +107,36 @@ def test_the_error_table_has_its_rows():
     assert len(error_table()) >= 10
 
 
+def model_config(name: str) -> dict:
+    return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
+
+
+def write_forks_tiny_checkpoint(path: Path) -> Path:
+    """A checkpoint with model=forks_tiny's weight names and shapes (each a stride-0 view of one zero: a few KB) after
+    one rollout step: the table's checkpoint of another model."""
+    zero = torch.zeros(1)
+    weights = {key: zero.expand(shape) for key, shape in policy_shapes(model_config("forks_tiny")).items()}
+    torch.save({"state_dict": weights, "tokenrl": {"rollout_step": 1}}, path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """Every row of the table, each `python train.py` forked from the worker's process that imported tokenrl once
-    (tests/helpers/forked_cli.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI)."""
+    (tests/helpers/forked_cli.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI). The files a row
+    names that the repository does not hold (`forks_tiny.ckpt`) are written for it, and the row's words read with
+    their paths."""
     base = tmp_path_factory.mktemp("table")
-    return {overrides: (train("debug=default", *overrides.split(), f"hydra.run.dir={base / str(n)}"), base / str(n))
+    checkpoint = str(write_forks_tiny_checkpoint(base / "forks_tiny.ckpt"))
+    return {overrides: (train("debug=default", *overrides.replace("=forks_tiny.ckpt", f"={checkpoint}").split(),
+                              f"hydra.run.dir={base / str(n)}"), base / str(n))
             for n, (overrides, _, _) in enumerate(error_table())}
 
 
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
 def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides, status, message):
     done, run_dir = table_runs[overrides]
+    message = message.replace("=forks_tiny.ckpt", f"={run_dir.parent / 'forks_tiny.ckpt'}")
     assert done.returncode == status, done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
@@ -127,14 +145,10 @@ def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides,
 
 
 
-def model_config(name: str) -> dict:
-    return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
-
-
 def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp_path):
-    """tests/fixtures/forks_tiny.ckpt: model=forks_tiny's weights' names and shapes (`policy_shapes`), each a
-    stride-0 view of one zero (9 KB), and `tokenrl.rollout_step=1`; a sharded checkpoint is checked by its index."""
-    fixture = ROOT / "tests" / "fixtures" / "forks_tiny.ckpt"
+    """The table's forks_tiny.ckpt: model=forks_tiny's weights' names and shapes (`policy_shapes`) and
+    `tokenrl.rollout_step=1`; a sharded checkpoint is checked by its index."""
+    fixture = write_forks_tiny_checkpoint(tmp_path / "forks_tiny.ckpt")
     forks_tiny, tiny = model_config("forks_tiny"), model_config("tiny")
     assert checkpoint_shapes(fixture) == (policy_shapes(forks_tiny), True)
     check_checkpoint_matches(fixture, forks_tiny)
