@@ -17,7 +17,7 @@ from pathlib import Path
 from tokenrl.report.runs import Run
 
 COLOURS = {"forks": "#e63946", "ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
-REFERENCES = {"ict": "ICT (top-10% JS per response)", "ict@0.1": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
+REFERENCES = {"ict": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
               "stapo": "STAPO (silenced spurious tokens removed)"}
 SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
                   "drift_coef": "drift penalty β"}
@@ -109,8 +109,9 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     identical = all([r["tokens"] for r in recs] == [r["tokens"] for r in first] for recs in records.values())
     note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
             f"they differ between runs of seed {seed}, so the rows below come from run {source.job} only")
-    shown = [REFERENCES.get(name, name) for name in first[0]["would_select"]]
-    missing = ("" if any(name.split("@")[0] == "ict" for name in first[0]["would_select"]) else
+    bases = [name.split("@")[0] for name in first[0]["would_select"]]   # `ict@0.1`: the reference at its own ratio
+    shown = [REFERENCES.get(base, base) for base in bases]
+    missing = ("" if "ict" in bases else
                f" ICT is not shown: no run of seed {seed} computed JS (a selector that reads JS, such as ict, or "
                f"diagnostics.js=true computes it).")
     parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
