@@ -4,10 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))
 
-from tokenrl.allocator import reexec_with_tcmalloc  # noqa: E402
+from tokenrl.cli.train import main  # noqa: E402  (light: the training stack loads once Hydra has a config)
 
 if __name__ == "__main__":
-    reexec_with_tcmalloc()
-    from tokenrl.train import main
-
     main()

@@ -144,7 +144,7 @@ def tokenrl_side(task: str, model_dir: Path, data_dir: Path | None, limit: int, 
     settings = EvalSettings(n_samples=1, ks=(1,), temperature=1.0, top_p=1.0, top_k=1,   # top_k=1: greedy
                             max_new_tokens=int(max_new_tokens or budget), batch_prompts=1, seed=0)
     scorer = SafeScorer(5.0)
-    samples = work / f"{task}.tokenrl.samples.jsonl"
+    samples = work / f"{task}.tokenrl.observe.samples.jsonl"
     try:
         result = evaluate(task, problems, instruction, engine, formatter, scorer, settings,
                           samples_path=samples)

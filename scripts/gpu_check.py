@@ -37,7 +37,7 @@ def steps(gpus: int, work: Path) -> dict[str, list[list[str]] | str]:
     tiny = ["debug=default", "trainer=fsdp", f"trainer.devices={gpus}", "checkpoint.enabled=true",
             "checkpoint.every_n_steps=1", "validation.every_n_steps=0"]
     return {
-        "doctor": [[sys.executable, "-m", "tokenrl.doctor", "--out", str(work / "doctor.json")]],
+        "doctor": [[sys.executable, "-m", "tokenrl.cli.doctor", "--out", str(work / "doctor.json")]],
         "tests": [[sys.executable, "-m", "pytest", "-q", "tests/test_gpu.py"]],
         "ddp_no_sync": ([["env", "DDP_STEP_ACCELERATOR=gpu", sys.executable, "-m", "pytest", "-q",
                           "tests/test_distributed.py", "-k", "all_reduces_once"]] if gpus >= 2 else "needs 2 GPUs"),

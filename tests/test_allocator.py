@@ -1,9 +1,9 @@
-"""allocator.py: the environment that preloads tcmalloc, and when nothing is to change."""
+"""run/allocator.py: the environment that preloads tcmalloc, and when nothing is to change."""
 from __future__ import annotations
 
 import pytest
 
-from tokenrl import allocator
+from tokenrl.run import allocator
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""checkpointing.py: a failed save names the file, the space it needs and that the previous checkpoint is intact;
+"""run/checkpointing.py: a failed save names the file, the space it needs and that the previous checkpoint is intact;
 the temporaries of a killed save are removed; a sharded checkpoint's folder is replaced whole (a kill at any point
 leaves the previous one or the new one complete); the policy's weights are read from either kind.
 The same under 2 real FSDP ranks: tests/test_distributed.py (resume from sharded and full checkpoints)."""
@@ -10,8 +10,8 @@ import io
 import pytest
 import torch
 
-import tokenrl.checkpointing as checkpointing
-from tokenrl.checkpointing import (TEMPORARY_GLOB, AtomicCheckpointIO, AtomicFSDPStrategy, CheckpointWriteError,
+import tokenrl.run.checkpointing as checkpointing
+from tokenrl.run.checkpointing import (TEMPORARY_GLOB, AtomicCheckpointIO, AtomicFSDPStrategy, CheckpointWriteError,
                                    interrupted_swap, is_sharded_checkpoint, policy_state_dict, remove_stale_temporaries)
 
 # a sharded save in one process (no process group) is what torch.distributed.checkpoint warns about

@@ -5,7 +5,8 @@ import logging
 
 import pytest
 
-from tokenrl.cli_errors import DEBUG_ENV, checkpoint_mismatch, report_user_error
+from tokenrl.cli.errors import DEBUG_ENV, report_user_error
+from tokenrl.run.checkpointing import checkpoint_mismatch
 
 
 def test_a_user_error_is_one_error_line_on_the_console_and_its_traceback_in_the_log_file(tmp_path, capsys,

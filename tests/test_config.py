@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 
 
 def node(*overrides: str) -> dict:

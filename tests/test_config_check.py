@@ -1,4 +1,4 @@
-"""`check_config` (config_check.py): every preset, experiment and method passes; each kind of bad setting is named
+"""`check_config` (config/check.py): every preset, experiment and method passes; each kind of bad setting is named
 with its value and what is allowed, all of them at once, before anything loads."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CONFIG_DIR, compose_config
-from tokenrl.config_check import ConfigError, check_config, nearest
+from tokenrl.config.check import ConfigError, check_config, nearest
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 METHODS = sorted(p.stem for p in (Path(CONFIG_DIR) / "method").glob("*.yaml"))

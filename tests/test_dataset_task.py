@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from tests.conftest import ROOT, TINY, compose_config
 from tokenrl.data.dataset_task import DatasetTask
 from tokenrl.data.jsonl import DataFormatError
-from tokenrl.train import build_components, run
+from tokenrl.run.training import build_components, run
 
 LEARNS = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=2", "validation.every_n_steps=2",
           "validation.n_samples=2", "validation.ks=[1,2]"]

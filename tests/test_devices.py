@@ -1,4 +1,4 @@
-"""devices.py: a one-process run on GPU k ≠ 0 sees only that GPU (CUDA_VISIBLE_DEVICES, through an existing one) as
+"""run/devices.py: a one-process run on GPU k ≠ 0 sees only that GPU (CUDA_VISIBLE_DEVICES, through an existing one) as
 device 0, before CUDA starts; several devices, GPU 0, counts and CPUs are left alone; it composes with launcher=local's
 per-slot GPUs."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from hydra_plugins.tokenrl_launcher.fresh_process import slot_devices
 from tests.conftest import compose_config
-from tokenrl.devices import device_indices, narrow_to_trainer_gpu, narrowed, runs_on_gpu
+from tokenrl.run.devices import device_indices, narrow_to_trainer_gpu, narrowed, runs_on_gpu
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
@@ -58,7 +58,7 @@ def test_launcher_local_slots_compose():
 
 def test_the_run_narrows_before_anything_else_and_says_so(monkeypatch, caplog):
     """`train.run` narrows first (before the config check, the model, Lightning: before CUDA starts)."""
-    import tokenrl.train as train
+    import tokenrl.run.training as train
 
     class Stop(Exception):
         pass
@@ -72,7 +72,7 @@ def test_the_run_narrows_before_anything_else_and_says_so(monkeypatch, caplog):
     monkeypatch.setenv(VISIBLE, "5,7")
     monkeypatch.setattr(train, "check_config", check_config)
     cfg = compose_config(["trainer=gpu", "trainer.devices=[1]"])
-    with caplog.at_level(logging.INFO, logger="tokenrl.devices"), pytest.raises(Stop):
+    with caplog.at_level(logging.INFO, logger="tokenrl.run.devices"), pytest.raises(Stop):
         train.run(cfg)
     assert seen == {"visible": "7", "devices": [0]}
     assert "trainer.devices=[1]: this one-process run sees only that GPU (CUDA_VISIBLE_DEVICES=7, from 5,7)" \

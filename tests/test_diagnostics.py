@@ -1,4 +1,4 @@
-"""diagnostics.py: the logged overlaps are with the same reference selectors the samples record (one list,
+"""observe/diagnostics.py: the logged overlaps are with the same reference selectors the samples record (one list,
 `selectors.reference_selectors`), and each overlap is |A∩B| / |A∪B| with that selector's choice."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tokenrl.algorithms.token_stats import stats_from_logits
-from tokenrl.diagnostics import jaccard, selection_diagnostics
-from tokenrl.samples import SampleWriter
+from tokenrl.observe.diagnostics import jaccard, selection_diagnostics
+from tokenrl.observe.samples import SampleWriter
 from tokenrl.selectors import SelectionBatch, reference_selectors
 
 

@@ -142,7 +142,7 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
     is the uninterrupted one, and the policy read back from either checkpoint in one process is the module's after
     step 1."""
     from tests.helpers.fsdp_fit import SNAPSHOTS
-    from tokenrl.checkpointing import TEMPORARY_GLOB, policy_state_dict
+    from tokenrl.run.checkpointing import TEMPORARY_GLOB, policy_state_dict
 
     [straight] = _fsdp_fit([tmp_path / "straight", "-", "--snapshot", "total_steps=2"])
     for kind, path in SNAPSHOTS.items():

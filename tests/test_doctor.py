@@ -1,4 +1,4 @@
-"""doctor.py: `python -m tokenrl.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two processes),
+"""cli/doctor.py: `python -m tokenrl.cli.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two processes),
 writes its report into a folder of its own (or `--out`), and exits non-zero when a check fails."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.helpers.forked_cli import forked_python
-from tokenrl.doctor import checks, environment, main
+from tokenrl.cli.doctor import checks, environment, main
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def forked_checks(monkeypatch):
 
 
 def doctor(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:
-    """`python -m tokenrl.doctor` in this process (its checks still run `train.py` in processes of their own): the exit
+    """`python -m tokenrl.cli.doctor` in this process (its checks still run `train.py` in processes of their own): the exit
     status, what it printed and its report."""
     out = tmp_path / "reports" / "doctor.json"   # --out's folder is made
     status = main(["--out", str(out), *args])
@@ -70,8 +70,8 @@ def test_a_machine_without_gpus_runs_ddp_on_two_cpu_processes():
 def test_each_report_gets_a_folder_of_its_own_and_the_doctor_says_where(tmp_path, monkeypatch, capsys):
     """Without --out: logs/doctor/<time>_<pid>-<4 hex>/doctor.json, a new folder also for two reports in the same
     second (no checks run here: the tests above run them)."""
-    monkeypatch.setattr("tokenrl.doctor.LOG_DIR", tmp_path / "doctor")
-    monkeypatch.setattr("tokenrl.doctor.checks", lambda env: [])
+    monkeypatch.setattr("tokenrl.cli.doctor.LOG_DIR", tmp_path / "doctor")
+    monkeypatch.setattr("tokenrl.cli.doctor.checks", lambda env: [])
     monkeypatch.setattr(time, "time", lambda: 1.8e9)
     reports = []
     for _ in range(2):

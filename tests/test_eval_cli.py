@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import ROOT, compose_config, needs_data
 from tests.helpers.forked_cli import forked_python
-from tokenrl.train import run
+from tokenrl.run.training import run
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def tiny_model_cfg() -> dict:
 
 def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
     from tests.helpers.tiny import tiny_policy
-    from tokenrl.checkpointing import load_policy
+    from tokenrl.run.checkpointing import load_policy
 
     run(tiny_cfg("total_steps=1", "checkpoint.enabled=true", "validation.every_n_steps=0",
                  "task.verifier=tests.helpers.rewards:length_reward"))
@@ -121,7 +121,7 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
     """trainer=fsdp's checkpoints are folders of shards (checkpointing.AtomicFSDPStrategy); tokenrl-eval reads them
     into one process (the same policy_state_dict as a .ckpt file)."""
     from tests.helpers.tiny import tiny_policy
-    from tokenrl.checkpointing import AtomicFSDPStrategy, load_policy
+    from tokenrl.run.checkpointing import AtomicFSDPStrategy, load_policy
 
     trained, _ = tiny_policy(seed=1)
     AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(
@@ -135,13 +135,13 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_eval_finds_its_configs_without_importing_the_train_entry_point():
-    code = ("import sys; import tokenrl.eval as e; import tokenrl.paths as p; "
-            "print(e.CONFIG_DIR == p.CONFIG_DIR, 'tokenrl.train' in sys.modules)")
+    code = ("import sys; import tokenrl.cli.eval as e; import tokenrl.paths as p; "
+            "print(e.CONFIG_DIR == p.CONFIG_DIR, 'tokenrl.run.training' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "False"]
+    from tokenrl.cli.train import CONFIG_DIR as train_config_dir
     from tokenrl.paths import CONFIG_DIR
-    from tokenrl.train import CONFIG_DIR as train_config_dir
 
     assert CONFIG_DIR == train_config_dir == str(ROOT / "configs")

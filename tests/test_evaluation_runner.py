@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from tests.conftest import DATA_DIR, needs_data
-from tokenrl.train import run
+from tokenrl.run.training import run
 
 
 def test_validation_is_logged_during_training(tiny_cfg):
@@ -20,7 +20,7 @@ def test_validation_is_logged_during_training(tiny_cfg):
 @needs_data
 def test_validation_on_extra_benchmarks_uses_their_prompts_and_verifiers(tiny_cfg):
     from tokenrl.data.benchmarks import benchmark
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     cfg = tiny_cfg("total_steps=1", "validation.every_n_steps=1", "validation.limit=2", "validation.n_samples=2",
                    "validation.ks=[1,2]", "validation.benchmarks=[gsm8k,math500]", "rollout.max_prompt_length=1024")
@@ -38,14 +38,14 @@ def test_validation_on_extra_benchmarks_uses_their_prompts_and_verifiers(tiny_cf
 
 
 def test_an_unknown_validation_benchmark_is_named(tiny_cfg):
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     with pytest.raises(ValueError, match=r"validation.benchmarks: unknown benchmark 'math5000'; valid: .*'math500'"):
         build_components(tiny_cfg("validation.every_n_steps=1", "validation.benchmarks=[math5000]"))
 
 
 def test_validation_samples_with_its_own_temperature_and_top_p(tiny_cfg):
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     module, _, _ = build_components(tiny_cfg("validation.every_n_steps=1", "validation.top_p=0.7",
                                              "rollout.temperature=0.9"))

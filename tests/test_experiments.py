@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, DATA_DIR, ROOT, compose_config, needs_data
 from tests.helpers.forked_cli import forked_python
-from tokenrl.train import run
+from tokenrl.run.training import run
 
 EXPERIMENTS = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
 SHRINK = ["model=tiny", "rollout=hf", "trainer=cpu", "trainer.precision=32-true", "logger=none", "total_steps=1",

@@ -1,4 +1,4 @@
-"""`served_weights` (models/export.py) under FSDP: 2 real processes (gloo, CPU) shard the tiny model one unit per
+"""`served_weights` (models/engine_weights.py) under FSDP: 2 real processes (gloo, CPU) shard the tiny model one unit per
 decoder layer (models/sharding.py); the gathered stream equals the unsharded model's export — names and values,
 exactly, PEFT adapters merged — gathering one unit at a time, and leaves the sharded model as it was."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_spawn
 from tokenrl.models import build_model
-from tokenrl.models.export import served_weights
+from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import shard
 
 LORA = ["+model.lora={r: 4, lora_alpha: 8, lora_dropout: 0.0, target_modules: all-linear}"]

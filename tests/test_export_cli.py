@@ -1,4 +1,4 @@
-"""Export (hf_export.py, export_cli.py, docs/export.md): real tiny runs of `python train.py` write `<run>/model/`, a
+"""Export (export/hf_folder.py, cli/export.py, docs/export.md): real tiny runs of `python train.py` write `<run>/model/`, a
 plain Hugging Face folder whose log-probs are the trained policy's (full fine-tuning exactly; LoRA merged within
 float rounding; the adapter alone; from FSDP's sharded checkpoint); `tokenrl-export` on a `stepNNNN.ckpt` is the
 policy at that step; `eval.py` and vLLM load the folder; a broken or foreign checkpoint gets one `error:` line."""
@@ -21,9 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import ROOT, compose_config, needs_data
 from tests.helpers.forked_cli import forked_python
-from tokenrl.checkpointing import load_policy, policy_state_dict
-from tokenrl.export_cli import main
-from tokenrl.hf_export import export_dtype
+from tokenrl.run.checkpointing import load_policy, policy_state_dict
+from tokenrl.cli.export import main
+from tokenrl.export.hf_folder import export_dtype
 from tokenrl.models import build_model, build_tokenizer
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -48,7 +48,7 @@ def train(run_dir: Path, *overrides: str) -> Path:
 
 
 def export(*args: str) -> subprocess.CompletedProcess:
-    """`tokenrl-export ARGS` (the console script is `tokenrl.export_cli:main`, test_export_settings_are_checked_…),
+    """`tokenrl-export ARGS` (the console script is `tokenrl.cli.export:main`, test_export_settings_are_checked_…),
     run in this process: its exit status and what it printed."""
     out, err, status = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -293,9 +293,9 @@ def test_a_broken_or_foreign_checkpoint_gets_one_error_naming_it(full_run, tmp_p
 
 def test_push_to_hub_without_the_hub_keeps_the_folder_and_says_how_to_push(full_run, tmp_path, capsys, monkeypatch):
     """The upload itself (huggingface_hub's upload_folder) needs the network and a token: not tested here."""
-    import tokenrl.export_cli
+    import tokenrl.cli.export
 
-    monkeypatch.setattr(tokenrl.export_cli, "hub_reachable", lambda: False)
+    monkeypatch.setattr(tokenrl.cli.export, "hub_reachable", lambda: False)
     with pytest.raises(SystemExit) as stop:
         main([str(full_run), str(tmp_path / "out"), "--push-to-hub", "someone/tiny"])
     error = capsys.readouterr().err
@@ -304,7 +304,7 @@ def test_push_to_hub_without_the_hub_keeps_the_folder_and_says_how_to_push(full_
 
 
 def test_export_settings_are_checked_at_start_up_and_the_console_script_is_declared():
-    from tokenrl.config_check import ConfigError, check_config
+    from tokenrl.config.check import ConfigError, check_config
 
     with pytest.raises(ConfigError, match=r"export.dtype='bf61': must be one of fp32, bf16, fp16 or null"):
         check_config(compose_config(["model=tiny", "export.dtype=bf61"]))
@@ -312,7 +312,7 @@ def test_export_settings_are_checked_at_start_up_and_the_console_script_is_decla
         check_config(compose_config(["model=tiny", "+export.dtpye=bf16"]), ["+export.dtpye=bf16"])
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    assert "tokenrl-export = tokenrl.export_cli:main" in setup["options.entry_points"]["console_scripts"]
+    assert "tokenrl-export = tokenrl.cli.export:main" in setup["options.entry_points"]["console_scripts"]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tokenrl.step.fast_path import GPU_AUTO_OFF, FastPath, UpdatePath
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 
 ICT = ["selector=ict", "selector_warmup_steps=0", "total_steps=1", "samples.every_n_steps=0",
        "task.verifier=tests.helpers.rewards:length_reward"]
@@ -87,7 +87,7 @@ def fit_one_step(cfg, caplog):
     capture = Capture()
     trainer.callbacks.append(capture)
     trainer.fit(module, datamodule=datamodule)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.module"
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.run.module"
              and r.getMessage().startswith("update path:")]
     return module, trainer, capture, lines
 
@@ -98,7 +98,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     defaults the step encodes each prompt once, takes π_old's statistics from the update's forward and cuts
     micro-batches by length; with every switch off it takes none of them. The same rollouts give the same weights
     after the (SGD) step."""
-    caplog.set_level(logging.INFO, logger="tokenrl.module")
+    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
     setting = [*ICT, *SGD, "algorithm.aggregation=token-mean", "algorithm.micro_batch_size=12"]
     on_module, on_trainer, on, on_lines = fit_one_step(tiny_cfg(*setting), caplog)
     off_module, off_trainer, off, off_lines = fit_one_step(tiny_cfg(*setting, *ALL_OFF), caplog)
@@ -130,7 +130,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
 
 def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog):
     """Every optimizer step after the first needs π_old's statistics: the run says why and logs 0."""
-    caplog.set_level(logging.INFO, logger="tokenrl.module")
+    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
     module, trainer, capture, lines = fit_one_step(tiny_cfg(*ICT, "algorithm.mini_batches=2"), caplog)
     assert len(lines) == 1
     assert lines[0].startswith("update path: shared prefix on; statistics from a separate pass (algorithm.ppo_epochs "

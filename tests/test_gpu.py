@@ -57,7 +57,7 @@ def fit_one_step(tmp_path, *overrides: str):
     the first character's parity (a random model earns no arithmetic reward, so its advantages would all be 0)."""
     import lightning as L
 
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     cfg = compose_config(["logger=none", "checkpoint.enabled=false", "validation.every_n_steps=0",
                           "task.verifier=tests.helpers.rewards:parity_reward",   # rewards vary: the step moves weights

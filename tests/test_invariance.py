@@ -60,7 +60,7 @@ from tests.test_update import CaptureUpdate
 from tokenrl.records.selection import Selection
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import Backend, ppo_update
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 from tokenrl.utils import derived_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -1,4 +1,4 @@
-"""A LoRA run checkpoints only what trains (module.py, models/base_weights.py): its checkpoint holds the adapters, the
+"""A LoRA run checkpoints only what trains (run/module.py, models/base_weights.py): its checkpoint holds the adapters, the
 optimizer state, the counters and RNGs and a reference to its base, not the base; it resumes exactly; `tokenrl-export`
 and `load_policy` (tokenrl-eval) put its adapters on the base rebuilt from `model.*`; a checkpoint of another base is
 refused, naming the checkpoint and what differs."""
@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 
 from tests.helpers.crash import Crash, CrashAfter
 from tests.helpers.forked_cli import forked_python
-from tokenrl.checkpointing import load_policy, policy_state_dict
-from tokenrl.export_cli import export
+from tokenrl.run.checkpointing import load_policy, policy_state_dict
+from tokenrl.cli.export import export
 from tokenrl.models import build_model
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 
 LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
 RUN = [LORA, "task.verifier=tests.helpers.rewards:length_reward", "total_steps=3", "checkpoint.enabled=true",

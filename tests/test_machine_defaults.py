@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from tokenrl.machine_defaults import machine_overrides, with_machine_defaults
+from tokenrl.config.command_line import machine_overrides, with_machine_defaults
 
 HEADLINE = ["selector=ict", "model=qwen1.5b"]
 

@@ -1,4 +1,4 @@
-"""memory_plan.py: the shape of a configured model without loading it, and each planned component against its formula
+"""run/memory_plan.py: the shape of a configured model without loading it, and each planned component against its formula
 computed here by hand (the measured comparison is scripts/bench/memory_plan.py, benchmarks/memory_plan.json)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from tests.helpers.tiny import tiny_policy
-from tokenrl.memory_plan import GIB, Shape, architecture_shape, plan_memory
+from tokenrl.run.memory_plan import GIB, Shape, architecture_shape, plan_memory
 
 
 def container(*overrides: str) -> dict:

@@ -20,7 +20,7 @@ from tests.test_update import CaptureUpdate, plain_backend
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models import build_model
 from tokenrl.step.update import ppo_update
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 from tokenrl.utils import derived_seed
 
 METHODS = sorted(path.stem for path in (Path(CONFIG_DIR) / "method").glob("*.yaml"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrl.train import run
+from tokenrl.run.training import run
 
 pytest.importorskip("mlflow", reason="logger=mlflow needs MLflow: pip install mlflow-skinny sqlalchemy alembic")
 

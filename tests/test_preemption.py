@@ -1,4 +1,4 @@
-"""preemption.py: a signal becomes `Preempted` at the step's safe points, last.ckpt then holds the last completed
+"""run/preemption.py: a signal becomes `Preempted` at the step's safe points, last.ckpt then holds the last completed
 step (also when the signal lands in the middle of a step's generation), and a resume from it reproduces the
 uninterrupted run; HF generation stops within a token."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.test_training import fingerprint, fit
-from tokenrl.preemption import Preempted, PreemptionWatch
+from tokenrl.run.preemption import Preempted, PreemptionWatch
 
 RUN = ["total_steps=4", "checkpoint.enabled=true",
        "checkpoint.every_n_steps=10", "algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",

@@ -1,4 +1,4 @@
-"""progress.py: one log line per rollout step (step k/N, reward, accuracy, entropy, selected fraction, time by
+"""run/progress.py: one log line per rollout step (step k/N, reward, accuracy, entropy, selected fraction, time by
 phase), in the console and in the run's train.log as it happens, also when the output is not a terminal."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 
 from tests.conftest import ROOT
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 
 LINE = re.compile(r"step (\d+)/(\d+) \| reward (\S+) \| acc (\S+) \| entropy (\S+) \| selected (\S+) \| "
                   r"(\S+) s \(generate \S+, reward \S+, statistics \S+, update \S+, sync \S+\)")
@@ -27,14 +27,14 @@ class Recorder(L.Callback):
 
 
 def test_one_line_per_rollout_step_with_the_steps_numbers(tiny_cfg, caplog):
-    caplog.set_level(logging.INFO, logger="tokenrl.progress")
+    caplog.set_level(logging.INFO, logger="tokenrl.run.progress")
     L.seed_everything(0)
     module, datamodule, trainer = build_components(tiny_cfg("total_steps=3",
                                                             "task.verifier=tests.helpers.rewards:length_reward"))
     recorder = Recorder()
     trainer.callbacks.append(recorder)
     trainer.fit(module, datamodule=datamodule)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.run.progress"]
     assert len(lines) == 3, lines
     matches = [LINE.fullmatch(line) for line in lines]
     assert all(matches), lines
@@ -65,14 +65,14 @@ def test_a_redirected_run_writes_each_line_to_its_output_and_train_log_as_it_hap
                 proc.kill()
     assert seen_while_running   # step 1's line reached both files before the run ended (no buffering to the end)
     for text in (out.read_text(), log_file.read_text()):
-        steps = [LINE.search(line) for line in text.splitlines() if "[tokenrl.progress]" in line]
+        steps = [LINE.search(line) for line in text.splitlines() if "[tokenrl.run.progress]" in line]
         assert [m[1] for m in steps if m] == ["1", "2", "3"] and all(steps), text[-3000:]
 
 
 def test_the_progress_bar_counts_rollout_steps_of_the_run(tiny_cfg, capfd):
     """A short run with the bar on: it counts rollout steps k/total_steps (tqdm's ETA follows), not an epoch's batches
     ("Epoch 0/-2" before)."""
-    from tokenrl.train import run
+    from tokenrl.run.training import run
 
     run(tiny_cfg("trainer.enable_progress_bar=true", "total_steps=2", "task.verifier=tests.helpers.rewards:length_reward"))
     captured = capfd.readouterr()

@@ -1,4 +1,4 @@
-"""resume.py: which checkpoint a run resumes from (a .ckpt file or a sharded checkpoint's folder; never one a save
+"""run/resume.py: which checkpoint a run resumes from (a .ckpt file or a sharded checkpoint's folder; never one a save
 left half-written), the run folder it continues in, and the metrics rows it keeps."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from tests.helpers.forked_cli import forked_python
-from tokenrl.checkpointing import AtomicFSDPStrategy
-from tokenrl.resume import RunComplete, checkpoint_step, kept_metric_rows, resolve_checkpoint, run_dir_override
+from tokenrl.run.checkpointing import AtomicFSDPStrategy
+from tokenrl.config.command_line import run_dir_override
+from tokenrl.run.resume import RunComplete, checkpoint_step, kept_metric_rows, resolve_checkpoint
 
 
 def write_checkpoint(path, step):

@@ -8,7 +8,7 @@ import torch
 
 from tokenrl.rollout.base import response_mask_until_eos
 from tokenrl.rollout.hf import HFEngine
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 
 
 class AutocastRecordingEngine(HFEngine):

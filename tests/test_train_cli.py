@@ -18,9 +18,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
-from tokenrl.checkpointing import SHARDED_META
+from tokenrl.run.checkpointing import SHARDED_META
 from tokenrl.models import build_model
-from tokenrl.resume import check_checkpoint_matches, checkpoint_shapes, policy_shapes
+from tokenrl.run.resume import check_checkpoint_matches, checkpoint_shapes, policy_shapes
 
 pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
 

@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from tokenrl.train import build_components, run
+from tokenrl.run.training import build_components, run
 from tests.helpers.crash import Crash, CrashAfter
 
 LEARNABLE = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=3"]
@@ -124,7 +124,7 @@ def test_overlong_shaping_lowers_the_reward_by_the_length_penalty(tiny_cfg):
 
 
 def test_bad_overlong_buffer_fails_at_start_up(tiny_cfg):
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     with pytest.raises(ValueError, match=r"algorithm.overlong_buffer=13 must lie in \[0, rollout.max_new_tokens=12\]"):
         build_components(tiny_cfg("algorithm.overlong_buffer=13"))
@@ -334,7 +334,7 @@ def test_lora_policy_trains_with_adapter_free_reference(tiny_cfg):
 def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     from omegaconf import OmegaConf
 
-    from tokenrl.module import GRPOModule
+    from tokenrl.run.module import GRPOModule
     from tokenrl.selectors.base import TokenSelector
 
     class NeedsFoo(TokenSelector):

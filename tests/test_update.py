@@ -13,7 +13,7 @@ from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.update import Backend, ppo_update
-from tokenrl.train import build_components
+from tokenrl.run.training import build_components
 from tokenrl.utils import derived_seed
 
 SETTING = ["selector=ict", "selector.warmup_steps=0", "algorithm.mini_batches=2", "algorithm.micro_batch_size=3",

@@ -49,7 +49,7 @@ from omegaconf import open_dict  # noqa: E402
 
 from tests.conftest import compose_config  # noqa: E402
 from tokenrl.models import build_tokenizer  # noqa: E402
-from tokenrl.train import build_components  # noqa: E402
+from tokenrl.run.training import build_components  # noqa: E402
 
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 PREAMBLE_WORD = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

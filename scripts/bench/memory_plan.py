@@ -1,4 +1,4 @@
-"""The start-up memory plan (src/tokenrl/memory_plan.py) against the measured peak: each configuration trains 2 rollout
+"""The start-up memory plan (src/tokenrl/run/memory_plan.py) against the measured peak: each configuration trains 2 rollout
 steps in a fresh `python train.py` process, whose summary.json holds both the plan's peak and the process's peak
 resident memory (ru_maxrss). On CPU the plan's device is the host, so the two compare directly.
 

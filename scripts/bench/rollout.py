@@ -29,7 +29,7 @@ from machine import machine_info
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tokenrl.allocator import reexec_with_tcmalloc  # noqa: E402
+from tokenrl.run.allocator import reexec_with_tcmalloc  # noqa: E402
 
 VARIANTS = {"vllm": {}, "vllm-compiled": {"enforce_eager": False}}
 

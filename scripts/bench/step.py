@@ -69,13 +69,13 @@ def overrides(data: Path, variant: str, steps: int, out_dir: Path) -> list[str]:
 
 def worker(args: argparse.Namespace) -> None:
     """One run in this process: the trainer's metrics of every step, written to `args.result`."""
-    from tokenrl.allocator import reexec_with_tcmalloc
+    from tokenrl.run.allocator import reexec_with_tcmalloc
 
     reexec_with_tcmalloc()
     import lightning as L
 
     from tests.conftest import compose_config
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     class Steps(L.Callback):
         def __init__(self) -> None:

@@ -34,7 +34,7 @@ from tests.helpers.ddp_step import full_weights  # noqa: E402
 from tests.helpers.varied import ACTS, DisagreeingEngine, InProcessScorer  # noqa: E402
 from tokenrl.records.selection import Selection, SelectionBatch
 from tokenrl.records.selection import single_process  # noqa: E402
-from tokenrl.train import build_components  # noqa: E402
+from tokenrl.run.training import build_components  # noqa: E402
 
 SETTING = TINY + ["samples.every_n_steps=0", "task.verifier=tests.helpers.varied:share_reward", "task.train_size=64",
                   "task.test_size=8", "total_steps=1", "selector_warmup_steps=0", "algorithm.kl_coef=0.01",

@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
-from tokenrl.checkpointing import AtomicFSDPStrategy  # noqa: E402
+from tokenrl.run.checkpointing import AtomicFSDPStrategy  # noqa: E402
 from tokenrl.records.rollout_batch import concat_rollouts  # noqa: E402
 from tokenrl.rollout.hf import HFEngine  # noqa: E402
-from tokenrl.train import build_components  # noqa: E402
+from tokenrl.run.training import build_components  # noqa: E402
 
 OVERRIDES = ["model=tiny", "logger=none", "checkpoint.enabled=false", "validation.every_n_steps=0",
              "samples.every_n_steps=0", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=10",

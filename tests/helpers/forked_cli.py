@@ -30,7 +30,7 @@ import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PRELOAD = ("tokenrl.train", "tokenrl.eval")
+PRELOAD = ("tokenrl.run.training", "tokenrl.cli.eval")
 
 
 class _Server:

@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
 from tests.helpers.ddp_step import OVERRIDES, CPUFSDPStrategy, full_weights  # noqa: E402
-from tokenrl.train import build_components  # noqa: E402
+from tokenrl.run.training import build_components  # noqa: E402
 
 SNAPSHOTS = {"sharded": Path("step1") / "sharded", "full": Path("step1") / "full.ckpt"}
 

@@ -6,8 +6,8 @@ import sys
 
 import torch
 
-from tokenrl.resume import run_dir_override
-from tokenrl.train import train
+from tokenrl.config.command_line import run_dir_override
+from tokenrl.cli.train import train
 
 real_save = torch.save
 

@@ -87,7 +87,7 @@ def fit_recording(cfg, callback):
     """Fit the run `cfg` describes, seeded, scoring in this process, with `callback` watching; returns the module."""
     import lightning as L
 
-    from tokenrl.train import build_components
+    from tokenrl.run.training import build_components
 
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)

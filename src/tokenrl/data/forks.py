@@ -5,7 +5,7 @@ A problem names a start and a goal (`B..X`); the answer is a path along the grap
 held-out test routes are (start, goal) pairs no training problem asks for. With `layout: per_problem` every problem
 has its own graph, listed in the prompt (a model must read it: harder). The reward is 1 for a path to the goal; the
 fork positions of every sampled response are computed from the problem and the response (`Task.forks_of`), so a
-selector's choice is scored against the truth (diagnostics.py, `forks/*`). A model trained from scratch first learns
+selector's choice is scored against the truth (observe/diagnostics.py, `forks/*`). A model trained from scratch first learns
 the format from random valid walks (`warmup`, models/warmup.py), so that RL has to learn which branch reaches the goal.
 """
 from __future__ import annotations

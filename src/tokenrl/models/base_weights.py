@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from tokenrl.models.export import PEFT_PREFIX
+from tokenrl.models.engine_weights import PEFT_PREFIX
 
 SAMPLES = 1024   # values of each base tensor the fingerprint reads, evenly spaced over it
 DESCRIBED = {"source": "model.source", "init": "model.init", "dtype": "model.dtype", "seed": "seed"}   # key: option

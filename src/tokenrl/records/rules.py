@@ -1,7 +1,7 @@
 """The contract of a setting: a `Rule` says which values a config key accepts, in words the error repeats.
 
 Components built from a config node (selectors, tasks) declare theirs beside their keywords
-(`Configurable.config_rules`); the start-up check (config_check.py) gathers every rule and checks the composed config before anything loads, and a
+(`Configurable.config_rules`); the start-up check (`config/check.py`) gathers every rule and checks the composed config before anything loads, and a
 test walks every leaf key of every shipped config and fails on one without a rule or an explicit `FREE_TEXT` mark.
 """
 from __future__ import annotations

@@ -48,7 +48,7 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
 
 
 REWARD_THRESHOLD = 0.6
-FORK_METRICS = {   # diagnostics.py: the update's weights against the task's true forks, mean over every step
+FORK_METRICS = {   # observe/diagnostics.py: the update's weights against the task's true forks, mean over every step
     "precision of updated tokens on true forks": "forks/precision",
     "recall of true forks": "forks/recall",
     "share of the update's weight on true forks": "forks/weight_on_forks",

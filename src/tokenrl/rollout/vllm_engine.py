@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.models.export import served_weights
+from tokenrl.models.engine_weights import served_weights
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad
 from tokenrl.utils import derived_seed, global_state_kept

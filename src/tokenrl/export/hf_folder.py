@@ -3,7 +3,7 @@
 generation_config.json, the tokenizer and a model card (README.md) naming the base model, method, selector, steps,
 data and metrics. Written into a temporary folder beside the target that replaces it once complete.
 
-`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (export_cli.py) the same from any
+`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (cli/export.py) the same from any
 checkpoint. The weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the
 exporting rank holds at most one safetensors file of copies, never a second full model.
 """
@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from tokenrl.models import DTYPES
-from tokenrl.models.export import served_weights
+from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
 
 log = logging.getLogger(__name__)

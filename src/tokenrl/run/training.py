@@ -1,4 +1,5 @@
-"""`python train.py [overrides]`: compose the Hydra config and train (also the `tokenrl-train` console script)."""
+"""One training run from a composed config: check it, build the policy, the data and the trainer, check the memory
+plan, fit (resuming where asked), write the summary and export the policy. `cli/train.py` is its command line."""
 from __future__ import annotations
 
 import json
@@ -6,42 +7,34 @@ import logging
 import os
 import resource
 import signal
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
-from tokenrl.allocator import reexec_with_tcmalloc
-from tokenrl.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
-from tokenrl.cli_errors import report_user_error
-from tokenrl.config_check import check_config
+from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
+from tokenrl.config.check import check_config
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
-from tokenrl.devices import narrow_to_trainer_gpu, runs_on_gpu
+from tokenrl.run.devices import narrow_to_trainer_gpu, runs_on_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
-from tokenrl.hf_export import export_run
-from tokenrl.machine_defaults import with_machine_defaults
-from tokenrl.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
+from tokenrl.export.hf_folder import export_run
+from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
 from tokenrl.models.warmup import warmed_up
-from tokenrl.module import GRPOModule
-from tokenrl.paths import CONFIG_DIR
-from tokenrl.preemption import Preempted, PreemptionWatch
-from tokenrl.progress import ProgressLog, RolloutProgressBar
-from tokenrl.resume import (RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint,
-                            run_dir_override)
+from tokenrl.run.module import GRPOModule
+from tokenrl.run.preemption import Preempted, PreemptionWatch
+from tokenrl.run.progress import ProgressLog, RolloutProgressBar
+from tokenrl.run.resume import RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint
 from tokenrl.rollout.fork_marks import ForkMarker
-from tokenrl.samples import SampleWriter
+from tokenrl.observe.samples import SampleWriter
 from tokenrl.step.fast_path import FastPath
 
 log = logging.getLogger(__name__)
@@ -123,14 +116,14 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     if cfg.checkpoint.enabled:
         callbacks.append(RunCheckpoint(output_dir / "checkpoints", cfg.checkpoint.every_n_steps,
                                        cfg.checkpoint.monitor, cfg.checkpoint.mode))
-    # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (module.py)
+    # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (run/module.py)
     trainer = instantiate(cfg.trainer, max_epochs=-1, logger=loggers or False, callbacks=callbacks,
                           enable_checkpointing=bool(cfg.checkpoint.enabled), plugins=[AtomicCheckpointIO()])
     return module, datamodule, trainer
 
 
 def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trainer) -> MemoryPlan:
-    """The memory plan of this run on its device (memory_plan.py), logged before the model loads; a run that cannot
+    """The memory plan of this run on its device (run/memory_plan.py), logged before the model loads; a run that cannot
     fit stops here with the table."""
     datamodule.setup("fit")   # the prompts: the plan's prompt length is the longest one's
     device = str(trainer.strategy.root_device)
@@ -215,24 +208,3 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         torch.distributed.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
         torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown
     return summary
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def train(cfg: DictConfig) -> float | None:
-    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    try:
-        summary = run(cfg, overrides)
-    except USER_ERRORS as err:
-        report_user_error(err)
-        raise SystemExit(2) from None
-    return summary.get(cfg.get("optimized_metric") or "", None)
-
-
-def main() -> None:
-    reexec_with_tcmalloc()
-    sys.argv[1:] = with_machine_defaults(run_dir_override(sys.argv[1:]))
-    train()
-
-
-if __name__ == "__main__":
-    main()

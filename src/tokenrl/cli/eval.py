@@ -26,10 +26,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from tokenrl.allocator import reexec_with_tcmalloc
-from tokenrl.checkpointing import load_policy
-from tokenrl.cli_errors import report_user_error
-from tokenrl.config_check import check_eval_config
+from tokenrl.run.allocator import reexec_with_tcmalloc
+from tokenrl.run.checkpointing import load_policy
+from tokenrl.cli.errors import report_user_error
+from tokenrl.config.check import check_eval_config
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate

@@ -1,4 +1,4 @@
-"""`tokenrl-doctor` (`python -m tokenrl.doctor`): whether this machine runs tokenrl, in a few minutes.
+"""`tokenrl-doctor` (`python -m tokenrl.cli.doctor`): whether this machine runs tokenrl, in a few minutes.
 
 It reports the versions (Python, torch and its CUDA, the NVIDIA driver, vLLM and the model runner it will use,
 transformers, Lightning), the devices and their memory, the memory plan of the default run on the first device, and
@@ -74,7 +74,7 @@ def environment() -> dict[str, Any]:
     runner = None if vllm is None else (f"V{'2' if runner_env not in ('0', 'false') else '1'} (VLLM_USE_V2_MODEL_RUNNER="
                                         f"{runner_env})" if runner_env is not None else
                                         "V2 on GPUs, V1 on CPU (vLLM's default)")
-    from tokenrl.memory_plan import device_capacity_gib
+    from tokenrl.run.memory_plan import device_capacity_gib
 
     return {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "driver": driver, "vllm": vllm, "vllm_model_runner": runner,
@@ -145,7 +145,7 @@ def default_plan(device: str) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
-    from tokenrl.memory_plan import architecture_shape, device_capacity_gib, plan_memory
+    from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
     from tokenrl.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -2,7 +2,7 @@
 1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its memory);
 2. advantages, π_old's statistics (or, where exact, from the update's own forward: `fast_path.fused_statistics`) and
    the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) with the
-   Lightning backend (lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step boundary.
+   Lightning backend (run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step boundary.
 """
 from __future__ import annotations
 
@@ -18,22 +18,22 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import needs_js
-from tokenrl.checkpointing import AdapterCheckpoints
+from tokenrl.run.checkpointing import AdapterCheckpoints
 from tokenrl.data.datamodule import PromptBatch
-from tokenrl.diagnostics import selection_diagnostics
+from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
-from tokenrl.lightning_backend import lightning_update
+from tokenrl.run.lightning_backend import lightning_update
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
-from tokenrl.preemption import PreemptionWatch
+from tokenrl.run.preemption import PreemptionWatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
-from tokenrl.run_state import RunState
-from tokenrl.samples import SampleWriter
+from tokenrl.run.run_state import RunState
+from tokenrl.observe.samples import SampleWriter
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.entropy_control import EntropyControl
 from tokenrl.step.fast_path import FastPath, UpdatePath
@@ -76,7 +76,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
         self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
-        self.init_run_state()   # step counters, reward history, refill position, the step boundary (run_state.py)
+        self.init_run_state()   # step counters, reward history, refill position, the step boundary (run/run_state.py)
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:

@@ -2,7 +2,7 @@
 
 A progress bar redraws one terminal line: redirected (SLURM logs, `nohup`, CI, `python train.py > out.txt`) it
 shows nothing useful until the end. `ProgressLog` logs one INFO record per rollout step on the logger
-`tokenrl.progress`; under `python train.py` Hydra's job logging sends it to the console and to the run's
+`tokenrl.run.progress`; under `python train.py` Hydra's job logging sends it to the console and to the run's
 `<task_name>.log` (`train.log`) as it happens:
 
     step 3/20 | reward 0.562 | acc 0.500 | entropy 2.314 | selected 1.000 | 41.2 s (generate 30.1, reward 0.4, ...)

@@ -1,7 +1,7 @@
 """Every setting's rule, gathered: the plain keys of the train and eval configs (`RULES`), the keywords of the
 third-party classes a config builds (`TARGET_RULES`: Lightning's Trainer, strategies and loggers, torch's optimizer),
 and where the rest live — `algorithm.*` in `AlgorithmConfig` (algorithms/config.py), a selector's or a task's keywords
-on its class (`Configurable.config_rules`). The start-up check (config_check.py) applies them; tests/test_config_rules.py walks every
+on its class (`Configurable.config_rules`). The start-up check (config/check.py) applies them; tests/test_config_rules.py walks every
 leaf key of every shipped config and fails on one that has neither a rule nor the `FREE_TEXT` mark.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ RULES: dict[str, Rule] = {
     "total_steps": integer(1),
     "selector_warmup_steps": integer(0),
     "selector_ratio": PROBABILITY,
-    "ckpt_path": FREE_TEXT,                        # a file, a folder or auto: checked by resume.py with its own words
+    "ckpt_path": FREE_TEXT,                        # a file, a folder or auto: checked by run/resume.py with its own words
     "reward_timeout_s": POSITIVE,
     "optimized_metric": FREE_TEXT,
     "validation.every_n_steps": integer(0),
@@ -155,7 +155,7 @@ TARGET_RULES: dict[str, dict[str, Rule]] = {
         "deterministic": Rule(lambda v: isinstance(v, bool) or v == "warn", "true, false or warn"),
         "num_nodes": integer(1), "accumulate_grad_batches": one_of(1)},
     "lightning.pytorch.strategies.DDPStrategy": {"find_unused_parameters": BOOLEAN},
-    "tokenrl.checkpointing.AtomicFSDPStrategy": {
+    "tokenrl.run.checkpointing.AtomicFSDPStrategy": {
         "sharding_strategy": one_of("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
         "state_dict_type": one_of("sharded", "full"), "use_orig_params": BOOLEAN},
     "tokenrl.models.sharding.mixed_precision": {key: optional(DTYPE_NAMES, "the model's dtype")

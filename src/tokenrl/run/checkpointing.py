@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import lightning as L
 import torch
@@ -25,7 +25,6 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tokenrl.cli_errors import checkpoint_mismatch
 from tokenrl.models.base_weights import base_reference, check_base, trained_names, with_base
 
 log = logging.getLogger(__name__)
@@ -35,6 +34,26 @@ TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what a save writes before its rename: `.<na
 # "optimizer_<i>") and SHARDED_META, the rest of the checkpoint (loops, callbacks, tokenrl's state), written last.
 SHARDED_META = "meta.pt"
 RENAME_EXCHANGE, AT_FDCWD = 2, -100   # linux/fs.h, linux/fcntl.h
+
+
+def checkpoint_mismatch(path: str | Path, saved: Mapping[str, Sequence[int]], built: Mapping[str, Sequence[int]],
+                        fix: str, complete: bool = True) -> ValueError | None:
+    """The error of a checkpoint whose weights' shapes (`saved`, by name) are not those of the model built here
+    (`built`), or None when they are. `complete`: the checkpoint holds every weight, so one it lacks differs too (a
+    LoRA checkpoint holds its adapters alone). `fix` ends the message."""
+    names = sorted(set(saved) | (set(built) if complete else set()))
+    differ = [name for name in names
+              if name not in saved or name not in built or list(saved[name]) != list(built[name])]
+    if not differ:
+        return None
+
+    def shape(value: Sequence[int] | None) -> str:
+        return "absent" if value is None else str(list(value))
+    first = differ[0]
+    return ValueError(f"ckpt_path={path}: a checkpoint of another model ({len(differ)} of {len(names)} weights differ "
+                      f"in shape, e.g. `{first}` {shape(saved.get(first))} in the checkpoint vs "
+                      f"{shape(built.get(first))} here): {fix}")
+
 
 
 class CheckpointWriteError(OSError):

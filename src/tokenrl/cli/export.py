@@ -1,5 +1,5 @@
-"""`tokenrl-export SOURCE OUT` (`python -m tokenrl.export_cli`): a training checkpoint as a plain Hugging Face model
-folder, the same folder every run writes to `<run>/model/` at its end (hf_export.py), from any checkpoint: `last.ckpt`,
+"""`tokenrl-export SOURCE OUT` (`python -m tokenrl.cli.export`): a training checkpoint as a plain Hugging Face model
+folder, the same folder every run writes to `<run>/model/` at its end (export/hf_folder.py), from any checkpoint: `last.ckpt`,
 the best or a periodic `stepNNNN.ckpt`, a sharded FSDP checkpoint's folder, or a run folder (its
 `checkpoints/last.ckpt`). The architecture and tokenizer are rebuilt from the run's saved config
 (`<run>/.hydra/config.yaml`, or `--config`); the checkpoint is read once, into one process (`policy_state_dict`). A LoRA
@@ -28,12 +28,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
 import tokenrl.paths  # noqa: F401 — sets TOKENRL_ROOT, which the saved config's paths.* read
-from tokenrl.checkpointing import SHARDED_META, is_sharded_checkpoint, policy_state_dict
+from tokenrl.run.checkpointing import SHARDED_META, is_sharded_checkpoint, policy_state_dict
 from tokenrl.data.hub import hub_reachable
-from tokenrl.hf_export import export_dtype, model_card, saved_tokenizer, staged, write_model_folder
+from tokenrl.export.hf_folder import export_dtype, model_card, saved_tokenizer, staged, write_model_folder
 from tokenrl.models import DTYPES, _load_pretrained, build_model, build_tokenizer, torch_dtype
 from tokenrl.models.base_weights import with_base
-from tokenrl.models.export import served_weights
+from tokenrl.models.engine_weights import served_weights
 
 log = logging.getLogger(__name__)
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, ConnectionError)

@@ -1,13 +1,13 @@
 """Resuming a run: which checkpoint (`ckpt_path=<file>` or `ckpt_path=auto`), the step it holds, and keeping the
 resumed run in its original folder with one `metrics.csv`.
 
-`python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`run_dir_override` adds
-`hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
+`python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`config/command_line.py`
+adds `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
 the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
 from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job); when that
 `last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
 without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
-name (checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
+name (run/checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
 (`check_checkpoint_matches`).
 """
 from __future__ import annotations
@@ -20,11 +20,10 @@ from typing import Any, Mapping
 
 import torch
 
-from tokenrl.checkpointing import SHARDED_META, interrupted_swap, is_sharded_checkpoint
-from tokenrl.cli_errors import checkpoint_mismatch
+from tokenrl.config.command_line import AUTO
+from tokenrl.run.checkpointing import SHARDED_META, checkpoint_mismatch, interrupted_swap, is_sharded_checkpoint
 
 log = logging.getLogger(__name__)
-AUTO = "auto"
 
 
 class RunComplete(Exception):
@@ -132,20 +131,6 @@ def check_checkpoint_matches(path: str | Path, model_cfg: Mapping[str, Any]) -> 
                                    complete)
     if mismatch is not None:
         raise mismatch
-
-
-def run_dir_override(argv: list[str]) -> list[str]:
-    """`argv` plus `hydra.run.dir=<run>` when it resumes (`ckpt_path=<run>/checkpoints/<file>`, a single run, no
-    run dir given), so the resumed run writes into the run it continues."""
-    if any(arg in ("-m", "--multirun") or arg.startswith("hydra.run.dir=") for arg in argv):
-        return argv
-    paths = [arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")]
-    if not paths or paths[-1] in ("", "null", AUTO):
-        return argv
-    folder = Path(paths[-1]).expanduser().resolve().parent
-    if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
-        return argv   # a checkpoint outside a run folder: a new run folder
-    return [*argv, f"hydra.run.dir={folder.parent}"]
 
 
 def kept_metric_rows(metrics_csv: str | Path, steps_done: int) -> list[dict[str, Any]]:

@@ -1,4 +1,8 @@
-"""What a plain `python train.py <overrides>` adds for the machine it runs on, before Hydra composes the config.
+"""What `python train.py <overrides>` adds to its command line before Hydra composes the config: the run folder a
+resume continues in, and what a plain command adds for the machine it runs on.
+
+A resume from `ckpt_path=<run>/checkpoints/<file>` (a single run, no run folder given) writes into `<run>/`
+(`hydra.run.dir=<run>`).
 
 train.yaml's defaults are the laptop's (`trainer=cpu`, `rollout=hf`, `task=arithmetic`). A command that leaves a choice
 to them is completed here, visibly: on a machine with a GPU `trainer=gpu` (bf16-mixed) and `rollout=vllm_gpu` where vLLM
@@ -18,6 +22,7 @@ import yaml
 
 from tokenrl.paths import CONFIG_DIR
 
+AUTO = "auto"   # ckpt_path=auto: the run folder's own last.ckpt, when there is one (run/resume.py)
 CHOICE = re.compile(r"^(trainer|rollout|task|experiment|model)=([^\s]+)$")
 
 
@@ -68,3 +73,17 @@ def with_machine_defaults(argv: list[str]) -> list[str]:
         print(f"tokenrl: {where}; added {' '.join(added)} (name trainer=, rollout= or task= to choose otherwise)",
               file=sys.stderr)
     return [*argv, *added]
+
+
+def run_dir_override(argv: list[str]) -> list[str]:
+    """`argv` plus `hydra.run.dir=<run>` when it resumes (`ckpt_path=<run>/checkpoints/<file>`, a single run, no
+    run dir given), so the resumed run writes into the run it continues."""
+    if any(arg in ("-m", "--multirun") or arg.startswith("hydra.run.dir=") for arg in argv):
+        return argv
+    paths = [arg.split("=", 1)[1] for arg in argv if arg.startswith("ckpt_path=")]
+    if not paths or paths[-1] in ("", "null", AUTO):
+        return argv
+    folder = Path(paths[-1]).expanduser().resolve().parent
+    if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
+        return argv   # a checkpoint outside a run folder: a new run folder
+    return [*argv, f"hydra.run.dir={folder.parent}"]

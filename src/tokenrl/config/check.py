@@ -18,7 +18,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.config_rules import OPTIONAL_DEPENDENCIES, RULES, TARGET_RULES, VLLM_INSTALL
+from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RULES, TARGET_RULES, VLLM_INSTALL
 from tokenrl.records.rules import Rule, is_int
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
@@ -70,7 +70,7 @@ def typed_key(cfg: DictConfig, path: str) -> str:
 
 
 def target_rules(target: str) -> dict[str, Rule] | None:
-    """The keyword rules of a `_target_`: a third-party class's from config_rules.py, a tokenrl component's from its
+    """The keyword rules of a `_target_`: a third-party class's from config/rules.py, a tokenrl component's from its
     class (`Configurable.config_rules`); None when it cannot be imported."""
     if target in TARGET_RULES:
         return TARGET_RULES[target]

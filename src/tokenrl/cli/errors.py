@@ -1,0 +1,26 @@
+"""The entry points' contract for a user's error (docs/errors.md): one line on stderr starting `error:`, exit status
+2, the traceback in the run's log file."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+DEBUG_ENV = "TOKENRL_DEBUG"   # =1: the traceback of a user error on the console too
+
+
+def report_user_error(err: BaseException) -> None:
+    """One line on the console naming what to fix; the traceback in the run's log files (and on the console with
+    TOKENRL_DEBUG=1)."""
+    debug = os.environ.get(DEBUG_ENV) == "1"
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (err,), (type(err), err, err.__traceback__))
+    for handler in files:
+        handler.handle(record)
+    where = f"in {files[0].baseFilename}; " if files else ""
+    hint = "" if debug else f"\n(the traceback is {where}TOKENRL_DEBUG=1 prints it here)"
+    print(f"error: {err}{hint}", file=sys.stderr)
+    if debug:
+        import traceback
+        traceback.print_exception(err)

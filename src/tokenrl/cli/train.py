@@ -1,0 +1,38 @@
+"""`python train.py [overrides]` (also the `tokenrl-train` console script): complete the command line for the
+machine (`config/command_line.py`), let Hydra compose the config, and run it (`run/training.py`). The training stack is
+imported only once Hydra has a config to run, so `--help` and `--cfg job` answer without loading torch."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from tokenrl.cli.errors import report_user_error
+from tokenrl.config.command_line import run_dir_override, with_machine_defaults
+from tokenrl.paths import CONFIG_DIR
+from tokenrl.run.allocator import reexec_with_tcmalloc
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def train(cfg: DictConfig) -> float | None:
+    from tokenrl.run.training import USER_ERRORS, run
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    try:
+        summary = run(cfg, overrides)
+    except USER_ERRORS as err:
+        report_user_error(err)
+        raise SystemExit(2) from None
+    return summary.get(cfg.get("optimized_metric") or "", None)
+
+
+def main() -> None:
+    reexec_with_tcmalloc()
+    sys.argv[1:] = with_machine_defaults(run_dir_override(sys.argv[1:]))
+    train()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The trained policy as a Hugging Face folder (`<run>/model/`, `tokenrl-export`)."""
