@@ -1,4 +1,5 @@
 """Root entry point: `python eval.py model=... ckpt_path=... benchmark=[gsm8k,math500] eval.n_samples=8`."""
+
 import sys
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """Root entry point: `python train.py selector=ict model=qwen1.5b` from the repository root."""
+
 import sys
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """Check tokenrl's evaluation against lm-evaluation-harness on the same problems, prompts and greedy decoding.
 
-    export TOKENRL_DATA_DIR=/path/to/data            # gsm8k/test.jsonl and math500/test.jsonl (docs/data-and-evaluation.md)
-    pip install -r requirements-harness.txt          # lm-eval, pinned (bash scripts/setup.sh --harness does it)
+    export TOKENRL_DATA_DIR=/path/to/data        # gsm8k/test.jsonl and math500/test.jsonl (docs/data-and-evaluation.md)
+    pip install -r requirements-harness.txt      # lm-eval, pinned (bash scripts/setup.sh --harness does it)
     python scripts/compare_harness.py --limit 50 --out benchmarks/harness_agreement.json
 
 For each task (GSM8K: strict and flexible extraction; MATH-500: \\boxed{}), both sides generate from the same local
@@ -30,6 +30,7 @@ the harness's `json` loader (no data files needed), the task's prompt, 32-token 
     python scripts/compare_harness.py --tasks arithmetic --limit 200 --model logs/train/runs/<time>/model \
         --out benchmarks/harness_agreement_arithmetic.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,8 @@ TASK_DIR = ROOT / "scripts" / "harness_tasks"
 DEFAULT_MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 TASKS = {"gsm8k": "tokenrl_gsm8k.yaml", "math500": "tokenrl_math500.yaml", "arithmetic": "tokenrl_arithmetic.yaml"}
 VIEWS = {"gsm8k": ["strict", "flexible"], "math500": ["math"], "arithmetic": ["last_number", "flexible"]}
-ARITHMETIC_CONFIG = ROOT / "configs" / "task" / "arithmetic.yaml"     # tokenrl's offline default task
-GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]       # lm-eval gsm8k exact_match's regexes_to_ignore
+ARITHMETIC_CONFIG = ROOT / "configs" / "task" / "arithmetic.yaml"  # tokenrl's offline default task
+GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]  # lm-eval gsm8k exact_match's regexes_to_ignore
 
 
 # ---------------------------------------------------------------- extracted answers (what each scorer reads)
@@ -116,8 +117,9 @@ def same_answer(a: str | None, b: str | None, numeric: bool) -> bool:
 
 
 # ---------------------------------------------------------------- the two sides
-def tokenrl_side(task: str, model_dir: Path, data_dir: Path | None, limit: int, max_new_tokens: int | None,
-                 work: Path) -> dict[str, Any]:
+def tokenrl_side(
+    task: str, model_dir: Path, data_dir: Path | None, limit: int, max_new_tokens: int | None, work: Path
+) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from tokenrl.data.benchmarks import benchmark
@@ -141,23 +143,39 @@ def tokenrl_side(task: str, model_dir: Path, data_dir: Path | None, limit: int, 
         bench = benchmark(task)
         problems = bench.load(data_dir)[:limit]
         instruction, budget = bench.instruction, bench.max_new_tokens
-    settings = EvalSettings(n_samples=1, ks=(1,), temperature=1.0, top_p=1.0, top_k=1,   # top_k=1: greedy
-                            max_new_tokens=int(max_new_tokens or budget), batch_prompts=1, seed=0)
+    settings = EvalSettings(
+        n_samples=1,
+        ks=(1,),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=1,  # top_k=1: greedy
+        max_new_tokens=int(max_new_tokens or budget),
+        batch_prompts=1,
+        seed=0,
+    )
     scorer = SafeScorer(5.0)
     samples = work / f"{task}.tokenrl.observe.samples.jsonl"
     try:
-        result = evaluate(task, problems, instruction, engine, formatter, scorer, settings,
-                          samples_path=samples)
+        result = evaluate(task, problems, instruction, engine, formatter, scorer, settings, samples_path=samples)
         rows = [json.loads(line) for line in samples.read_text().splitlines()]
-        flexible = (scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows])
-                    if task == "gsm8k" else None)
+        flexible = (
+            scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows]) if task == "gsm8k" else None
+        )
     finally:
         scorer.close()
     prompts = [formatter.text(with_instruction(p.question, instruction)) for p in problems]
     prompt_ids = [formatter.token_ids(with_instruction(p.question, instruction)) for p in problems]
-    return {"result": result, "rows": rows, "flexible": flexible, "prompts": prompts, "prompt_ids": prompt_ids,
-            "problems": problems, "tokenizer": tokenizer, "max_new_tokens": settings.max_new_tokens,
-            "instruction": instruction}
+    return {
+        "result": result,
+        "rows": rows,
+        "flexible": flexible,
+        "prompts": prompts,
+        "prompt_ids": prompt_ids,
+        "problems": problems,
+        "tokenizer": tokenizer,
+        "max_new_tokens": settings.max_new_tokens,
+        "instruction": instruction,
+    }
 
 
 def arithmetic_task() -> Any:
@@ -173,7 +191,8 @@ def write_arithmetic_docs(problems: list[Any], folder: Path) -> Path:
     {"id", "question", "answer"} per line (generated problems, not benchmark data). Returns `folder`."""
     (folder / "arithmetic").mkdir(parents=True, exist_ok=True)
     (folder / "arithmetic" / "test.jsonl").write_text(
-        "".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n" for p in problems))
+        "".join(json.dumps({"id": p.id, "question": p.question, "answer": p.answer}) + "\n" for p in problems)
+    )
     return folder
 
 
@@ -182,18 +201,33 @@ def harness_side(task: str, model_dir: Path, data_dir: Path, limit: int, max_new
     from lm_eval.models.huggingface import HFLM
 
     config = copy.deepcopy(harness_config(task))
-    config["dataset_kwargs"] = {"data_files": {split: str(data_dir / rel) for split, rel in
-                                               config["dataset_kwargs"]["data_files"].items()}}
+    config["dataset_kwargs"] = {
+        "data_files": {split: str(data_dir / rel) for split, rel in config["dataset_kwargs"]["data_files"].items()}
+    }
     config["generation_kwargs"]["max_gen_toks"] = max_new_tokens
     lm = HFLM(pretrained=str(model_dir), dtype="float32", device="cpu", batch_size=1)
     start = time.perf_counter()
-    out = lm_eval.simple_evaluate(model=lm, tasks=[config], limit=limit, apply_chat_template=True, log_samples=True,
-                                  num_fewshot=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                                  fewshot_random_seed=0, bootstrap_iters=0)
+    out = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=[config],
+        limit=limit,
+        apply_chat_template=True,
+        log_samples=True,
+        num_fewshot=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+        bootstrap_iters=0,
+    )
     seconds = time.perf_counter() - start
     name = config["task"]
-    return {"results": out["results"][name], "samples": out["samples"][name], "seconds": seconds,
-            "config": {k: v for k, v in config.items() if k not in ("process_results",)}}
+    return {
+        "results": out["results"][name],
+        "samples": out["samples"][name],
+        "seconds": seconds,
+        "config": {k: v for k, v in config.items() if k not in ("process_results",)},
+    }
 
 
 # ---------------------------------------------------------------- comparison
@@ -207,29 +241,43 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
     views = VIEWS[task]
     per_sample, counts = [], {"prompt_identical": 0, "response_identical": 0}
     for view in views:
-        counts.update({f"{view}/answer_agree": 0, f"{view}/score_agree": 0,
-                       f"{view}/tokenrl_verifier_same_on_both": 0, f"{view}/scorer_agree_on_harness_response": 0,
-                       f"{view}/tokenrl_correct": 0, f"{view}/harness_correct": 0})
+        counts.update(
+            {
+                f"{view}/answer_agree": 0,
+                f"{view}/score_agree": 0,
+                f"{view}/tokenrl_verifier_same_on_both": 0,
+                f"{view}/scorer_agree_on_harness_response": 0,
+                f"{view}/tokenrl_correct": 0,
+                f"{view}/harness_correct": 0,
+            }
+        )
     if task == "math500":
         counts.update({"math/harness_math_verify_correct": 0, "math/tokenrl_verifier_on_harness_response_correct": 0})
     n = len(mine["rows"])
     for index, row in enumerate(mine["rows"]):
         docs = by_doc[index]
         first = next(iter(docs.values()))
-        context = first["arguments"]["gen_args_0"]["arg_0"] if isinstance(first["arguments"], dict) \
+        context = (
+            first["arguments"]["gen_args_0"]["arg_0"]
+            if isinstance(first["arguments"], dict)
             else first["arguments"][0][0]
+        )
         theirs_response = first["resps"][0][0]
         harness_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
         prompt_same = context == mine["prompts"][index] and harness_ids == mine["prompt_ids"][index]
         response_same = theirs_response == row["response"]
         counts["prompt_identical"] += prompt_same
         counts["response_identical"] += response_same
-        entry: dict[str, Any] = {"id": row["id"], "doc_id": index, "gold": row["answer"], "prompt_identical": prompt_same,
-                                 "response_identical": response_same, "finish_reason": row["finish_reason"],
-                                 "tokenrl_response_tokens": len(tokenizer(row["response"], add_special_tokens=False)
-                                                                ["input_ids"]),
-                                 "harness_response_tokens": len(tokenizer(theirs_response, add_special_tokens=False)
-                                                                ["input_ids"])}
+        entry: dict[str, Any] = {
+            "id": row["id"],
+            "doc_id": index,
+            "gold": row["answer"],
+            "prompt_identical": prompt_same,
+            "response_identical": response_same,
+            "finish_reason": row["finish_reason"],
+            "tokenrl_response_tokens": len(tokenizer(row["response"], add_special_tokens=False)["input_ids"]),
+            "harness_response_tokens": len(tokenizer(theirs_response, add_special_tokens=False)["input_ids"]),
+        }
         for view in views:
             if view == "strict":
                 extract, verify, numeric = tokenrl_strict_answer, gsm8k_strict, True
@@ -241,14 +289,14 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
                 h = docs["flexible-extract"]
                 h_answer, h_score = harness_gsm8k_normal(h["filtered_resps"][0]), float(h["exact_match"])
                 t_score = float(mine["flexible"][index])
-            elif task == "arithmetic":        # tokenrl's reward is gsm8k_flexible; two harness scorers of the text
+            elif task == "arithmetic":  # tokenrl's reward is gsm8k_flexible; two harness scorers of the text
                 from scripts.harness_tasks import arithmetic_utils
 
                 extract, verify, numeric = tokenrl_flexible_answer, gsm8k_flexible, True
                 h = docs["none"]
-                if view == "last_number":     # tokenrl's check, reimplemented in the harness task
+                if view == "last_number":  # tokenrl's check, reimplemented in the harness task
                     h_answer, h_score = arithmetic_utils.last_number(theirs_response), float(h["exact_match"])
-                else:                         # the harness's stock gsm8k flexible-extract + exact_match
+                else:  # the harness's stock gsm8k flexible-extract + exact_match
                     h_answer = harness_gsm8k_normal(arithmetic_utils.flexible_pick(theirs_response))
                     h_score = float(h["flexible_extract"])
                 t_score = float(row["score"])
@@ -274,22 +322,42 @@ def compare(task: str, mine: dict[str, Any], theirs: dict[str, Any]) -> dict[str
             counts[f"{view}/harness_correct"] += h_score
             if view == "math":
                 counts["math/tokenrl_verifier_on_harness_response_correct"] += t_on_theirs
-            entry[view] = {"tokenrl_answer": t_answer, "harness_answer": h_answer,
-                           "tokenrl_verifier_on_harness_response_answer": t_on_theirs_answer,
-                           "tokenrl_score": t_score, "harness_score": h_score,
-                           "tokenrl_verifier_on_harness_response": t_on_theirs,
-                           "answer_agree": answer_agree, "score_agree": score_agree}
-        if task == "arithmetic":      # generated problems (not benchmark data) and short responses: kept whole
-            entry.update(question=mine["problems"][index].question, tokenrl_response=row["response"],
-                         harness_response=theirs_response)
+            entry[view] = {
+                "tokenrl_answer": t_answer,
+                "harness_answer": h_answer,
+                "tokenrl_verifier_on_harness_response_answer": t_on_theirs_answer,
+                "tokenrl_score": t_score,
+                "harness_score": h_score,
+                "tokenrl_verifier_on_harness_response": t_on_theirs,
+                "answer_agree": answer_agree,
+                "score_agree": score_agree,
+            }
+        if task == "arithmetic":  # generated problems (not benchmark data) and short responses: kept whole
+            entry.update(
+                question=mine["problems"][index].question,
+                tokenrl_response=row["response"],
+                harness_response=theirs_response,
+            )
         per_sample.append(entry)
     agreement = {key: value / max(n, 1) for key, value in counts.items()}
-    disagreements = [e for e in per_sample if not e["response_identical"] or not e["prompt_identical"]
-                     or any(not e[v]["answer_agree"] or not e[v]["score_agree"] for v in views)]
+    disagreements = [
+        e
+        for e in per_sample
+        if not e["response_identical"]
+        or not e["prompt_identical"]
+        or any(not e[v]["answer_agree"] or not e[v]["score_agree"] for v in views)
+    ]
     harness_metrics = {k: v for k, v in theirs["results"].items() if isinstance(v, (int, float)) and "stderr" not in k}
-    return {"n": n, "counts": counts, "agreement": agreement, "harness_metrics": harness_metrics,
-            "tokenrl_result": mine["result"], "harness_seconds": theirs["seconds"],
-            "disagreements": [shorten(e) for e in disagreements], "samples": [shorten(e) for e in per_sample]}
+    return {
+        "n": n,
+        "counts": counts,
+        "agreement": agreement,
+        "harness_metrics": harness_metrics,
+        "tokenrl_result": mine["result"],
+        "harness_seconds": theirs["seconds"],
+        "disagreements": [shorten(e) for e in disagreements],
+        "samples": [shorten(e) for e in per_sample],
+    }
 
 
 def shorten(entry: dict[str, Any]) -> dict[str, Any]:
@@ -311,8 +379,11 @@ def wrong_final_answer(solution: str, task: str) -> str:
 
     answer = boxed_answer(solution)
     start = solution.rfind("\\boxed{")
-    return solution if answer is None else solution[:start] + f"\\boxed{{{answer}+1}}" + solution[
-        start + len("\\boxed{") + len(answer) + 1:]
+    return (
+        solution
+        if answer is None
+        else solution[:start] + f"\\boxed{{{answer}+1}}" + solution[start + len("\\boxed{") + len(answer) + 1 :]
+    )
 
 
 def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, float]:
@@ -323,16 +394,21 @@ def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, f
         from lm_eval.filters.extraction import RegexFilter
 
         config = harness_config("gsm8k")
-        metric = {k: v for k, v in config["metric_list"][0].items() if k not in ("metric", "aggregation",
-                                                                                "higher_is_better")}
+        metric = {
+            k: v for k, v in config["metric_list"][0].items() if k not in ("metric", "aggregation", "higher_is_better")
+        }
         out = {}
         for entry in config["filter_list"]:
             regex = entry["filter"][0]
-            picked = list(RegexFilter(regex_pattern=regex["regex_pattern"], group_select=regex.get("group_select", 0))
-                          .apply([[solution]], [doc]))[0][0]
-            view = entry["name"].split("-")[0]            # strict-match -> strict, flexible-extract -> flexible
-            out[view] = float(exact_match_hf_evaluate(predictions=[picked], references=[doc["answer"]],
-                                                      **metric)["exact_match"])
+            picked = list(
+                RegexFilter(regex_pattern=regex["regex_pattern"], group_select=regex.get("group_select", 0)).apply(
+                    [[solution]], [doc]
+                )
+            )[0][0]
+            view = entry["name"].split("-")[0]  # strict-match -> strict, flexible-extract -> flexible
+            out[view] = float(
+                exact_match_hf_evaluate(predictions=[picked], references=[doc["answer"]], **metric)["exact_match"]
+            )
         return out
     if task == "arithmetic":
         from scripts.harness_tasks.arithmetic_utils import process_results as arithmetic_results
@@ -344,10 +420,10 @@ def harness_scores(task: str, solution: str, doc: dict[str, Any]) -> dict[str, f
     return {"math": float(process_results(doc, [solution])["exact_match"])}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def harness_config(task: str) -> dict[str, Any]:
     """The harness task config of `task` (scripts/harness_tasks/), as lm-eval reads it."""
-    from lm_eval.tasks._yaml_loader import load_yaml   # lm-eval 0.4.13: reads `!function` tags
+    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval 0.4.13: reads `!function` tags
 
     return load_yaml(TASK_DIR / TASKS[task])
 
@@ -358,10 +434,17 @@ def reference_check(task: str, data_dir: Path | None, limit: int | None = None) 
     from tokenrl.data.benchmarks import benchmark
     from tokenrl.rewards.scorer import SafeScorer
 
-    if task == "arithmetic":      # the reference "solution" is the worked sum `a + b = N`
+    if task == "arithmetic":  # the reference "solution" is the worked sum `a + b = N`
         problems = arithmetic_task().problems("test")
-        docs = [{"id": p.id, "question": p.question, "answer": p.answer,
-                 "solution": f"{p.question.removeprefix('What is ').removesuffix('?')} = {p.answer}"} for p in problems]
+        docs = [
+            {
+                "id": p.id,
+                "question": p.question,
+                "answer": p.answer,
+                "solution": f"{p.question.removeprefix('What is ').removesuffix('?')} = {p.answer}",
+            }
+            for p in problems
+        ]
     else:
         bench = benchmark(task)
         problems = bench.load(data_dir)
@@ -369,25 +452,42 @@ def reference_check(task: str, data_dir: Path | None, limit: int | None = None) 
     assert len(docs) == len(problems), f"{task}: {len(docs)} rows vs {len(problems)} problems"
     problems, docs = problems[:limit], docs[:limit]
     solution_key = "answer" if task == "gsm8k" else "solution"
-    views = ({"strict": "gsm8k_strict", "flexible": "gsm8k_flexible"} if task == "gsm8k" else
-             {"last_number": None, "flexible": None} if task == "arithmetic" else {"math": None})
+    views = (
+        {"strict": "gsm8k_strict", "flexible": "gsm8k_flexible"}
+        if task == "gsm8k"
+        else {"last_number": None, "flexible": None}
+        if task == "arithmetic"
+        else {"math": None}
+    )
     counts: dict[str, int] = {}
     disagreements = []
     scorer = SafeScorer(5.0)
     try:
         for kind in ("reference", "wrong_answer"):
-            responses = [doc[solution_key] if kind == "reference" else wrong_final_answer(doc[solution_key], task)
-                         for doc in docs]
-            harness = [harness_scores(task, r, doc) for r, doc in zip(responses, docs)]   # every view at once
+            responses = [
+                doc[solution_key] if kind == "reference" else wrong_final_answer(doc[solution_key], task)
+                for doc in docs
+            ]
+            harness = [harness_scores(task, r, doc) for r, doc in zip(responses, docs)]  # every view at once
             for view, verifier in views.items():
                 mine = scorer.score([(verifier or p.verifier, r, p.answer) for p, r in zip(problems, responses)])
                 theirs = [scores[view] for scores in harness]
                 counts[f"{kind}/{view}/tokenrl_correct"] = int(sum(mine))
                 counts[f"{kind}/{view}/harness_correct"] = int(sum(theirs))
                 counts[f"{kind}/{view}/agree"] = sum(a == b for a, b in zip(mine, theirs))
-                disagreements += [{"id": p.id, "kind": kind, "view": view, "gold": p.answer, "tokenrl": a,
-                                   "harness": b, "response_tail": r[-160:]}
-                                  for p, r, a, b in zip(problems, responses, mine, theirs) if a != b]
+                disagreements += [
+                    {
+                        "id": p.id,
+                        "kind": kind,
+                        "view": view,
+                        "gold": p.answer,
+                        "tokenrl": a,
+                        "harness": b,
+                        "response_tail": r[-160:],
+                    }
+                    for p, r, a, b in zip(problems, responses, mine, theirs)
+                    if a != b
+                ]
     finally:
         scorer.close()
     return {"n": len(docs), "counts": counts, "disagreements": disagreements}
@@ -413,16 +513,20 @@ def git_commit() -> str | None:
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| task | view | N | prompts same | responses same | answers agree | scores agree | "
-             "tokenrl verifier = harness scorer (same text) | tokenrl acc | harness acc |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| task | view | N | prompts same | responses same | answers agree | scores agree | "
+        "tokenrl verifier = harness scorer (same text) | tokenrl acc | harness acc |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for task, r in report["tasks"].items():
         a, c, n = r["agreement"], r["counts"], r["n"]
         for view in VIEWS[task]:
-            lines.append(f"| {task} | {view} | {n} | {c['prompt_identical']}/{n} | {c['response_identical']}/{n} | "
-                         f"{c[f'{view}/answer_agree']}/{n} | {c[f'{view}/score_agree']}/{n} | "
-                         f"{c[f'{view}/scorer_agree_on_harness_response']}/{n} | "
-                         f"{a[f'{view}/tokenrl_correct']:.3f} | {a[f'{view}/harness_correct']:.3f} |")
+            lines.append(
+                f"| {task} | {view} | {n} | {c['prompt_identical']}/{n} | {c['response_identical']}/{n} | "
+                f"{c[f'{view}/answer_agree']}/{n} | {c[f'{view}/score_agree']}/{n} | "
+                f"{c[f'{view}/scorer_agree_on_harness_response']}/{n} | "
+                f"{a[f'{view}/tokenrl_correct']:.3f} | {a[f'{view}/harness_correct']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -430,19 +534,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=50, help="first N problems of each task")
     parser.add_argument("--limit-math", type=int, default=None, help="MATH-500 problems (default: --limit)")
-    parser.add_argument("--tasks", "--task", default="gsm8k,math500",
-                        help="comma-separated: gsm8k, math500, arithmetic (tokenrl's offline default task: its "
-                             "held-out test problems, generated; no data files; give it a trained policy with --model)")
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="a local HF model folder (e.g. a run's "
-                        "logs/train/runs/<time>/model/)")
+    parser.add_argument(
+        "--tasks",
+        "--task",
+        default="gsm8k,math500",
+        help="comma-separated: gsm8k, math500, arithmetic (tokenrl's offline default task: its "
+        "held-out test problems, generated; no data files; give it a trained policy with --model)",
+    )
+    parser.add_argument(
+        "--model",
+        default=str(DEFAULT_MODEL),
+        help="a local HF model folder (e.g. a run's logs/train/runs/<time>/model/)",
+    )
     parser.add_argument("--data-dir", default=os.environ.get("TOKENRL_DATA_DIR"))
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: tokenrl's per benchmark (1024)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", default=None, help="write the JSON report here")
-    parser.add_argument("--references-only", action="store_true",
-                        help="only the reference-solution check (no generation; seconds)")
-    parser.add_argument("--references-limit", type=int, default=None,
-                        help="reference solutions of the first N problems (default: the whole file)")
+    parser.add_argument(
+        "--references-only", action="store_true", help="only the reference-solution check (no generation; seconds)"
+    )
+    parser.add_argument(
+        "--references-limit",
+        type=int,
+        default=None,
+        help="reference solutions of the first N problems (default: the whole file)",
+    )
     args = parser.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = sorted(set(tasks) - set(TASKS))
@@ -462,15 +578,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "what": "tokenrl evaluation vs lm-evaluation-harness, same problems/prompts/model, greedy (docs/harness.md)",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {"host": socket.gethostname(), "platform": platform.platform(), "processor": platform.processor()
-                    or platform.machine(), "cpus": os.cpu_count(), "torch_threads": args.threads, "device": "cpu"},
-        "versions": versions(), "git_commit": git_commit(),
-        "model": {"folder": str(model_dir.relative_to(ROOT)) if model_dir.is_relative_to(ROOT) else str(model_dir),
-                  "dtype": "float32"},
-        "decoding": {"greedy": True, "tokenrl": "hf engine, top_k=1, n=1, one prompt per generate call",
-                     "harness": "HFLM batch_size=1, do_sample=false, until=[EOS]"},
+        "machine": {
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+            "device": "cpu",
+        },
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "model": {
+            "folder": str(model_dir.relative_to(ROOT)) if model_dir.is_relative_to(ROOT) else str(model_dir),
+            "dtype": "float32",
+        },
+        "decoding": {
+            "greedy": True,
+            "tokenrl": "hf engine, top_k=1, n=1, one prompt per generate call",
+            "harness": "HFLM batch_size=1, do_sample=false, until=[EOS]",
+        },
         "command": "python scripts/compare_harness.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "tasks": {}}
+        "tasks": {},
+    }
     report["references"] = {}
     for task in tasks:
         report["references"][task] = reference_check(task, data_dir, args.references_limit)
@@ -485,17 +614,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             docs_dir = write_arithmetic_docs(mine["problems"], Path(work)) if task == "arithmetic" else data_dir
             theirs = harness_side(task, model_dir, docs_dir, limit, mine["max_new_tokens"])
         result = compare(task, mine, theirs)
-        data_file = ({"generated": f"tokenrl.data.tasks.ArithmeticTask, {ARITHMETIC_CONFIG.relative_to(ROOT)}, "
-                                   f"split 'test', first {limit}", "written_to": "a temporary arithmetic/test.jsonl"}
-                     if task == "arithmetic" else str(Path(task) / "test.jsonl"))
-        if task == "arithmetic":      # 100 possible sums: the split repeats questions (greedy: the same answer)
+        data_file = (
+            {
+                "generated": f"tokenrl.data.tasks.ArithmeticTask, {ARITHMETIC_CONFIG.relative_to(ROOT)}, "
+                f"split 'test', first {limit}",
+                "written_to": "a temporary arithmetic/test.jsonl",
+            }
+            if task == "arithmetic"
+            else str(Path(task) / "test.jsonl")
+        )
+        if task == "arithmetic":  # 100 possible sums: the split repeats questions (greedy: the same answer)
             result["distinct_questions"] = len({p.question for p in mine["problems"]})
-        result.update({"data_file": data_file, "max_new_tokens": mine["max_new_tokens"],
-                       "instruction": mine["instruction"], "harness_task": f"scripts/harness_tasks/{TASKS[task]}",
-                       "tokenrl_seconds": tokenrl_seconds})
+        result.update(
+            {
+                "data_file": data_file,
+                "max_new_tokens": mine["max_new_tokens"],
+                "instruction": mine["instruction"],
+                "harness_task": f"scripts/harness_tasks/{TASKS[task]}",
+                "tokenrl_seconds": tokenrl_seconds,
+            }
+        )
         report["tasks"][task] = result
-        print(f"{task}: {result['n']} problems, tokenrl {tokenrl_seconds:.0f} s, harness {theirs['seconds']:.0f} s",
-              flush=True)
+        print(
+            f"{task}: {result['n']} problems, tokenrl {tokenrl_seconds:.0f} s, harness {theirs['seconds']:.0f} s",
+            flush=True,
+        )
     print(table(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ line by line (PyYAML drops comments): `key: value  # comment`, with a comment co
 lines that start in the same column; a comment block on lines of its own belongs to the key below it; the comment
 lines above the first key describe the file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,32 @@ CONFIGS = ROOT / "configs"
 OUT = ROOT / "docs" / "configuration.md"
 
 # Groups in the order of train.yaml's defaults list, then the parts that are no group of their own.
-GROUP_ORDER = ["selector", "model", "rollout", "algorithm", "task", "trainer", "logger", "paths", "hydra",
-               "hydra/launcher", "experiment", "method", "launcher", "local", "debug", "base"]
+GROUP_ORDER = [
+    "selector",
+    "model",
+    "rollout",
+    "algorithm",
+    "task",
+    "trainer",
+    "logger",
+    "paths",
+    "hydra",
+    "hydra/launcher",
+    "experiment",
+    "method",
+    "launcher",
+    "local",
+    "debug",
+    "base",
+]
 GROUP_NOTES = {
     "selector": "which response tokens the policy-gradient update reaches, with what weight, and the loss normaliser "
-                "([Methods](methods/index.md))",
+    "([Methods](methods/index.md))",
     "model": "the policy: source, initialisation, dtype, LoRA, and the per-size presets that `algorithm.*` reads",
     "rollout": "the generation engine and its sampling ([Concepts](concepts.md#rollout-engines-hf-or-vllm))",
     "algorithm": "GRPO and its switches: group size, aggregation, clip, KL, mini-batches, loss variants, optimizer",
     "task": "training problems, instruction, verifier and response budget; its test split feeds validation "
-            "([Data and evaluation](data-and-evaluation.md))",
+    "([Data and evaluation](data-and-evaluation.md))",
     "trainer": "Lightning accelerator, devices, strategy and precision ([GPUs and clusters](running.md))",
     "logger": "Lightning loggers",
     "paths": "where runs, data and prepared models live",
@@ -40,27 +57,29 @@ GROUP_NOTES = {
     "hydra/launcher": "how a sweep runs its jobs ([Sweeps and reports](sweeps.md))",
     "experiment": "paper settings and studies: each file states only its deltas ([Sweeps and reports](sweeps.md))",
     "method": "one token-level method each (selector + loss switches), for side-by-side sweeps "
-              "([Methods](methods/index.md))",
+    "([Methods](methods/index.md))",
     "launcher": "sweeps in parallel on this machine (`local`) or as SLURM jobs (`slurm`)",
     "local": "machine-local overrides",
     "debug": "smoke runs",
     "base": "shared parts that presets pull in with `@_here_`; not a choice of any group",
 }
 
-KEY = re.compile(r"""^(?P<indent> *)(?P<key>"[^"]*"|'[^']*'|[^\s#:'"\-][^:#]*?|-[^\s][^:#]*?)\s*:(?:\s+(?P<value>.*))?$""")
+KEY = re.compile(
+    r"""^(?P<indent> *)(?P<key>"[^"]*"|'[^']*'|[^\s#:'"\-][^:#]*?|-[^\s][^:#]*?)\s*:(?:\s+(?P<value>.*))?$"""
+)
 
 
 @dataclass
 class Key:
-    path: str           # dotted, from the config root
-    value: str          # as written in the file ('' for a mapping)
+    path: str  # dotted, from the config root
+    value: str  # as written in the file ('' for a mapping)
     comment: list[str] = field(default_factory=list)
 
 
 @dataclass
 class ConfigFile:
-    rel: str                                   # path under configs/
-    package: str                               # '' (global) or a dotted prefix
+    rel: str  # path under configs/
+    package: str  # '' (global) or a dotted prefix
     header: list[str] = field(default_factory=list)
     defaults: list[str] = field(default_factory=list)
     keys: list[Key] = field(default_factory=list)
@@ -77,7 +96,7 @@ def split_comment(line: str) -> tuple[str, str | None, int]:
         elif ch in "\"'" and (i == 0 or line[i - 1] in " :[{,"):
             quote = ch
         elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i].rstrip(), line[i + 1:].strip(), i
+            return line[:i].rstrip(), line[i + 1 :].strip(), i
     return line.rstrip(), None, -1
 
 
@@ -99,10 +118,10 @@ def parse(path: Path, including: dict[str, str]) -> ConfigFile:
         if match:
             package = "" if match[1] == "_global_" else match[1]
     cfg = ConfigFile(rel, package)
-    stack: list[tuple[int, str]] = []          # (indent, key) of the open mappings
-    pending: list[str] = []                    # comment lines waiting for the key below them
+    stack: list[tuple[int, str]] = []  # (indent, key) of the open mappings
+    pending: list[str] = []  # comment lines waiting for the key below them
     last: Key | None = None
-    last_column = -1                           # where the last key's inline comment starts
+    last_column = -1  # where the last key's inline comment starts
     in_defaults = False
     for line in lines:
         code, comment, column = split_comment(line)
@@ -113,7 +132,7 @@ def parse(path: Path, including: dict[str, str]) -> ConfigFile:
             if comment.startswith("@package"):
                 continue
             if last is not None and column == last_column:
-                last.comment.append(comment)   # the key's comment, continued
+                last.comment.append(comment)  # the key's comment, continued
             elif not cfg.keys and not cfg.defaults and not in_defaults:
                 cfg.header.append(comment)
             else:
@@ -180,8 +199,15 @@ def text(comment: str) -> str:
         if part.startswith("`") and part.endswith("`") and len(part) > 1:
             out.append(part.replace("|", "\\|"))
         else:
-            out.append(part.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-                       .replace("*", "\\*").replace("$", "\\$").replace("[", "\\["))
+            out.append(
+                part.replace("\\", "\\\\")
+                .replace("|", "\\|")
+                .replace("<", "&lt;")
+                .replace(">", "&gt;")
+                .replace("*", "\\*")
+                .replace("$", "\\$")
+                .replace("[", "\\[")
+            )
     return "".join(out)
 
 
@@ -203,14 +229,17 @@ def render(configs: list[ConfigFile]) -> str:
         "# Configuration reference",
         "",
         "<!-- Generated by scripts/config_reference.py from configs/**/*.yaml. Do not edit this page: edit the YAML",
-        "     and run `python scripts/config_reference.py` (tests/test_config_reference.py fails while it is stale). -->",
+        "     and run `python scripts/config_reference.py` (tests/test_config_reference.py fails while it is stale). "
+        "-->",
         "",
         f"Every file of `configs/` ({len(configs)} files, {keys} keys), with each key as the command line writes it,",
         "the value the file sets and the comment the file writes beside it. How the groups compose, the top-level",
-        "knobs and examples: [Configuring runs](configuring.md). `python train.py --cfg job` prints the composed config",
+        "knobs and examples: [Configuring runs](configuring.md). `python train.py --cfg job` prints the composed "
+        "config",
         "of a command; an unknown key or choice is refused at start-up, naming the nearest valid one.",
         "",
-        "A file marked *global* (`# @package _global_`) writes keys from the root of the config, so it can set any group",
+        "A file marked *global* (`# @package _global_`) writes keys from the root of the config, so it can set any "
+        "group",
         "(an `experiment`, a `method`); the others write under their group. `${...}` values are interpolations,",
         "resolved when the run starts; `???` marks a value every preset must set.",
         "",
@@ -223,8 +252,13 @@ def render(configs: list[ConfigFile]) -> str:
             if group:
                 out += [f"## `{group}`", "", f"`configs/{group}/`: {GROUP_NOTES[group]}.", ""]
             else:
-                out += ["## Top level", "", "`configs/train.yaml` (`python train.py`) and `configs/eval.yaml`"
-                        " (`python eval.py`): the defaults lists and the keys outside any group.", ""]
+                out += [
+                    "## Top level",
+                    "",
+                    "`configs/train.yaml` (`python train.py`) and `configs/eval.yaml`"
+                    " (`python eval.py`): the defaults lists and the keys outside any group.",
+                    "",
+                ]
         name = cfg.rel.rsplit("/", 1)[-1].removesuffix(".yaml")
         title = f"`{group}={name}`" if group and group != "base" else f"`configs/{cfg.rel}`"
         out += [f"### {title}", ""]

@@ -1,6 +1,7 @@
 """A griffe extension for the API reference (mkdocs.yml, mkdocstrings' `extensions`): tokenrl's docstrings are plain
 prose that writes placeholders as `<name>` (`configs/selector/<name>.yaml`), which Markdown would read as an HTML
 tag and drop. Outside code spans, `<` becomes `&lt;`; the docstrings themselves stay as they are."""
+
 from __future__ import annotations
 
 import re

@@ -6,6 +6,7 @@ paths (`reports/cpu_study/report/`), and a link whose file is one of them is rew
 MkDocs validates it. Every other link is left as written, so `mkdocs build --strict` still fails on a link to a file
 that is neither a page nor one of these files (`../src/...`, `../configs/...`, `../README.md`, a typo).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,8 @@ from pathlib import Path
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVED = ("reports", "benchmarks")           # repository folders served in the site under their own paths
-INPUTS = {"reading.md"}                      # a report's reading is an input of scripts/report.py, inside report.md
+SERVED = ("reports", "benchmarks")  # repository folders served in the site under their own paths
+INPUTS = {"reading.md"}  # a report's reading is an input of scripts/report.py, inside report.md
 LINK = re.compile(r"(\]\()(?P<target>[^)\s]+)(\))")
 
 
@@ -29,8 +30,14 @@ def on_files(files: Files, config) -> Files:
     for folder in SERVED:
         for path in sorted((ROOT / folder).rglob("*")):
             if served(path):
-                files.append(File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
-                                  use_directory_urls=config.use_directory_urls))
+                files.append(
+                    File(
+                        path.relative_to(ROOT).as_posix(),
+                        src_dir=str(ROOT),
+                        dest_dir=config.site_dir,
+                        use_directory_urls=config.use_directory_urls,
+                    )
+                )
     return files
 
 
@@ -52,7 +59,7 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
 
     def rewrite(match: re.Match) -> str:
         target = match["target"]
-        if re.match(r"^[a-z][a-z0-9+.-]*:|^[#/]", target):          # a URL, an anchor or an absolute path
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^[#/]", target):  # a URL, an anchor or an absolute path
             return match[0]
         path, _, anchor = target.partition("#")
         name = site_path(os.path.normpath(os.path.join(here, path)), config.docs_dir)

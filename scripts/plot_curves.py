@@ -5,6 +5,7 @@
 `read_metric` indexes rollout steps from 0, as scripts/report.py does (`tokenrl.report.runs.rollout_step_index`); the
 figure counts them as the console does, 1 … N, on an integer axis, with the legend outside the axes.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,12 +1,14 @@
 """Shared fixtures: compose the real train.yaml with Hydra and shrink it for CPU tests."""
+
 from __future__ import annotations
 
 import copy
 import fcntl
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -21,8 +23,9 @@ sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("TOKENRL_ROOT", str(ROOT))
 # The benchmark files of the offline route (paths.data_dir reads the same variable); .ci/run sets it.
 DATA_DIR = os.environ.get("TOKENRL_DATA_DIR") or None
-needs_data = pytest.mark.skipif(DATA_DIR is None, reason="needs the benchmark files: set TOKENRL_DATA_DIR to the "
-                                                          "folder that holds them")
+needs_data = pytest.mark.skipif(
+    DATA_DIR is None, reason="needs the benchmark files: set TOKENRL_DATA_DIR to the folder that holds them"
+)
 
 
 def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
@@ -49,9 +52,9 @@ def once_per_run(tmp_path_factory, worker_id: str, name: str, compute: Callable[
     and saves it; the others wait for the lock and read it back."""
     import torch
 
-    if worker_id == "master":   # no xdist: this session's own folder
+    if worker_id == "master":  # no xdist: this session's own folder
         return compute(tmp_path_factory.mktemp(name))
-    folder = tmp_path_factory.getbasetemp().parent / name   # the run's folder, shared by its workers
+    folder = tmp_path_factory.getbasetemp().parent / name  # the run's folder, shared by its workers
     saved = folder / "once_per_run.pt"
     with open(f"{folder}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -61,15 +64,24 @@ def once_per_run(tmp_path_factory, worker_id: str, name: str, compute: Callable[
         return torch.load(saved, weights_only=False)
 
 
-TINY = ["model=tiny", "logger=none", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=12",
-        "checkpoint.enabled=false", "reward_timeout_s=20", "validation.every_n_steps=0"]
+TINY = [
+    "model=tiny",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "rollout.max_new_tokens=12",
+    "checkpoint.enabled=false",
+    "reward_timeout_s=20",
+    "validation.every_n_steps=0",
+]
 
 
 @pytest.fixture
 def tiny_cfg(tmp_path):
     """A factory: tiny random Qwen2, no loggers, no checkpoints, outputs under tmp_path."""
+
     def make(*overrides: str) -> DictConfig:
         return compose_config(TINY + list(overrides), output_dir=tmp_path)
+
     return make
 
 
@@ -100,8 +112,13 @@ def pytest_configure(config) -> None:
 
 
 # The modules of the longest tests (a minute or so each), longest first.
-LONGEST_FIRST = ("test_fresh_process_launcher.py", "test_bench_gpu_step.py", "test_vllm_engine.py",
-                 "test_distributed.py", "test_doctor.py")
+LONGEST_FIRST = (
+    "test_fresh_process_launcher.py",
+    "test_bench_gpu_step.py",
+    "test_vllm_engine.py",
+    "test_distributed.py",
+    "test_doctor.py",
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,4 +1,5 @@
 """run/allocator.py: the environment that preloads tcmalloc, and when nothing is to change."""
+
 from __future__ import annotations
 
 import pytest

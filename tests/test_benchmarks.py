@@ -1,5 +1,6 @@
 """Benchmark loaders yield the documented counts with non-empty answers; the Hub route gives the same records as
 the local files (through a folder laid out as each Hub repository); bad input is named precisely."""
+
 from __future__ import annotations
 
 import io
@@ -11,8 +12,8 @@ import sys
 import tarfile
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,8 +24,19 @@ from tokenrl.data.benchmarks import BENCHMARKS, GPQA_PASSWORD, LOCAL, MMLU_STEM,
 from tokenrl.data.jsonl import DataFormatError
 from tokenrl.evaluation.runner import EvalSettings, evaluate
 
-COUNTS = {"gsm8k": 1319, "gsm8k_train": 7473, "math500": 500, "math_train": 7498, "mmlu_stem": 3018,
-          "gpqa": 198, "aime23": 30, "aime24": 30, "aime25": 30, "amc23": 40, "olympiadbench": 675}
+COUNTS = {
+    "gsm8k": 1319,
+    "gsm8k_train": 7473,
+    "math500": 500,
+    "math_train": 7498,
+    "mmlu_stem": 3018,
+    "gpqa": 198,
+    "aime23": 30,
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "olympiadbench": 675,
+}
 
 
 @needs_data
@@ -35,8 +47,9 @@ def test_documented_counts_and_answers(name):
     assert all(p.answer.strip() and p.question.strip() for p in problems)
     assert len({p.id for p in problems}) == len(problems)
     if name.startswith("aime"):
-        assert all(p.answer.isdigit() and 0 <= int(p.answer) <= 999 and p.answer == str(int(p.answer))
-                   for p in problems)
+        assert all(
+            p.answer.isdigit() and 0 <= int(p.answer) <= 999 and p.answer == str(int(p.answer)) for p in problems
+        )
 
 
 @needs_data
@@ -80,14 +93,18 @@ def test_missing_data_dir_names_path_and_setting(tmp_path):
 def test_malformed_record_names_file_and_line(tmp_path):
     (tmp_path / "amc23").mkdir()
     (tmp_path / "amc23" / "test.jsonl").write_text(json.dumps({"problem": "p", "answer": 3.0}) + "\n{broken\n")
-    with pytest.raises(DataFormatError, match=r"amc23/test.jsonl:2: not valid JSON \(Expecting property name enclosed "
-                                              r"in double quotes at column 2\)$"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"amc23/test.jsonl:2: not valid JSON \(Expecting property name enclosed "
+        r"in double quotes at column 2\)$",
+    ):
         BENCHMARKS["amc23"].load(tmp_path)
     (tmp_path / "mmlu_stem").mkdir()
-    (tmp_path / "mmlu_stem" / "test.jsonl").write_text(json.dumps({"question": "q", "choices": ["a"], "answer": 0}) + "\n")
+    (tmp_path / "mmlu_stem" / "test.jsonl").write_text(
+        json.dumps({"question": "q", "choices": ["a"], "answer": 0}) + "\n"
+    )
     with pytest.raises(DataFormatError, match=r"mmlu_stem/test.jsonl:1: expected 4 choices"):
         BENCHMARKS["mmlu_stem"].load(tmp_path)
-
 
 
 def _math_archive(path: Path, members: dict[str, bytes]) -> None:
@@ -104,9 +121,13 @@ def test_a_malformed_member_of_a_benchmark_archive_names_archive_member_and_line
     archive = tmp_path / LOCAL["math_train"]
     good = json.dumps({"problem": "1+1?", "type": "Algebra", "solution": "\\boxed{2}"}).encode()
     member = f"{archive}:MATH/train/algebra/2.json"
-    _math_archive(archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b'{"problem": "x",\n  oops}'})
-    with pytest.raises(DataFormatError, match=re.escape(f"{member}:2: not valid JSON (Expecting property name enclosed "
-                                                        "in double quotes at column 3)")):
+    _math_archive(
+        archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b'{"problem": "x",\n  oops}'}
+    )
+    with pytest.raises(
+        DataFormatError,
+        match=re.escape(f"{member}:2: not valid JSON (Expecting property name enclosed in double quotes at column 3)"),
+    ):
         BENCHMARKS["math_train"].load(tmp_path)
     _math_archive(archive, {"MATH/train/algebra/1.json": good, "MATH/train/algebra/2.json": b"[1]"})
     with pytest.raises(DataFormatError, match=re.escape(f"{member}: expected a JSON object")):
@@ -116,7 +137,7 @@ def test_a_malformed_member_of_a_benchmark_archive_names_archive_member_and_line
         BENCHMARKS["math_train"].load(tmp_path)
     _math_archive(archive, {"MATH/train/algebra/1.json": good})
     assert [p.answer for p in BENCHMARKS["math_train"].load(tmp_path)] == ["2"]
-    archive.write_bytes(archive.read_bytes()[:60])   # cut short: a copy that did not finish
+    archive.write_bytes(archive.read_bytes()[:60])  # cut short: a copy that did not finish
     with pytest.raises(DataFormatError, match=re.escape(f"{archive}: not a readable tar archive")):
         BENCHMARKS["math_train"].load(tmp_path)
 
@@ -133,15 +154,23 @@ def test_evaluate_counts_and_files(tmp_path):
     problems = [Problem(str(i), f"q{i}", "x", "tests.helpers.rewards:length_reward") for i in range(5)]
     scorer = SafeScorer(20.0)
     try:
-        result = evaluate("toy", problems, "", HFEngine(model, tok), PromptFormatter(tok, False), scorer,
-                          EvalSettings(n_samples=4, ks=(1, 4), max_new_tokens=14, batch_prompts=2),
-                          samples_path=tmp_path / "toy.samples.jsonl")
+        result = evaluate(
+            "toy",
+            problems,
+            "",
+            HFEngine(model, tok),
+            PromptFormatter(tok, False),
+            scorer,
+            EvalSettings(n_samples=4, ks=(1, 4), max_new_tokens=14, batch_prompts=2),
+            samples_path=tmp_path / "toy.samples.jsonl",
+        )
     finally:
         scorer.close()
     lines = [json.loads(line) for line in (tmp_path / "toy.samples.jsonl").read_text().splitlines()]
     assert len(lines) == 20 and result["problems"] == 5
     solved = Counter(line["id"] for line in lines if line["score"] >= 1.0)
     from tokenrl.evaluation.passk import pass_at_k
+
     assert result["pass@4"] == pytest.approx(sum(pass_at_k(4, solved.get(str(i), 0), 4) for i in range(5)) / 5)
     assert result["pass@1"] == pytest.approx(sum(solved.values()) / 20)
 
@@ -158,6 +187,7 @@ def test_aime23_ids_follow_the_official_numbering():
 # replaced by that folder. Layouts: openai/gsm8k main/<split>-00000-of-00001.parquet; cais/mmlu
 # <subject>/test-00000-of-00001.parquet; Idavidrein/gpqa gpqa_diamond.csv; HuggingFaceH4/MATH-500 and math-ai/aime25
 # test.jsonl; math-ai/amc23 test-00000-of-00001.parquet; the others data/<split>-00000-of-00001.parquet.
+
 
 def _local_rows(name: str) -> list[dict]:
     return [row for _, row in BENCHMARKS[name].read_local(Path(DATA_DIR) / LOCAL[name])]
@@ -187,22 +217,31 @@ def _aime_url(year: int, part: int, number: int) -> str:
 
 def _gsm8k(repo: Path) -> None:
     for split in ("train", "test"):
-        _parquet(repo / "main" / f"{split}-00000-of-00001.parquet", _local_rows(f"gsm8k{'_train' * (split == 'train')}"))
+        _parquet(
+            repo / "main" / f"{split}-00000-of-00001.parquet", _local_rows(f"gsm8k{'_train' * (split == 'train')}")
+        )
     _configs_card(repo, {"main": {"train": "main/train-*", "test": "main/test-*"}})
 
 
 def _math_lighteval(repo: Path) -> None:
     rows = _local_rows("math_train")
-    _parquet(repo / "data" / "train-00000-of-00001.parquet",
-             [{k: row[k] for k in ("problem", "level", "solution", "type")} for row in rows])
+    _parquet(
+        repo / "data" / "train-00000-of-00001.parquet",
+        [{k: row[k] for k in ("problem", "level", "solution", "type")} for row in rows],
+    )
 
 
 def _mmlu(repo: Path) -> None:
     rows = _local_rows("mmlu_stem")
     for subject in MMLU_STEM:
-        _parquet(repo / subject / "test-00000-of-00001.parquet",
-                 [{"question": r["question"], "subject": subject, "choices": r["choices"], "answer": r["answer"]}
-                  for r in rows if r["type"] == subject])
+        _parquet(
+            repo / subject / "test-00000-of-00001.parquet",
+            [
+                {"question": r["question"], "subject": subject, "choices": r["choices"], "answer": r["answer"]}
+                for r in rows
+                if r["type"] == subject
+            ],
+        )
     _configs_card(repo, {subject: {"test": f"{subject}/test-*"} for subject in MMLU_STEM})
 
 
@@ -216,26 +255,43 @@ def _gpqa(repo: Path) -> None:
 def _aimo_aime(repo: Path) -> None:
     """AI-MO/aimo-validation-aime: AIME 2022-2024 with AoPS urls; here the 2022 and 2023 problems of the local file."""
     rows = [r for r in _local_rows("aime23") if r["year"] in (2022, 2023)]
-    _parquet(repo / "data" / "train-00000-of-00001.parquet",
-             [{"id": i, "problem": r["problem"], "solution": r["solution"], "answer": r["answer"],
-               "url": _aime_url(r["year"], r["aime_number"], r["problem_number"] or 15)} for i, r in enumerate(rows)])
+    _parquet(
+        repo / "data" / "train-00000-of-00001.parquet",
+        [
+            {
+                "id": i,
+                "problem": r["problem"],
+                "solution": r["solution"],
+                "answer": r["answer"],
+                "url": _aime_url(r["year"], r["aime_number"], r["problem_number"] or 15),
+            }
+            for i, r in enumerate(rows)
+        ],
+    )
 
 
 def _aime24(repo: Path) -> None:
-    _parquet(repo / "data" / "train-00000-of-00001.parquet",
-             [{k: r[k] for k in ("id", "problem", "solution", "answer", "url")} | {"year": "2024"}
-              for r in _local_rows("aime24")])
+    _parquet(
+        repo / "data" / "train-00000-of-00001.parquet",
+        [
+            {k: r[k] for k in ("id", "problem", "solution", "answer", "url")} | {"year": "2024"}
+            for r in _local_rows("aime24")
+        ],
+    )
 
 
 def _copy_jsonl(name: str) -> Callable[[Path], None]:
     def write(repo: Path) -> None:
         (repo / "test.jsonl").write_bytes((Path(DATA_DIR) / LOCAL[name]).read_bytes())
+
     return write
 
 
 def _amc23(repo: Path) -> None:
-    _parquet(repo / "test-00000-of-00001.parquet",
-             [{k: r[k] for k in ("id", "question", "answer", "url")} for r in _local_rows("amc23")])
+    _parquet(
+        repo / "test-00000-of-00001.parquet",
+        [{k: r[k] for k in ("id", "question", "answer", "url")} for r in _local_rows("amc23")],
+    )
 
 
 def _olympiadbench(repo: Path) -> None:
@@ -243,9 +299,19 @@ def _olympiadbench(repo: Path) -> None:
     _configs_card(repo, {"OE_TO_maths_en_COMP": {"train": "OE_TO_maths_en_COMP/train-*"}})
 
 
-HUB_LAYOUT = {"gsm8k": _gsm8k, "gsm8k_train": _gsm8k, "math500": _copy_jsonl("math500"), "math_train": _math_lighteval,
-              "mmlu_stem": _mmlu, "gpqa": _gpqa, "aime23": _aimo_aime, "aime24": _aime24,
-              "aime25": _copy_jsonl("aime25"), "amc23": _amc23, "olympiadbench": _olympiadbench}
+HUB_LAYOUT = {
+    "gsm8k": _gsm8k,
+    "gsm8k_train": _gsm8k,
+    "math500": _copy_jsonl("math500"),
+    "math_train": _math_lighteval,
+    "mmlu_stem": _mmlu,
+    "gpqa": _gpqa,
+    "aime23": _aimo_aime,
+    "aime24": _aime24,
+    "aime25": _copy_jsonl("aime25"),
+    "amc23": _amc23,
+    "olympiadbench": _olympiadbench,
+}
 
 
 def test_every_benchmark_has_a_hub_source_and_a_mirror_layout_here():
@@ -268,11 +334,18 @@ def test_the_hub_route_gives_the_records_of_the_local_files(name, tmp_path):
 def test_without_hub_or_local_files_train_fails_at_start_up_naming_both_routes(tmp_path):
     """No network and no TOKENRL_DATA_DIR: one message with the Hub id and the local route, no chained tracebacks,
     no minute of retries (the Hub endpoint here refuses connections, as an offline machine's does not answer)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TOKENRL_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TOKENRL_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    }
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
-    done = subprocess.run([sys.executable, "train.py", "task=gsm8k", "model=tiny", "logger=none",
-                           f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [sys.executable, "train.py", "task=gsm8k", "model=tiny", "logger=none", f"hydra.run.dir={tmp_path}/run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode != 0
     message = [line for line in done.stderr.splitlines() if line.startswith("tokenrl.data.hub.DataUnavailableError")]
     assert len(message) == 1 and done.stderr.count("Traceback") == 1, done.stderr[-3000:]

@@ -2,6 +2,7 @@
 the temporaries of a killed save are removed; a sharded checkpoint's folder is replaced whole (a kill at any point
 leaves the previous one or the new one complete); the policy's weights are read from either kind.
 The same under 2 real FSDP ranks: tests/test_distributed.py (resume from sharded and full checkpoints)."""
+
 from __future__ import annotations
 
 import errno
@@ -11,8 +12,16 @@ import pytest
 import torch
 
 import tokenrl.run.checkpointing as checkpointing
-from tokenrl.run.checkpointing import (TEMPORARY_GLOB, AtomicCheckpointIO, AtomicFSDPStrategy, CheckpointWriteError,
-                                   interrupted_swap, is_sharded_checkpoint, policy_state_dict, remove_stale_temporaries)
+from tokenrl.run.checkpointing import (
+    TEMPORARY_GLOB,
+    AtomicCheckpointIO,
+    AtomicFSDPStrategy,
+    CheckpointWriteError,
+    interrupted_swap,
+    is_sharded_checkpoint,
+    policy_state_dict,
+    remove_stale_temporaries,
+)
 
 # a sharded save in one process (no process group) is what torch.distributed.checkpoint warns about
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -37,38 +46,45 @@ class FullDisk(io.RawIOBase):
 def test_a_full_disk_names_the_file_the_size_and_the_intact_previous_checkpoint(tmp_path, monkeypatch):
     target = tmp_path / "last.ckpt"
     io_plugin = AtomicCheckpointIO()
-    io_plugin.save_checkpoint({"state_dict": {"w": torch.zeros(4)}}, target)   # the previous checkpoint
+    io_plugin.save_checkpoint({"state_dict": {"w": torch.zeros(4)}}, target)  # the previous checkpoint
     real_save = torch.save
     monkeypatch.setattr(checkpointing.torch, "save", lambda obj, handle: real_save(obj, FullDisk(room=4096)))
     with pytest.raises(CheckpointWriteError) as caught:
-        io_plugin.save_checkpoint({"state_dict": {"w": torch.zeros(2**20)}}, target)   # 4 MiB of fp32
+        io_plugin.save_checkpoint({"state_dict": {"w": torch.zeros(2**20)}}, target)  # 4 MiB of fp32
     message = str(caught.value)
     assert f"no space left on device writing checkpoint {target}" in message
-    assert "it needs about 0.00 GiB" in message and "GiB free" in message   # 4 MiB = 0.004 GiB
+    assert "it needs about 0.00 GiB" in message and "GiB free" in message  # 4 MiB = 0.004 GiB
     assert "the previous last.ckpt is intact" in message
     assert torch.load(target, weights_only=True)["state_dict"]["w"].shape == (4,)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]   # no partial file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]  # no partial file left
 
 
 def test_other_write_errors_name_the_file(tmp_path, monkeypatch):
     def refuse(obj, handle):
         raise PermissionError(errno.EACCES, "Permission denied")
+
     monkeypatch.setattr(checkpointing.torch, "save", refuse)
-    with pytest.raises(CheckpointWriteError, match=r"could not write checkpoint .*step0002.ckpt: .*Permission denied; "
-                                                   r"no step0002.ckpt was written before"):
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"could not write checkpoint .*step0002.ckpt: .*Permission denied; "
+        r"no step0002.ckpt was written before",
+    ):
         AtomicCheckpointIO().save_checkpoint({}, tmp_path / "step0002.ckpt")
 
 
 def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
     (tmp_path / ".last.ckpt.abc123.tmp").write_bytes(b"\0" * 10)
     (tmp_path / ".step0003.ckpt.x9.tmp").write_bytes(b"\0")
-    (tmp_path / ".step0004.ckpt.k2.tmp").mkdir()   # a sharded save's folder, cut short
+    (tmp_path / ".step0004.ckpt.k2.tmp").mkdir()  # a sharded save's folder, cut short
     (tmp_path / ".step0004.ckpt.k2.tmp" / "__0_0.distcp").write_bytes(b"\0")
     (tmp_path / "last.ckpt").write_bytes(b"kept")
     (tmp_path / "notes.tmp").write_bytes(b"kept")
     removed = remove_stale_temporaries(tmp_path)
-    assert sorted(p.name for p in removed) == [".last.ckpt.abc123.tmp", ".step0003.ckpt.x9.tmp",
-                                               ".step0004.ckpt.k2.tmp"]
+    assert sorted(p.name for p in removed) == [
+        ".last.ckpt.abc123.tmp",
+        ".step0003.ckpt.x9.tmp",
+        ".step0004.ckpt.k2.tmp",
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "notes.tmp"]
     assert remove_stale_temporaries(tmp_path / "absent") == []
 
@@ -76,10 +92,11 @@ def test_stale_temporaries_are_removed_and_nothing_else(tmp_path):
 # --------------------------------------------------------------------------- sharded checkpoints (one process)
 def sharded_state(step: int, weight: float) -> dict:
     """What Lightning hands FSDPStrategy.save_checkpoint: the module's and the optimizer's states and the rest."""
-    return {"state_dict": {"policy.w": torch.full((4,), weight), "policy.b": torch.zeros(2)},
-            "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(4)}},
-                                  "param_groups": [{"lr": 0.1, "params": [0]}]}],
-            "tokenrl": {"rollout_step": step}}
+    return {
+        "state_dict": {"policy.w": torch.full((4,), weight), "policy.b": torch.zeros(2)},
+        "optimizer_states": [{"state": {0: {"exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}],
+        "tokenrl": {"rollout_step": step},
+    }
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2_exchange", "remove_then_rename"])
@@ -110,8 +127,11 @@ def test_superseded_checkpoints_are_removed_files_and_folders(tmp_path):
 def test_resuming_a_sharded_checkpoint_without_fsdp_names_the_fix(tmp_path):
     """Every strategy but FSDP loads through the IO plugin, which would fail on a folder with IsADirectoryError."""
     AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(sharded_state(1, 1.0), tmp_path / "last.ckpt")
-    with pytest.raises(ValueError, match=r"last.ckpt is a sharded checkpoint \(trainer=fsdp's folder of shards\): "
-                                         r"resume it with trainer=fsdp"):
+    with pytest.raises(
+        ValueError,
+        match=r"last.ckpt is a sharded checkpoint \(trainer=fsdp's folder of shards\): "
+        r"resume it with trainer=fsdp",
+    ):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "last.ckpt")
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(1)}}, tmp_path / "full.ckpt")
     assert AtomicCheckpointIO().load_checkpoint(tmp_path / "full.ckpt")["state_dict"]["w"].item() == 1.0
@@ -124,13 +144,24 @@ def test_a_sharded_checkpoint_replaces_a_full_one_of_the_same_name(tmp_path):
     assert is_sharded_checkpoint(target) and torch.equal(policy_state_dict(target)["w"], torch.full((4,), 3.0))
 
 
-@pytest.mark.parametrize("failure,message", [
-    (OSError(errno.ENOSPC, "No space left on device"), r"no space left on device writing checkpoint .*last.ckpt: it "
-                                                       r"needs about 0.00 GiB per rank .* GiB free"),
-    (PermissionError(errno.EACCES, "Permission denied"), r"could not write checkpoint .*last.ckpt: rank 1: "
-                                                         r"PermissionError: .*Permission denied")])
-def test_a_failed_sharded_save_names_the_cause_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, failure,
-                                                                                message):
+@pytest.mark.parametrize(
+    "failure,message",
+    [
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            r"no space left on device writing checkpoint .*last.ckpt: it "
+            r"needs about 0.00 GiB per rank .* GiB free",
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied"),
+            r"could not write checkpoint .*last.ckpt: rank 1: "
+            r"PermissionError: .*Permission denied",
+        ),
+    ],
+)
+def test_a_failed_sharded_save_names_the_cause_and_keeps_the_previous_checkpoint(
+    tmp_path, monkeypatch, failure, message
+):
     """A rank's failure reaches every rank as torch.distributed.checkpoint's CheckpointException; the partial folder
     is removed, the previous checkpoint is intact."""
     import torch.distributed.checkpoint as dcp
@@ -140,8 +171,9 @@ def test_a_failed_sharded_save_names_the_cause_and_keeps_the_previous_checkpoint
     strategy.save_checkpoint(sharded_state(1, 1.0), target)
 
     def failing(state, checkpoint_id):
-        (checkpoint_id / "__0_0.distcp").write_bytes(b"\0" * 100)   # rank 0's half-written shard
+        (checkpoint_id / "__0_0.distcp").write_bytes(b"\0" * 100)  # rank 0's half-written shard
         raise CheckpointException("save", {1: (failure, None)})
+
     monkeypatch.setattr(dcp, "save", failing)
     with pytest.raises(CheckpointWriteError, match=message + r".*; the previous last.ckpt is intact"):
         strategy.save_checkpoint(sharded_state(2, 2.0), target)
@@ -150,14 +182,15 @@ def test_a_failed_sharded_save_names_the_cause_and_keeps_the_previous_checkpoint
 
 
 def interrupt(*args, **kwargs):
-    raise KeyboardInterrupt   # a save that never finishes (kill -9, a node failure): nothing is cleaned up
+    raise KeyboardInterrupt  # a save that never finishes (kill -9, a node failure): nothing is cleaned up
 
 
-def test_a_sharded_save_killed_midway_leaves_the_previous_checkpoint_and_a_temporary_that_is_removed(tmp_path,
-                                                                                                  monkeypatch):
+def test_a_sharded_save_killed_midway_leaves_the_previous_checkpoint_and_a_temporary_that_is_removed(
+    tmp_path, monkeypatch
+):
     strategy, target = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt"
     strategy.save_checkpoint(sharded_state(1, 1.0), target)
-    monkeypatch.setattr(checkpointing, "_save_atomically", interrupt)   # the shards are written, meta.pt is not
+    monkeypatch.setattr(checkpointing, "_save_atomically", interrupt)  # the shards are written, meta.pt is not
     with pytest.raises(KeyboardInterrupt):
         strategy.save_checkpoint(sharded_state(2, 2.0), target)
     (partial,) = tmp_path.glob(TEMPORARY_GLOB)
@@ -177,6 +210,7 @@ def test_a_swap_killed_between_its_renames_leaves_the_new_checkpoint_complete_fo
     def remove_then_die(path):
         real_remove(path)
         interrupt()
+
     monkeypatch.setattr(checkpointing, "_exchange", lambda a, b: False)
     monkeypatch.setattr(checkpointing, "_remove", remove_then_die)
     with pytest.raises(KeyboardInterrupt):
@@ -188,12 +222,16 @@ def test_a_swap_killed_between_its_renames_leaves_the_new_checkpoint_complete_fo
 
 
 def test_policy_state_dict_reads_a_full_checkpoint_and_names_what_is_wrong(tmp_path):
-    AtomicCheckpointIO().save_checkpoint({"state_dict": {"policy.w": torch.ones(3), "other.x": torch.ones(1)}},
-                                         tmp_path / "a.ckpt")
+    AtomicCheckpointIO().save_checkpoint(
+        {"state_dict": {"policy.w": torch.ones(3), "other.x": torch.ones(1)}}, tmp_path / "a.ckpt"
+    )
     assert list(policy_state_dict(tmp_path / "a.ckpt")) == ["w"]
     AtomicCheckpointIO().save_checkpoint({"state_dict": {"other.x": torch.ones(1)}}, tmp_path / "b.ckpt")
     with pytest.raises(ValueError, match=r"b.ckpt holds no `policy.\*` weights"):
         policy_state_dict(tmp_path / "b.ckpt")
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*absent.ckpt: a tokenrl checkpoint is a .ckpt file "
-                                                r"or a sharded checkpoint's folder holding meta.pt"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no checkpoint at .*absent.ckpt: a tokenrl checkpoint is a .ckpt file "
+        r"or a sharded checkpoint's folder holding meta.pt",
+    ):
         policy_state_dict(tmp_path / "absent.ckpt")

@@ -1,4 +1,5 @@
 """The entry points' one-line report of a user's error, and the message of a checkpoint of another model."""
+
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,7 @@ from tokenrl.cli.errors import DEBUG_ENV, report_user_error
 from tokenrl.run.checkpointing import checkpoint_mismatch
 
 
-def test_a_user_error_is_one_error_line_on_the_console_and_its_traceback_in_the_log_file(tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_a_user_error_is_one_error_line_on_the_console_and_its_traceback_in_the_log_file(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)
     handler = logging.FileHandler(tmp_path / "run.log")
     logging.getLogger().addHandler(handler)
@@ -41,16 +41,28 @@ def test_tokenrl_debug_prints_the_traceback_too(capsys, monkeypatch):
 SHAPES = {"embed.weight": [128, 64], "norm.weight": [64], "lora_A": [8, 64]}
 
 
-@pytest.mark.parametrize("saved,complete,message", [
-    (SHAPES, True, None),
-    ({"embed.weight": [128, 128], "norm.weight": [128], "lora_A": [8, 64]}, True,
-     "2 of 3 weights differ in shape, e.g. `embed.weight` [128, 128] in the checkpoint vs [128, 64] here"),
-    ({"embed.weight": [128, 64], "norm.weight": [64]}, True,
-     "1 of 3 weights differ in shape, e.g. `lora_A` absent in the checkpoint vs [8, 64] here"),
-    ({"lora_A": [8, 64]}, False, None),                       # adapters alone: the base's weights are not compared
-    ({"lora_A": [16, 64], "extra": [1]}, False,
-     "2 of 2 weights differ in shape, e.g. `extra` [1] in the checkpoint vs absent here"),
-])
+@pytest.mark.parametrize(
+    "saved,complete,message",
+    [
+        (SHAPES, True, None),
+        (
+            {"embed.weight": [128, 128], "norm.weight": [128], "lora_A": [8, 64]},
+            True,
+            "2 of 3 weights differ in shape, e.g. `embed.weight` [128, 128] in the checkpoint vs [128, 64] here",
+        ),
+        (
+            {"embed.weight": [128, 64], "norm.weight": [64]},
+            True,
+            "1 of 3 weights differ in shape, e.g. `lora_A` absent in the checkpoint vs [8, 64] here",
+        ),
+        ({"lora_A": [8, 64]}, False, None),  # adapters alone: the base's weights are not compared
+        (
+            {"lora_A": [16, 64], "extra": [1]},
+            False,
+            "2 of 2 weights differ in shape, e.g. `extra` [1] in the checkpoint vs absent here",
+        ),
+    ],
+)
 def test_a_checkpoint_of_another_model_is_named_with_how_many_weights_differ(saved, complete, message):
     error = checkpoint_mismatch("run/last.ckpt", saved, SHAPES, "use its model", complete)
     if message is None:

@@ -1,6 +1,7 @@
 """scripts/compare_harness.py: tokenrl's evaluation and lm-evaluation-harness on the same 3 GSM8K and 2 MATH-500
 problems (offline SmolLM2-135M-Instruct, greedy, a short budget) see the same prompts, generate the same text and
 their scorers agree (docs/harness.md); the extraction helpers read what the verifiers read."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,26 +14,42 @@ import pytest
 from tests.conftest import ROOT, needs_data
 
 sys.path.insert(0, str(ROOT))
-from scripts.compare_harness import (DEFAULT_MODEL, arithmetic_task, harness_config,  # noqa: E402
-                                     harness_gsm8k_normal, harness_scores, main, reference_check,
-                                     tokenrl_flexible_answer, tokenrl_math_answer, tokenrl_strict_answer,
-                                     write_arithmetic_docs, wrong_final_answer)
+from scripts.compare_harness import (
+    DEFAULT_MODEL,
+    arithmetic_task,
+    harness_config,  # noqa: E402
+    harness_gsm8k_normal,
+    harness_scores,
+    main,
+    reference_check,
+    tokenrl_flexible_answer,
+    tokenrl_math_answer,
+    tokenrl_strict_answer,
+    write_arithmetic_docs,
+    wrong_final_answer,
+)
 
-needs_harness = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
-                                   reason="lm-eval is not installed: pip install -r requirements-harness.txt "
-                                          "(scripts/setup.sh installs it where the package index has it)")
-needs_model = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(),
-                                 reason=f"the offline default model is not prepared: bash scripts/setup.sh "
-                                        f"({DEFAULT_MODEL})")
+needs_harness = pytest.mark.skipif(
+    importlib.util.find_spec("lm_eval") is None,
+    reason="lm-eval is not installed: pip install -r requirements-harness.txt "
+    "(scripts/setup.sh installs it where the package index has it)",
+)
+needs_model = pytest.mark.skipif(
+    not (DEFAULT_MODEL / "config.json").exists(),
+    reason=f"the offline default model is not prepared: bash scripts/setup.sh ({DEFAULT_MODEL})",
+)
 
 
-@pytest.mark.parametrize("response,strict,flexible", [
-    ("so 3 + 4 = 7\n#### 7", "7", "7"),
-    ("#### 1,234 dollars", "1,234", "1,234"),
-    ("#### 5-3", None, None),                  # an expression: neither verifier reads a number there
-    ("The answer is **18**.", None, "18"),
-    ("total: 2 + 3", None, None),              # a last operand is no answer for tokenrl (the harness takes `3`)
-])
+@pytest.mark.parametrize(
+    "response,strict,flexible",
+    [
+        ("so 3 + 4 = 7\n#### 7", "7", "7"),
+        ("#### 1,234 dollars", "1,234", "1,234"),
+        ("#### 5-3", None, None),  # an expression: neither verifier reads a number there
+        ("The answer is **18**.", None, "18"),
+        ("total: 2 + 3", None, None),  # a last operand is no answer for tokenrl (the harness takes `3`)
+    ],
+)
 def test_gsm8k_extraction_mirrors_the_verifiers(response, strict, flexible):
     from tokenrl.rewards.verifiers import gsm8k_flexible, gsm8k_strict
 
@@ -56,8 +73,9 @@ def test_math_extraction_and_harness_normalisation():
 @needs_data
 def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
     out = tmp_path / "agreement.json"
-    report = main(["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--references-limit", "5",
-                   "--out", str(out)])
+    report = main(
+        ["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--references-limit", "5", "--out", str(out)]
+    )
     saved = json.loads(out.read_text())
     assert saved["versions"]["lm_eval"] == "0.4.13" and saved["versions"]["torch"] and saved["date"]
     assert saved["model"]["folder"].endswith("smollm2-135m-instruct")
@@ -65,8 +83,8 @@ def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
         result = report["tasks"][task]
         counts = result["counts"]
         assert result["n"] == n and saved["tasks"][task]["n"] == n and result["max_new_tokens"] == 24
-        assert counts["prompt_identical"] == n, result["disagreements"]      # same chat prompt, same token ids
-        assert counts["response_identical"] == n, result["disagreements"]    # greedy: the same text
+        assert counts["prompt_identical"] == n, result["disagreements"]  # same chat prompt, same token ids
+        assert counts["response_identical"] == n, result["disagreements"]  # greedy: the same text
         views = ["strict", "flexible"] if task == "gsm8k" else ["math"]
         for view in views:
             assert counts[f"{view}/tokenrl_verifier_same_on_both"] == n
@@ -112,15 +130,15 @@ ARITHMETIC_ROWS = [
     ("The answer is 7.", "7", 1, 1),
     ("3 + 4 = 7", "7", 1, 1),
     ("**7**", "7", 1, 1),
-    ("7.0", "7", 1, 0),               # an exact number for tokenrl; the harness compares the string `7.0`
-    ("\u22127", "-7", 1, 0),           # the Unicode minus: tokenrl reads -7, the harness's regex only `7`
+    ("7.0", "7", 1, 0),  # an exact number for tokenrl; the harness compares the string `7.0`
+    ("\u22127", "-7", 1, 0),  # the Unicode minus: tokenrl reads -7, the harness's regex only `7`
     ("3 + 4 = 8", "7", 0, 0),
     ("The sum is 3 + 4", "4", 0, 1),  # a last operand is no answer for tokenrl; the harness takes `4`
     ("7 - 0", "0", 0, 1),
-    ("H2O", "2", 0, 1),               # digits of a name are no number for tokenrl; the harness reads `2`
-    ("12 apples, 1,2", "12", 0, 1),   # `1,2` is malformed for tokenrl; the harness deletes commas: `12`
-    ("x^2", "2", 0, 1),               # an exponent
-    ("\\frac{1}{2}", "2", 0, 1),      # a denominator
+    ("H2O", "2", 0, 1),  # digits of a name are no number for tokenrl; the harness reads `2`
+    ("12 apples, 1,2", "12", 0, 1),  # `1,2` is malformed for tokenrl; the harness deletes commas: `12`
+    ("x^2", "2", 0, 1),  # an exponent
+    ("\\frac{1}{2}", "2", 0, 1),  # a denominator
     ("no number", "7", 0, 0),
     ("", "7", 0, 0),
 ]
@@ -139,8 +157,10 @@ def test_the_arithmetic_harness_task_scores_as_tokenrl_s_verifier(response, gold
     scores = arithmetic_utils.process_results({"answer": gold}, [response])
     assert scores["exact_match"] == tokenrl
     assert scores["flexible_extract"] == stock
-    assert harness_scores("arithmetic", response, {"answer": gold}) == {"last_number": tokenrl, "flexible":
-                                                                          scores["flexible_extract"]}
+    assert harness_scores("arithmetic", response, {"answer": gold}) == {
+        "last_number": tokenrl,
+        "flexible": scores["flexible_extract"],
+    }
 
 
 @needs_harness
@@ -154,8 +174,10 @@ def test_the_arithmetic_harness_task_holds_tokenrl_s_prompt_decoding_and_budget(
     task = arithmetic_task()
     problems = task.problems("test")[:4]
     config = harness_config("arithmetic")
-    rows = [json.loads(line) for line in
-            (write_arithmetic_docs(problems, tmp_path) / "arithmetic" / "test.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (write_arithmetic_docs(problems, tmp_path) / "arithmetic" / "test.jsonl").read_text().splitlines()
+    ]
     assert [r["id"] for r in rows] == [p.id for p in problems]
     for row, problem in zip(rows, problems):
         assert apply_template(config["doc_to_text"], row) == with_instruction(problem.question, task.instruction)
@@ -186,8 +208,9 @@ def test_both_arithmetic_scorers_accept_the_worked_sum_and_refuse_a_changed_one(
 def test_compare_harness_on_arithmetic_needs_no_data_files(tmp_path, monkeypatch):
     """`--tasks arithmetic` runs without TOKENRL_DATA_DIR: 3 held-out problems, the offline model, both sides."""
     monkeypatch.delenv("TOKENRL_DATA_DIR", raising=False)
-    report = main(["--tasks", "arithmetic", "--limit", "3", "--references-limit", "5",
-                   "--out", str(tmp_path / "arithmetic.json")])
+    report = main(
+        ["--tasks", "arithmetic", "--limit", "3", "--references-limit", "5", "--out", str(tmp_path / "arithmetic.json")]
+    )
     result = report["tasks"]["arithmetic"]
     counts = result["counts"]
     assert result["n"] == 3 and result["max_new_tokens"] == 32

@@ -1,5 +1,6 @@
 """scripts/config_reference.py: docs/configuration.md is what the configs give (so the reference cannot drift), and
 its line reader finds every key that YAML itself finds in every file of configs/, under the right package."""
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,9 @@ def yaml_keys(node, prefix: str = "") -> set[str]:
 
 
 def test_the_committed_reference_is_what_the_configs_give():
-    assert OUT.read_text(encoding="utf-8") == render(files()), \
+    assert OUT.read_text(encoding="utf-8") == render(files()), (
         "docs/configuration.md is stale: run python scripts/config_reference.py and commit it"
+    )
     assert main(["--check"]) == 0
 
 
@@ -39,29 +41,34 @@ def test_every_key_of_every_file_is_on_the_page(path):
     section = page.split(f"`configs/{parsed.rel}`", 1)[1]
     assert all(f"| `{key}` |" in section for key in expected)
     raw = yaml.safe_load(path.read_text()) or {}
-    assert [item.split("#")[0].strip().removeprefix("- ") for item in parsed.defaults] == \
-        [f"{key}: {'null' if value is None else value}" if isinstance(d, dict) else d
-         for d in raw.get("defaults", []) for key, value in (d.items() if isinstance(d, dict) else [(d, None)])]
+    assert [item.split("#")[0].strip().removeprefix("- ") for item in parsed.defaults] == [
+        f"{key}: {'null' if value is None else value}" if isinstance(d, dict) else d
+        for d in raw.get("defaults", [])
+        for key, value in (d.items() if isinstance(d, dict) else [(d, None)])
+    ]
 
 
 def test_packages_follow_hydra():
     by_file = {c.rel: c.package for c in files()}
     assert by_file["train.yaml"] == "" and by_file["algorithm/grpo.yaml"] == "algorithm"
-    assert by_file["experiment/ict_paper.yaml"] == "" and by_file["task/forks.yaml"] == ""   # @package _global_
+    assert by_file["experiment/ict_paper.yaml"] == "" and by_file["task/forks.yaml"] == ""  # @package _global_
     assert by_file["hydra/launcher/fresh_process.yaml"] == "hydra.launcher"
-    assert by_file["base/qwen2.5.yaml"] == "model" and by_file["base/rollout.yaml"] == "rollout"   # @_here_
+    assert by_file["base/qwen2.5.yaml"] == "model" and by_file["base/rollout.yaml"] == "rollout"  # @_here_
 
 
 def test_comments_follow_their_key(tmp_path):
     (tmp_path / "group").mkdir()
     path = tmp_path / "group" / "x.yaml"
-    path.write_text("# what the file is\n"
-                    "a: 1        # first line\n"
-                    "            # second line\n"
-                    "# a note on b\n"
-                    "b:\n"
-                    "  c: 'x # not a comment'   # c's\n")
+    path.write_text(
+        "# what the file is\n"
+        "a: 1        # first line\n"
+        "            # second line\n"
+        "# a note on b\n"
+        "b:\n"
+        "  c: 'x # not a comment'   # c's\n"
+    )
     import scripts.config_reference as ref
+
     saved = ref.CONFIGS
     ref.CONFIGS = tmp_path
     try:
@@ -70,8 +77,10 @@ def test_comments_follow_their_key(tmp_path):
         ref.CONFIGS = saved
     assert cfg.header == ["what the file is"] and cfg.package == "group"
     assert [(k.path, k.value, k.comment) for k in cfg.keys] == [
-        ("group.a", "1", ["first line", "second line"]), ("group.b", "", ["a note on b"]),
-        ("group.b.c", "'x # not a comment'", ["c's"])]
+        ("group.a", "1", ["first line", "second line"]),
+        ("group.b", "", ["a note on b"]),
+        ("group.b.c", "'x # not a comment'", ["c's"]),
+    ]
 
 
 def test_every_config_group_is_on_the_page():

@@ -7,6 +7,7 @@ each leaf key. Static: a key without a rule fails the test, so a new key cannot 
 key that is not free text, set to a value no rule accepts, must stop `check_config` (or `check_eval_config`) with a
 line naming that key as the user typed it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,19 +27,32 @@ from tokenrl.config.rules import RULES
 from tokenrl.records.rules import Rule
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_GROUPS = ("experiment", "method", "model", "task", "rollout", "trainer", "logger", "launcher", "selector",
-                "algorithm")
+TRAIN_GROUPS = (
+    "experiment",
+    "method",
+    "model",
+    "task",
+    "rollout",
+    "trainer",
+    "logger",
+    "launcher",
+    "selector",
+    "algorithm",
+)
 EVAL_GROUPS = ("model", "rollout")
-NONSENSE = "not-a-valid-value"   # a string no numeric, boolean, choice, list or mapping rule accepts
+NONSENSE = "not-a-valid-value"  # a string no numeric, boolean, choice, list or mapping rule accepts
 ALGORITHM_FIELDS = {field.name for field in dataclasses.fields(AlgorithmConfig)}
 
 
-COMPLETE = {"task=dataset": ["task.source=problems.jsonl"]}   # what a preset's `???` needs before it can be checked
+COMPLETE = {"task=dataset": ["task.source=problems.jsonl"]}  # what a preset's `???` needs before it can be checked
 
 
 def presets(groups: tuple[str, ...]) -> list[list[str]]:
-    return [[choice, *COMPLETE.get(choice, [])] for group in groups
-            for choice in (f"{group}={path.stem}" for path in sorted((ROOT / "configs" / group).glob("*.yaml")))]
+    return [
+        [choice, *COMPLETE.get(choice, [])]
+        for group in groups
+        for choice in (f"{group}={path.stem}" for path in sorted((ROOT / "configs" / group).glob("*.yaml")))
+    ]
 
 
 @functools.cache
@@ -74,11 +88,11 @@ def rule_of(cfg: DictConfig, path: str) -> Rule | str | None:
     for node in sorted(target_nodes(cfg), key=len, reverse=True):
         if not path.startswith(node + "."):
             continue
-        keys = path[len(node) + 1:].split(".")
+        keys = path[len(node) + 1 :].split(".")
         if keys[0] in ("_target_", "_partial_"):
             return "target"
         rule = (target_rules(OmegaConf.select(cfg, node)._target_) or {}).get(keys[0])
-        for key in keys[1:]:   # a mapping's fields (task.warmup.steps)
+        for key in keys[1:]:  # a mapping's fields (task.warmup.steps)
             rule = (rule.fields or {}).get(key) if isinstance(rule, Rule) else None
         return rule
     return None
@@ -89,11 +103,21 @@ PRESETS = [("train", tuple(p)) for p in presets(TRAIN_GROUPS)] + [("eval", tuple
 
 def test_the_walk_reaches_the_keys_of_every_kind_of_node():
     keys = {path for name, overrides in PRESETS for path in leaves(composed(name, overrides))}
-    assert len(keys) > 200 and {"selector.ratio", "task.warmup.steps", "logger.csv.save_dir", "eval.top_k",
-                                "trainer.strategy.mixed_precision.param_dtype", "algorithm.optimizer.lr"} <= keys
+    assert (
+        len(keys) > 200
+        and {
+            "selector.ratio",
+            "task.warmup.steps",
+            "logger.csv.save_dir",
+            "eval.top_k",
+            "trainer.strategy.mixed_precision.param_dtype",
+            "algorithm.optimizer.lr",
+        }
+        <= keys
+    )
 
 
-CHECKED: set[tuple[str, str, str]] = set()   # (config, key, its rule's words): checked once per session and worker
+CHECKED: set[tuple[str, str, str]] = set()  # (config, key, its rule's words): checked once per session and worker
 
 
 @pytest.mark.parametrize("name,overrides", PRESETS, ids=[f"{n}:{' '.join(o)}" for n, o in PRESETS])
@@ -102,18 +126,21 @@ def test_every_key_has_a_rule_and_a_value_no_rule_accepts_stops_the_check_naming
     stops the start-up check with a line that starts with the key (once per key and rule: presets share most keys)."""
     cfg = composed(name, overrides)
     rules = {path: rule_of(cfg, path) for path in leaves(cfg)}
-    assert [path for path, rule in rules.items() if rule is None] == [], \
+    assert [path for path, rule in rules.items() if rule is None] == [], (
         "keys without a rule (config/rules.py, a component's config_rules) or a FREE_TEXT mark"
+    )
     for path, rule in rules.items():
         seen = (name, path, rule.allowed if isinstance(rule, Rule) else str(rule))
         if rule == "target" or (isinstance(rule, Rule) and rule.free) or seen in CHECKED:
             continue
         CHECKED.add(seen)
         bad = copy.deepcopy(cfg)
-        with open_dict(bad):   # what `path=<value>` on the command line leaves in the composed config
+        with open_dict(bad):  # what `path=<value>` on the command line leaves in the composed config
             OmegaConf.update(bad, path, NONSENSE, merge=False)
         with pytest.raises(ConfigError) as raised:
             check_config(bad) if name == "train" else check_eval_config(bad)
             pytest.fail(f"{path}={NONSENSE} passed the start-up check")
-        assert any(problem.startswith((f"{path}=", f"{path}:")) for problem in raised.value.problems), \
-            (path, raised.value.problems)
+        assert any(problem.startswith((f"{path}=", f"{path}:")) for problem in raised.value.problems), (
+            path,
+            raised.value.problems,
+        )

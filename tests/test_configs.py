@@ -1,4 +1,5 @@
 """Every config group composes; unknown choices name the valid ones; `--cfg job` prints the composed config."""
+
 from __future__ import annotations
 
 import subprocess
@@ -26,7 +27,7 @@ def test_every_option_composes_and_resolves(group, option, tmp_path):
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert resolved["total_steps"] > 0
     if group == "selector":
-        assert option.startswith(instantiate(cfg.selector).name)   # stapo_v1 is a stapo variant
+        assert option.startswith(instantiate(cfg.selector).name)  # stapo_v1 is a stapo variant
     if group == "model":
         assert resolved["model"]["name"] == option
         assert resolved["model"]["architecture"]["vocab_size"] > 0
@@ -41,9 +42,14 @@ def test_qwen_presets_carry_real_architecture_numbers(tmp_path):
 
 def test_dapo_overrides_grpo(tmp_path):
     algo = compose_config(["algorithm=dapo"], output_dir=tmp_path).algorithm
-    assert (algo.aggregation, algo.clip_high, algo.kl_coef, algo.group_size, algo.dual_clip) == \
-        ("token-mean", 0.28, 0.0, 8, 10.0)
-    assert compose_config([], output_dir=tmp_path).algorithm.dual_clip is None   # GRPO as written: no dual clip
+    assert (algo.aggregation, algo.clip_high, algo.kl_coef, algo.group_size, algo.dual_clip) == (
+        "token-mean",
+        0.28,
+        0.0,
+        8,
+        10.0,
+    )
+    assert compose_config([], output_dir=tmp_path).algorithm.dual_clip is None  # GRPO as written: no dual clip
 
 
 @pytest.mark.parametrize("group", ["selector", "model"])
@@ -60,8 +66,10 @@ def test_unknown_choice_lists_valid_ones(group):
 def cli_runs() -> list[subprocess.CompletedProcess]:
     """`python train.py --cfg job model=qwen1.5b selector=uniform` and `python train.py selector=nope`, each forked
     from the worker's process that imported tokenrl once (tests/helpers/forked_cli.py)."""
-    return [forked_python(["train.py", *argv]) for argv in (["--cfg", "job", "model=qwen1.5b", "selector=uniform"],
-                                                  ["selector=nope"])]
+    return [
+        forked_python(["train.py", *argv])
+        for argv in (["--cfg", "job", "model=qwen1.5b", "selector=uniform"], ["selector=nope"])
+    ]
 
 
 @pytest.mark.slow
@@ -82,15 +90,30 @@ def test_unknown_selector_on_the_command_line_names_valid_choices(cli_runs):
 
 # Every field of the six Qwen2.5 presets (configs/model/qwen*.yaml state only their deltas over
 # configs/base/qwen2.5.yaml; the instruct files over their base-model size): composing must give exactly this.
-QWEN_COMMON = {"tokenizer": None, "init": "pretrained", "dtype": "fp32", "reference_dtype": "bf16", "lora": None,
-               "lr": 1e-6, "prompts_per_step": 32, "paper_task": "gsm8k"}
-QWEN_ARCH_COMMON = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "bos_token_id": 151643,
-                    "pad_token_id": 151643}
+QWEN_COMMON = {
+    "tokenizer": None,
+    "init": "pretrained",
+    "dtype": "fp32",
+    "reference_dtype": "bf16",
+    "lora": None,
+    "lr": 1e-6,
+    "prompts_per_step": 32,
+    "paper_task": "gsm8k",
+}
+QWEN_ARCH_COMMON = {
+    "model_type": "qwen2",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
+    "bos_token_id": 151643,
+    "pad_token_id": 151643,
+}
 # name: (micro_batch_size, stats_chunk_size, hidden, intermediate, layers, heads, kv heads, vocab, tied, max positions,
 #        gradient checkpointing: off where the memory plan fits the paper's shape on 80 GB without it)
-QWEN_SIZES = {"qwen0.5b": (8, 512, 896, 4864, 24, 14, 2, 151936, True, 32768, False),
-              "qwen1.5b": (4, 512, 1536, 8960, 28, 12, 2, 151936, True, 131072, False),
-              "qwen7b": (2, 256, 3584, 18944, 28, 28, 4, 152064, False, 131072, True)}
+QWEN_SIZES = {
+    "qwen0.5b": (8, 512, 896, 4864, 24, 14, 2, 151936, True, 32768, False),
+    "qwen1.5b": (4, 512, 1536, 8960, 28, 12, 2, 151936, True, 131072, False),
+    "qwen7b": (2, 256, 3584, 18944, 28, 28, 4, 152064, False, 131072, True),
+}
 
 
 @pytest.mark.parametrize("name", [f"{size}{kind}" for size in QWEN_SIZES for kind in ("", "-instruct")])
@@ -100,24 +123,57 @@ def test_qwen_presets_compose_to_their_full_settings(name, tmp_path):
     micro, chunk, hidden, inter, layers, heads, kv, vocab, tied, positions, checkpointing = QWEN_SIZES[size]
     repo = {"qwen0.5b": "Qwen2.5-0.5B", "qwen1.5b": "Qwen2.5-1.5B", "qwen7b": "Qwen2.5-7B"}[size]
     assert model == {
-        "name": name, "source": f"Qwen/{repo}" + ("-Instruct" if instruct else ""), **QWEN_COMMON,
-        "chat_template": "auto" if instruct else False, "micro_batch_size": micro, "stats_chunk_size": chunk,
+        "name": name,
+        "source": f"Qwen/{repo}" + ("-Instruct" if instruct else ""),
+        **QWEN_COMMON,
+        "chat_template": "auto" if instruct else False,
+        "micro_batch_size": micro,
+        "stats_chunk_size": chunk,
         "gradient_checkpointing": checkpointing,
-        "architecture": {**QWEN_ARCH_COMMON, "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
-                         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
-                         "max_position_embeddings": 32768 if instruct else positions, "tie_word_embeddings": tied,
-                         "eos_token_id": 151645 if instruct else 151643}}
+        "architecture": {
+            **QWEN_ARCH_COMMON,
+            "vocab_size": vocab,
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "max_position_embeddings": 32768 if instruct else positions,
+            "tie_word_embeddings": tied,
+            "eos_token_id": 151645 if instruct else 151643,
+        },
+    }
 
 
 def test_rollout_presets_share_one_sampling_base(tmp_path):
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 32, "max_prompt_length": 256}
-    vllm = {"engine": "vllm", "max_model_len": 2048, "dtype": "float32", "kv_cache_gib": 1,
-            "gpu_memory_utilization": 0.3, "enforce_eager": True, "sync_bucket_mb": 256, "sleep_level": 2,
-            "tensor_parallel_size": 1, "enable_chunked_prefill": False, "max_num_batched_tokens": None,
-            "max_num_seqs": None}
-    expected = {"hf": {"engine": "hf", **sampling}, "vllm": {**sampling, **vllm},
-                "vllm_gpu": {**sampling, **vllm, "dtype": "bfloat16", "enforce_eager": False,
-                             "enable_chunked_prefill": True, "max_num_batched_tokens": 4096, "max_num_seqs": 256}}
+    vllm = {
+        "engine": "vllm",
+        "max_model_len": 2048,
+        "dtype": "float32",
+        "kv_cache_gib": 1,
+        "gpu_memory_utilization": 0.3,
+        "enforce_eager": True,
+        "sync_bucket_mb": 256,
+        "sleep_level": 2,
+        "tensor_parallel_size": 1,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": None,
+        "max_num_seqs": None,
+    }
+    expected = {
+        "hf": {"engine": "hf", **sampling},
+        "vllm": {**sampling, **vllm},
+        "vllm_gpu": {
+            **sampling,
+            **vllm,
+            "dtype": "bfloat16",
+            "enforce_eager": False,
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 4096,
+            "max_num_seqs": 256,
+        },
+    }
     for name, want in expected.items():
         rollout = compose_config([f"rollout={name}"], output_dir=tmp_path).rollout
         assert OmegaConf.to_container(rollout, resolve=True) == want, name
@@ -126,22 +182,26 @@ def test_rollout_presets_share_one_sampling_base(tmp_path):
 @pytest.mark.parametrize("model", options("model"))
 def test_batch_presets_are_defined_by_the_model_and_read_through_the_algorithm(model, tmp_path):
     cfg = compose_config([f"model={model}"], output_dir=tmp_path)
-    assert (cfg.algorithm.prompts_per_step, cfg.algorithm.micro_batch_size, cfg.algorithm.optimizer.lr) == \
-        (cfg.model.prompts_per_step, cfg.model.micro_batch_size, cfg.model.lr)
+    assert (cfg.algorithm.prompts_per_step, cfg.algorithm.micro_batch_size, cfg.algorithm.optimizer.lr) == (
+        cfg.model.prompts_per_step,
+        cfg.model.micro_batch_size,
+        cfg.model.lr,
+    )
     assert cfg.model.stats_chunk_size > 0
-    for key in ("prompts_per_step", "micro_batch_size"):   # one definition: the algorithm only points at the model's
+    for key in ("prompts_per_step", "micro_batch_size"):  # one definition: the algorithm only points at the model's
         assert OmegaConf.to_container(cfg.algorithm)[key] == f"${{model.{key}}}"
     assert OmegaConf.to_container(cfg.algorithm.optimizer)["lr"] == "${model.lr}"
-    moved = compose_config([f"model={model}", "model.prompts_per_step=3", "algorithm.micro_batch_size=5"],
-                           output_dir=tmp_path)
+    moved = compose_config(
+        [f"model={model}", "model.prompts_per_step=3", "algorithm.micro_batch_size=5"], output_dir=tmp_path
+    )
     assert (moved.algorithm.prompts_per_step, moved.algorithm.micro_batch_size) == (3, 5)
 
 
 def test_the_selectors_warmup_is_one_top_level_knob_named_for_them(tmp_path):
-    for selector in ("ict", "ict_complement", "random"):   # Θ: one knob, so the random control always matches ICT
+    for selector in ("ict", "ict_complement", "random"):  # Θ: one knob, so the random control always matches ICT
         cfg = compose_config([f"selector={selector}", "selector_warmup_steps=7"], output_dir=tmp_path)
         assert instantiate(cfg.selector).warmup_steps == 7
     cfg = compose_config([], output_dir=tmp_path)
-    assert cfg.selector_warmup_steps == 0 and "warmup_steps" not in cfg   # not to be confused with the lr warm-up
-    assert compose_config(["experiment=ict_paper"], output_dir=tmp_path).selector_warmup_steps == 20   # the paper's Θ
+    assert cfg.selector_warmup_steps == 0 and "warmup_steps" not in cfg  # not to be confused with the lr warm-up
+    assert compose_config(["experiment=ict_paper"], output_dir=tmp_path).selector_warmup_steps == 20  # the paper's Θ
     assert cfg.algorithm.lr_warmup_steps == 0

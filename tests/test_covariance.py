@@ -3,6 +3,7 @@ token with Python floats and loop-accumulated means over the valid tokens; KL-Co
 row-major tie-breaking; Clip-Cov's random draw checked by its contract (how many, which candidates, seeded, every
 candidate reachable). Ragged batches, ties (duplicated rows, quantised values), one-token responses, groups of one,
 all-equal rewards, empty candidate sets; garbage on padding (a selector must not read it)."""
+
 from __future__ import annotations
 
 import math
@@ -41,10 +42,10 @@ def ref_cov(logprobs, adv, lengths):
 def ref_kl_cov(logprobs, adv, lengths, ratio):
     """(B, T) bool: the top ⌊k·N⌋ (≥ 1) valid tokens by Cov, ties to the earlier row-major position."""
     cov = ref_cov(logprobs, adv, lengths)
-    order = sorted(cov, key=lambda pos: (-cov[pos], pos))   # (i, t) tuples sort row-major
+    order = sorted(cov, key=lambda pos: (-cov[pos], pos))  # (i, t) tuples sort row-major
     chosen = torch.zeros(logprobs.shape, dtype=torch.bool)
     if order:
-        for pos in order[:ref_count(ratio, len(order))]:
+        for pos in order[: ref_count(ratio, len(order))]:
             chosen[pos] = True
     return chosen
 
@@ -66,9 +67,9 @@ def make_case(seed, group_size=4, groups=3, T=8, ties=False, one_token=False, ad
         adv = torch.randn(B, generator=g, dtype=torch.float64)
     elif advantages == "binary":
         adv = grpo_advantages(torch.randint(0, 2, (B,), generator=g).double().tolist(), group_ids.tolist())
-    else:   # all rewards equal: 1 (any group of two or more gets Â = 0) or 0 (every group, a group of one too)
+    else:  # all rewards equal: 1 (any group of two or more gets Â = 0) or 0 (every group, a group of one too)
         adv = grpo_advantages([1.0 if advantages == "equal" else 0.0] * B, group_ids.tolist())
-    if ties:   # quantised values (exact sums) and a duplicated row in the same group
+    if ties:  # quantised values (exact sums) and a duplicated row in the same group
         logprobs = torch.round(logprobs * 4) / 4
         adv = torch.round(adv * 2) / 2
         logprobs[1], adv[1], lengths[1] = logprobs[0], adv[0], lengths[0]
@@ -79,14 +80,23 @@ def make_case(seed, group_size=4, groups=3, T=8, ties=False, one_token=False, ad
 
 def batch_of(logprobs, adv, resp, group_ids, step=3, first_row=0):
     stats = TokenStats(logprobs, torch.zeros_like(logprobs), torch.zeros_like(logprobs))
-    return SelectionBatch(stats=stats, advantages=adv, response_mask=resp, group_ids=group_ids,
-                          row_ids=torch.arange(resp.shape[0]) + first_row, step=step)
+    return SelectionBatch(
+        stats=stats,
+        advantages=adv,
+        response_mask=resp,
+        group_ids=group_ids,
+        row_ids=torch.arange(resp.shape[0]) + first_row,
+        step=step,
+    )
 
 
 CASES = [dict(seed=s) for s in range(4)] + [
-    dict(seed=10, ties=True), dict(seed=11, ties=True, advantages="binary"),
-    dict(seed=12, one_token=True), dict(seed=13, group_size=1, groups=6, advantages="randn"),
-    dict(seed=14, advantages="binary", min_len=1), dict(seed=15, group_size=8, groups=1, T=5),
+    dict(seed=10, ties=True),
+    dict(seed=11, ties=True, advantages="binary"),
+    dict(seed=12, one_token=True),
+    dict(seed=13, group_size=1, groups=6, advantages="randn"),
+    dict(seed=14, advantages="binary", min_len=1),
+    dict(seed=15, group_size=8, groups=1, T=5),
     dict(seed=16, group_size=1, groups=7, advantages="binary"),
 ]
 RATIOS = [1e-4, 0.1, 0.29, 0.5, 1.0]
@@ -103,7 +113,9 @@ def test_kl_cov_penalises_the_top_tokens_by_covariance(case, ratio):
     got = KLCovSelector(ratio=ratio, coef=0.7).select(batch)
     assert torch.equal(got.drift_coef, 0.7 * expected.float())
     assert torch.equal(got.weights, resp.float()) and got.normalizer == "all"
-    assert torch.equal(got.clip_low, torch.ones(resp.shape)) and torch.equal(got.clip_high, torch.full(resp.shape, math.inf))
+    assert torch.equal(got.clip_low, torch.ones(resp.shape)) and torch.equal(
+        got.clip_high, torch.full(resp.shape, math.inf)
+    )
     assert got.kl_weights is None and got.advantages is None
 
 
@@ -117,8 +129,9 @@ def test_kl_cov_counts_the_decimal_fraction():
 
 def test_kl_cov_ties_go_to_the_earlier_position():
     # rows 0 and 1 identical and holding the largest Cov (largest advantage × largest log-prob): k = 1 picks row 0
-    logprobs = torch.tensor([[-0.1, -2.0, -3.0], [-0.1, -2.0, -3.0], [-1.0, -1.5, -2.5], [-2.0, -0.5, -1.0]],
-                            dtype=torch.float64)
+    logprobs = torch.tensor(
+        [[-0.1, -2.0, -3.0], [-0.1, -2.0, -3.0], [-1.0, -1.5, -2.5], [-2.0, -0.5, -1.0]], dtype=torch.float64
+    )
     adv = torch.tensor([2.0, 2.0, -1.0, -1.0], dtype=torch.float64)
     resp = torch.ones(4, 3, dtype=torch.long)
     groups = torch.tensor([0, 0, 0, 0])
@@ -132,8 +145,9 @@ def test_kl_cov_ties_go_to_the_earlier_position():
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("case", [dict(seed=20, advantages="equal"), dict(seed=21, group_size=1, groups=7,
-                                                                          advantages="zero")])
+@pytest.mark.parametrize(
+    "case", [dict(seed=20, advantages="equal"), dict(seed=21, group_size=1, groups=7, advantages="zero")]
+)
 def test_kl_cov_with_zero_covariance_takes_the_first_tokens(case):
     """All advantages 0 → every Cov is 0 → a full tie: the first ⌊k·N⌋ valid tokens in row-major order."""
     logprobs, adv, resp, lengths, groups = make_case(**case)
@@ -144,8 +158,9 @@ def test_kl_cov_with_zero_covariance_takes_the_first_tokens(case):
     expected = torch.zeros(resp.shape)
     for pos in flat[:k]:
         expected[pos] = 1.0
-    assert torch.equal(KLCovSelector(ratio=0.3, coef=1.0).select(batch_of(logprobs, adv, resp, groups)).drift_coef,
-                       expected)
+    assert torch.equal(
+        KLCovSelector(ratio=0.3, coef=1.0).select(batch_of(logprobs, adv, resp, groups)).drift_coef, expected
+    )
 
 
 def test_kl_cov_clipped_keeps_the_algorithm_clip():
@@ -158,15 +173,16 @@ def test_kl_cov_clipped_keeps_the_algorithm_clip():
 def test_kl_cov_empty_batch():
     resp = torch.zeros(3, 4, dtype=torch.long)
     logprobs = torch.full((3, 4), 5.0, dtype=torch.float64)
-    got = KLCovSelector(ratio=0.5).select(batch_of(logprobs, torch.randn(3, dtype=torch.float64), resp,
-                                                   torch.arange(3)))
+    got = KLCovSelector(ratio=0.5).select(
+        batch_of(logprobs, torch.randn(3, dtype=torch.float64), resp, torch.arange(3))
+    )
     assert torch.equal(got.drift_coef, torch.zeros(3, 4)) and torch.equal(got.weights, torch.zeros(3, 4))
 
 
 # ----------------------------------------------------------------------------------------- Clip-Cov
 def detached(selection, resp):
     """The response tokens a Clip-Cov selection gives weight 0, as a set of (i, t)."""
-    assert torch.equal(selection.weights * (1 - resp), torch.zeros(resp.shape))   # nothing outside the response
+    assert torch.equal(selection.weights * (1 - resp), torch.zeros(resp.shape))  # nothing outside the response
     zero = (resp.bool() & (selection.weights == 0)).nonzero().tolist()
     return {(i, t) for i, t in zero}
 
@@ -195,13 +211,16 @@ def test_clip_cov_detaches_candidates_only(case, ratio, bounds):
     check_clip_cov(selection, logprobs, adv, resp, lengths, ratio, *bounds)
 
 
-@pytest.mark.parametrize("case", [dict(seed=30, advantages="equal"), dict(seed=31, group_size=1, groups=6,
-                                                                          advantages="zero")])
+@pytest.mark.parametrize(
+    "case", [dict(seed=30, advantages="equal"), dict(seed=31, group_size=1, groups=6, advantages="zero")]
+)
 def test_clip_cov_with_all_equal_rewards_detaches_nothing(case):
     logprobs, adv, resp, lengths, groups = make_case(**case)
     assert torch.equal(adv, torch.zeros_like(adv))
     for ratio in (1e-4, 0.5, 1.0):
-        selection = ClipCovSelector(ratio=ratio, cov_low=1.0, cov_high=5.0).select(batch_of(logprobs, adv, resp, groups))
+        selection = ClipCovSelector(ratio=ratio, cov_low=1.0, cov_high=5.0).select(
+            batch_of(logprobs, adv, resp, groups)
+        )
         assert torch.equal(selection.weights, resp.float())
 
 
@@ -219,14 +238,16 @@ def test_clip_cov_with_empty_candidate_set_detaches_nothing():
 def test_clip_cov_empty_batch():
     resp = torch.zeros(2, 3, dtype=torch.long)
     selection = ClipCovSelector(ratio=0.5, cov_low=-1.0, cov_high=1.0).select(
-        batch_of(torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, dtype=torch.float64), resp, torch.arange(2)))
+        batch_of(torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, dtype=torch.float64), resp, torch.arange(2))
+    )
     assert torch.equal(selection.weights, torch.zeros(2, 3))
 
 
-def clip_cov_choice(seed, step=3, first_row=0, case=dict(seed=1), ratio=0.1, bounds=(0.1, 3.0)):
-    logprobs, adv, resp, lengths, groups = make_case(**case)
+def clip_cov_choice(seed, step=3, first_row=0, case=None, ratio=0.1, bounds=(0.1, 3.0)):
+    logprobs, adv, resp, lengths, groups = make_case(**(case if case is not None else dict(seed=1)))
     selection = ClipCovSelector(ratio=ratio, cov_low=bounds[0], cov_high=bounds[1], seed=seed).select(
-        batch_of(logprobs, adv, resp, groups, step=step, first_row=first_row))
+        batch_of(logprobs, adv, resp, groups, step=step, first_row=first_row)
+    )
     return frozenset(check_clip_cov(selection, logprobs, adv, resp, lengths, ratio, *bounds)[1])
 
 
@@ -234,12 +255,12 @@ def test_clip_cov_draw_is_seeded():
     logprobs, adv, resp, lengths, groups = make_case(1)
     candidates = ref_candidates(logprobs, adv, lengths, 0.1, 3.0)
     k = ref_count(0.1, sum(lengths))
-    assert len(candidates) > k >= 1   # a real draw
+    assert len(candidates) > k >= 1  # a real draw
     first = clip_cov_choice(7)
-    assert all(clip_cov_choice(7) == first for _ in range(3))                 # same seed, step, rows: same choice
-    assert len({clip_cov_choice(seed) for seed in range(8)}) > 1               # the seed moves it
-    assert len({clip_cov_choice(7, step=step) for step in range(8)}) > 1       # the step moves it
-    assert len({clip_cov_choice(7, first_row=row) for row in (0, 12, 24, 36, 48)}) > 1   # and the first row
+    assert all(clip_cov_choice(7) == first for _ in range(3))  # same seed, step, rows: same choice
+    assert len({clip_cov_choice(seed) for seed in range(8)}) > 1  # the seed moves it
+    assert len({clip_cov_choice(7, step=step) for step in range(8)}) > 1  # the step moves it
+    assert len({clip_cov_choice(7, first_row=row) for row in (0, 12, 24, 36, 48)}) > 1  # and the first row
 
 
 def test_clip_cov_reaches_every_candidate_and_nothing_else():
@@ -252,15 +273,18 @@ def test_clip_cov_reaches_every_candidate_and_nothing_else():
 
 
 # ----------------------------------------------------------------------------------------- settings
-@pytest.mark.parametrize("make,message", [
-    (lambda: ClipCovSelector(ratio=0.0), "selector.ratio=0.0"),
-    (lambda: ClipCovSelector(ratio=1.5), "selector.ratio=1.5"),
-    (lambda: ClipCovSelector(cov_low=2.0, cov_high=2.0), "selector.cov_low=2.0"),
-    (lambda: ClipCovSelector(normalizer="tokens"), "selector.normalizer='tokens'"),
-    (lambda: KLCovSelector(ratio=-0.1), "selector.ratio=-0.1"),
-    (lambda: KLCovSelector(coef=-1.0), "selector.coef=-1.0"),
-    (lambda: KLCovSelector(stats_policy="new"), "selector.stats_policy='new'"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: ClipCovSelector(ratio=0.0), "selector.ratio=0.0"),
+        (lambda: ClipCovSelector(ratio=1.5), "selector.ratio=1.5"),
+        (lambda: ClipCovSelector(cov_low=2.0, cov_high=2.0), "selector.cov_low=2.0"),
+        (lambda: ClipCovSelector(normalizer="tokens"), "selector.normalizer='tokens'"),
+        (lambda: KLCovSelector(ratio=-0.1), "selector.ratio=-0.1"),
+        (lambda: KLCovSelector(coef=-1.0), "selector.coef=-1.0"),
+        (lambda: KLCovSelector(stats_policy="new"), "selector.stats_policy='new'"),
+    ],
+)
 def test_bad_settings_name_the_field(make, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(".", r"\.")):
         make()
@@ -269,8 +293,14 @@ def test_bad_settings_name_the_field(make, message):
 def test_configs_instantiate_with_their_defaults():
     clip = instantiate(compose_config(["selector=clip_cov", "seed=9"]).selector)
     assert isinstance(clip, ClipCovSelector)
-    assert (clip.ratio, clip.cov_low, clip.cov_high, clip.seed, clip.normalizer, clip.stats_policy) == \
-        (2e-4, 1.0, 5.0, 9, "all", "current")
+    assert (clip.ratio, clip.cov_low, clip.cov_high, clip.seed, clip.normalizer, clip.stats_policy) == (
+        2e-4,
+        1.0,
+        5.0,
+        9,
+        "all",
+        "current",
+    )
     kl = instantiate(compose_config(["selector=kl_cov"]).selector)
     assert isinstance(kl, KLCovSelector)
     assert (kl.ratio, kl.coef, kl.unclipped, kl.normalizer, kl.stats_policy) == (2e-3, 1.0, True, "all", "current")

@@ -1,4 +1,5 @@
 """Tasks, the resumable prompt schedule, and bad data files named by file and line."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ def test_schedule_shards_prompts_over_ranks():
     problems = [Problem(str(i), f"q{i}", "1", "gsm8k_strict") for i in range(12)]
     ids = [[i] for i in range(12)]
     whole = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2))
-    shards = [list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2, rank=r, world_size=2))
-              for r in range(2)]
+    shards = [
+        list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2, rank=r, world_size=2))
+        for r in range(2)
+    ]
     for step in range(2):
         assert shards[0][step].prompt_ids + shards[1][step].prompt_ids == whole[step].prompt_ids
 
@@ -60,7 +63,9 @@ def test_malformed_row_names_file_and_line(tmp_path):
     with pytest.raises(DataFormatError, match=r"train.jsonl:2: not valid JSON \(Expecting value at column 30\)$"):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text('{"question": "q", "answer": "x #### 1"}\n\n{"question": "", "answer": "y #### 2"}\n')
-    with pytest.raises(DataFormatError, match=r"train.jsonl:3: missing or empty field 'question' \(fields: \['answer', 'question'\]\)"):
+    with pytest.raises(
+        DataFormatError, match=r"train.jsonl:3: missing or empty field 'question' \(fields: \['answer', 'question'\]\)"
+    ):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     path.write_text(" \n\n")
     with pytest.raises(DataFormatError, match=f"^{re.escape(str(path))} is empty$"):
@@ -73,8 +78,11 @@ def test_malformed_row_names_file_and_line(tmp_path):
 def write_gsm8k(data_dir, finals: list[str]):
     (data_dir / "gsm8k").mkdir(exist_ok=True)
     path = data_dir / "gsm8k" / "train.jsonl"
-    path.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"Work.\n#### {final}"}) + "\n"
-                            for i, final in enumerate(finals)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"q{i}", "answer": f"Work.\n#### {final}"}) + "\n" for i, final in enumerate(finals)
+        )
+    )
     return path
 
 
@@ -84,17 +92,26 @@ def test_gold_answers_the_verifier_cannot_read_are_counted_and_a_split_of_none_i
         assert len(BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")) == 5
     assert [r.getMessage() for r in caplog.records] == [
         f"2 of 5 rows of gsm8k_train ({path}) cannot be scored by verifier 'gsm8k_strict' (their gold answers are "
-        f"not a plain number, so they always score 0): gsm8k-train-2: 'many', gsm8k-train-4: 'lots'"]
-    with pytest.raises(ValueError, match=re.escape(
+        f"not a plain number, so they always score 0): gsm8k-train-2: 'many', gsm8k-train-4: 'lots'"
+    ]
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"none of the 5 rows of gsm8k_train ({path}) can be scored by verifier 'choice': no gold answer is an "
             f"option letter A-D (gsm8k-train-1: '72', gsm8k-train-2: 'many', gsm8k-train-3: '1234', gsm8k-train-4: "
             f"'lots', gsm8k-train-5: '5'). Set task.verifier to one that reads these answers (null: the benchmark's "
-            f"own).")):
+            f"own)."
+        ),
+    ):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k", verifier="choice").problems("train")
     write_gsm8k(tmp_path, ["many", "lots"])
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"none of the 2 rows of gsm8k_train ({path}) can be scored by verifier 'gsm8k_strict': no gold answer is "
-            f"a plain number (gsm8k-train-1: 'many', gsm8k-train-2: 'lots'). Check that the data is this benchmark's.")):
+            f"a plain number (gsm8k-train-1: 'many', gsm8k-train-2: 'lots'). Check that the data is this benchmark's."
+        ),
+    ):
         BenchmarkTask(str(tmp_path), "gsm8k_train", "gsm8k").problems("train")
     write_gsm8k(tmp_path, ["72", "-5", "3.5"])
     caplog.clear()

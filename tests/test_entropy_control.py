@@ -1,6 +1,7 @@
 """EntropyControl (step/entropy_control.py) against a hand-written loop of Skywork-OR1's rule:
 c_{k+1} = clip(c_k ± Δ, 0, c_max) (+ when e_k < target), on_{k+1} = [e_k < target], α_k = c_k·on_k, on_0 = 1;
 a fixed coefficient (target None) never moves; state_dict/load_state_dict resumes the same sequence."""
+
 from __future__ import annotations
 
 import io
@@ -56,12 +57,15 @@ def test_fixed_coefficient_never_moves(coef):
     assert alphas == [coef] * 41 and control.coef == coef
 
 
-@pytest.mark.parametrize("seed,coef,target,delta,max_coef,spread", [
-    (0, 0.005, 0.2, 0.0005, 0.005, 0.1),    # Skywork-OR1's values: starts at the cap
-    (1, 0.0, 0.5, 0.01, 0.03, 0.3),         # starts at 0: the floor binds
-    (2, 0.01, 1.0, 0.004, 0.02, 0.2),
-    (3, 0.02, 0.3, 0.05, 0.1, 0.05),        # Δ larger than c: clipped at 0 at once
-])
+@pytest.mark.parametrize(
+    "seed,coef,target,delta,max_coef,spread",
+    [
+        (0, 0.005, 0.2, 0.0005, 0.005, 0.1),  # Skywork-OR1's values: starts at the cap
+        (1, 0.0, 0.5, 0.01, 0.03, 0.3),  # starts at 0: the floor binds
+        (2, 0.01, 1.0, 0.004, 0.02, 0.2),
+        (3, 0.02, 0.3, 0.05, 0.1, 0.05),  # Δ larger than c: clipped at 0 at once
+    ],
+)
 def test_adaptive_coefficient_follows_skywork_rule(seed, coef, target, delta, max_coef, spread):
     observed = entropies(seed, 60, target, spread)
     expected = ref_alphas(coef, target, delta, max_coef, observed)
@@ -72,17 +76,17 @@ def test_adaptive_coefficient_follows_skywork_rule(seed, coef, target, delta, ma
 
 def test_on_flag_and_coefficient_by_hand():
     control = EntropyControl(0.02, target=0.5, delta=0.01, max_coef=0.03)
-    assert control.alpha == 0.02                                  # on_0 = 1
-    control.observe(0.6)                                          # above target: c ↓, off
+    assert control.alpha == 0.02  # on_0 = 1
+    control.observe(0.6)  # above target: c ↓, off
     assert control.coef == pytest.approx(0.01) and control.alpha == 0.0
-    control.observe(0.5)                                          # at the target is not below
+    control.observe(0.5)  # at the target is not below
     assert control.coef == pytest.approx(0.0) and control.alpha == 0.0
-    control.observe(0.7)                                          # floor
+    control.observe(0.7)  # floor
     assert control.coef == 0.0 and control.alpha == 0.0
-    control.observe(0.1)                                          # below: c ↑, on
+    control.observe(0.1)  # below: c ↑, on
     assert control.coef == pytest.approx(0.01) and control.alpha == pytest.approx(0.01)
     for _ in range(5):
-        control.observe(0.1)                                      # cap
+        control.observe(0.1)  # cap
     assert control.coef == pytest.approx(0.03) and control.alpha == pytest.approx(0.03)
 
 
@@ -94,9 +98,9 @@ def test_state_dict_resumes_the_same_sequence(cut):
     first = EntropyControl(*settings)
     head = run(first, observed[:cut])[:-1]
     buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)      # through a checkpoint's serialisation
+    torch.save(first.state_dict(), buffer)  # through a checkpoint's serialisation
     buffer.seek(0)
-    resumed = EntropyControl(0.0, 0.5, 0.004, 0.02)   # a fresh run's start, overwritten by the state
+    resumed = EntropyControl(0.0, 0.5, 0.004, 0.02)  # a fresh run's start, overwritten by the state
     resumed.load_state_dict(torch.load(buffer))
     assert resumed.alpha == first.alpha and resumed.on == first.on and resumed.coef == first.coef
     assert head + run(resumed, observed[cut:]) == straight

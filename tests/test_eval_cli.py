@@ -2,6 +2,7 @@
 loaded, its config folder.
 
 Validation during training (evaluation/runner.py's Validator): tests/test_evaluation_runner.py."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,17 @@ from tokenrl.run.training import run
 @pytest.mark.slow
 @needs_data
 def test_eval_cli_writes_results_samples_and_table(tmp_path):
-    done = forked_python(["eval.py", "model=tiny", "benchmark=[gsm8k,aime24]", "eval.limit=3", "eval.n_samples=4",
-                          "eval.max_new_tokens=6", f"hydra.run.dir={tmp_path}"])
+    done = forked_python(
+        [
+            "eval.py",
+            "model=tiny",
+            "benchmark=[gsm8k,aime24]",
+            "eval.limit=3",
+            "eval.n_samples=4",
+            "eval.max_new_tokens=6",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["benchmark"] for r in results] == ["gsm8k", "aime24"]
@@ -35,7 +45,8 @@ def test_eval_cli_writes_results_samples_and_table(tmp_path):
 
 
 def assert_reproduction_record(results):
-    """results.json says what produced each number: model, data file and its hash, prompt, sampling, engine, versions."""
+    """results.json says what produced each number: model, data file and its hash, prompt, sampling, engine,
+    versions."""
     import hashlib
 
     from tokenrl.data.benchmarks import BENCHMARKS, LOCAL
@@ -51,11 +62,20 @@ def assert_reproduction_record(results):
         prompt = record["prompt"]
         assert prompt["instruction"] == bench.instruction and prompt["template"].count("{question}") == 1
         assert prompt["template"].rstrip().endswith(bench.instruction) and prompt["max_prompt_length"] == 2048
-        assert record["sampling"] == {**record["sampling"], "n": 4, "ks": [1, 4], "temperature": 1.0, "top_p": 1.0,
-                                      "top_k": 0, "max_new_tokens": 6, "seed": 0}
-        assert not {"temperature", "top_p", "top_k", "max_new_tokens"} & set(record["engine"])   # one sampling setting
-        assert record["engine"]["engine"] == "hf" and record["verifiers"] == ["gsm8k_strict" if r["benchmark"] ==
-                                                                              "gsm8k" else "math"]
+        assert record["sampling"] == {
+            **record["sampling"],
+            "n": 4,
+            "ks": [1, 4],
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "max_new_tokens": 6,
+            "seed": 0,
+        }
+        assert not {"temperature", "top_p", "top_k", "max_new_tokens"} & set(record["engine"])  # one sampling setting
+        assert record["engine"]["engine"] == "hf" and record["verifiers"] == [
+            "gsm8k_strict" if r["benchmark"] == "gsm8k" else "math"
+        ]
         versions = record["versions"]
         assert versions["torch"] == torch.__version__.split("+")[0] or versions["torch"] == torch.__version__
         assert versions["tokenrl"] and versions["transformers"] and "vllm" in versions
@@ -67,8 +87,18 @@ def assert_reproduction_record(results):
 def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
     """`eval.top_k=1` decodes greedily (what scripts/compare_harness.py compares with lm-eval): every sample of a
     problem is the same text, whatever the seed."""
-    done = forked_python(["eval.py", "model=tiny", "benchmark=gsm8k", "eval.limit=2", "eval.n_samples=4",
-                          "eval.max_new_tokens=8", "eval.top_k=1", f"hydra.run.dir={tmp_path}"])
+    done = forked_python(
+        [
+            "eval.py",
+            "model=tiny",
+            "benchmark=gsm8k",
+            "eval.limit=2",
+            "eval.n_samples=4",
+            "eval.max_new_tokens=8",
+            "eval.top_k=1",
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "results.json").read_text())[0]["reproduce"]["sampling"]["top_k"] == 1
     lines = [json.loads(line) for line in (tmp_path / "gsm8k.samples.jsonl").read_text().splitlines()]
@@ -76,10 +106,12 @@ def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
         assert len({line["response"] for line in lines if line["id"] == problem}) == 1
 
 
-BAD_INPUTS = [("benchmark=nope", "error: 1 bad setting:\n  - benchmark='nope': must be a benchmark ("),
-              ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
-              ("eval.n_samples=2", "eval.ks=[1, 4]: each k must be <= eval.n_samples=2"),
-              ("eval.temperature=0", "eval.temperature=0: must be a number > 0 (greedy decoding: eval.top_k=1)")]
+BAD_INPUTS = [
+    ("benchmark=nope", "error: 1 bad setting:\n  - benchmark='nope': must be a benchmark ("),
+    ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),
+    ("eval.n_samples=2", "eval.ks=[1, 4]: each k must be <= eval.n_samples=2"),
+    ("eval.temperature=0", "eval.temperature=0: must be a number > 0 (greedy decoding: eval.top_k=1)"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +120,10 @@ def bad_input_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     that imported tokenrl once (tests/helpers/forked_cli.py)."""
     base = tmp_path_factory.mktemp("bad_inputs")
     overrides = [case.values[0] if hasattr(case, "values") else case[0] for case in BAD_INPUTS]
-    return {override: forked_python(["eval.py", "model=tiny", "eval.limit=2", override,
-                                     f"hydra.run.dir={base / str(n)}"])
-            for n, override in enumerate(overrides)}
+    return {
+        override: forked_python(["eval.py", "model=tiny", "eval.limit=2", override, f"hydra.run.dir={base / str(n)}"])
+        for n, override in enumerate(overrides)
+    }
 
 
 @pytest.mark.parametrize("override,message", BAD_INPUTS)
@@ -108,8 +141,14 @@ def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
     from tests.helpers.tiny import tiny_policy
     from tokenrl.run.checkpointing import load_policy
 
-    run(tiny_cfg("total_steps=1", "checkpoint.enabled=true", "validation.every_n_steps=0",
-                 "task.verifier=tests.helpers.rewards:length_reward"))
+    run(
+        tiny_cfg(
+            "total_steps=1",
+            "checkpoint.enabled=true",
+            "validation.every_n_steps=0",
+            "task.verifier=tests.helpers.rewards:length_reward",
+        )
+    )
     model, _ = tiny_policy()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     load_policy(model, str(tmp_path / "checkpoints" / "last.ckpt"), tiny_model_cfg(), seed=0)
@@ -126,7 +165,8 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
     trained, _ = tiny_policy(seed=1)
     AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(
         {"state_dict": {f"policy.{k}": v for k, v in trained.state_dict().items()}, "tokenrl": {"rollout_step": 1}},
-        tmp_path / "last.ckpt")
+        tmp_path / "last.ckpt",
+    )
     model, _ = tiny_policy(seed=0)
     assert not torch.equal(model.state_dict()["lm_head.weight"], trained.state_dict()["lm_head.weight"])
     load_policy(model, str(tmp_path / "last.ckpt"), tiny_model_cfg(), seed=0)
@@ -135,10 +175,18 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_eval_finds_its_configs_without_importing_the_train_entry_point():
-    code = ("import sys; import tokenrl.cli.eval as e; import tokenrl.paths as p; "
-            "print(e.CONFIG_DIR == p.CONFIG_DIR, 'tokenrl.run.training' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    code = (
+        "import sys; import tokenrl.cli.eval as e; import tokenrl.paths as p; "
+        "print(e.CONFIG_DIR == p.CONFIG_DIR, 'tokenrl.run.training' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "False"]
     from tokenrl.cli.train import CONFIG_DIR as train_config_dir

@@ -1,6 +1,7 @@
-"""`served_weights` (models/engine_weights.py) under FSDP: 2 real processes (gloo, CPU) shard the tiny model one unit per
-decoder layer (models/sharding.py); the gathered stream equals the unsharded model's export — names and values,
+"""`served_weights` (models/engine_weights.py) under FSDP: 2 real processes (gloo, CPU) shard the tiny model one unit
+per decoder layer (models/sharding.py); the gathered stream equals the unsharded model's export — names and values,
 exactly, PEFT adapters merged — gathering one unit at a time, and leaves the sharded model as it was."""
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ def tiny_policy(lora: bool) -> torch.nn.Module:
     """The tiny random policy; with LoRA, adapters with non-zero B so that merging changes the served weights."""
     cfg = OmegaConf.to_container(compose_config(["model=tiny", *(LORA if lora else [])]).model, resolve=True)
     with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(1)   # PEFT draws A from the global generator
+        torch.manual_seed(1)  # PEFT draws A from the global generator
         model = build_model(cfg, seed=0)
         for name, param in model.named_parameters():
             if "lora_B" in name:
@@ -44,16 +45,18 @@ def test_serving_a_lora_policy_gives_peft_merged_weights_and_leaves_the_model_bi
 
     model = tiny_policy(True).to(dtype)
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    for _ in range(2):   # a second sync serves the same
+    for _ in range(2):  # a second sync serves the same
         with served_weights(model) as weights:
             served = [(name, tensor.clone()) for name, tensor in weights]
         after = model.state_dict()
         assert after.keys() == before.keys() and all(torch.equal(after[name], before[name]) for name in before)
-    expected = copy.deepcopy(model).merge_and_unload().state_dict()   # PEFT's own merge: the same arithmetic
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()  # PEFT's own merge: the same arithmetic
     assert [name for name, _ in served] == list(expected)
     assert all(torch.equal(tensor, expected[name]) for name, tensor in served)
-    assert not torch.equal(expected["model.layers.0.self_attn.q_proj.weight"],
-                           before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    assert not torch.equal(
+        expected["model.layers.0.self_attn.q_proj.weight"],
+        before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"],
+    )
 
 
 def unsharded_export(lora: bool) -> list[tuple[str, torch.Tensor]]:
@@ -94,17 +97,22 @@ def export_worker(rank: int, world: int, port: int, device_type: str, lora: bool
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    strategy = SimpleNamespace(kwargs={"use_orig_params": True}, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                               mixed_precision_config=None, cpu_offload=None, root_device=device)
+    strategy = SimpleNamespace(
+        kwargs={"use_orig_params": True},
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        mixed_precision_config=None,
+        cpu_offload=None,
+        root_device=device,
+    )
     root = shard(tiny_policy(lora), strategy)
     local = {name: param.numel() for name, param in root.named_parameters()}
     gathers: list[int] = []
     with one_unit_at_a_time(gathers), served_weights(root) as weights:
         exported = [(name, tensor.cpu()) for name, tensor in weights]
-    after = {name: tensor.cpu() for name, tensor in root.state_dict().items()}   # FSDP's full state dict
+    after = {name: tensor.cpu() for name, tensor in root.state_dict().items()}  # FSDP's full state dict
     if rank == 0:
         torch.save({"exported": exported, "gathers": gathers, "after": after, "local": local}, out)
-    dist.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
+    dist.barrier()  # no rank leaves (closing its gloo pairs) while rank 0 still writes
     dist.destroy_process_group()
 
 
@@ -128,8 +136,11 @@ def check_export_equals_unsharded(result: dict, lora: bool, sharded: bool, exact
     names = [name for name, _ in exported]
     assert len(names) == len(set(names))
     assert sorted(names) == sorted(name for name, _ in expected)
-    assert not any(part in name for name in names for part in ("_fsdp_wrapped_module", "_checkpoint_wrapped", "lora_",
-                                                                "base_layer", "base_model"))
+    assert not any(
+        part in name
+        for name in names
+        for part in ("_fsdp_wrapped_module", "_checkpoint_wrapped", "lora_", "base_layer", "base_model")
+    )
     got = dict(exported)
     for name, tensor in expected:
         if exact:
@@ -146,9 +157,9 @@ def check_export_equals_unsharded(result: dict, lora: bool, sharded: bool, exact
     assert result["after"].keys() == model.state_dict().keys()
     for name, tensor in model.state_dict().items():
         assert torch.equal(result["after"][name], tensor), name
-    if sharded:   # rank 0 really held a shard only
+    if sharded:  # rank 0 really held a shard only
         assert sum(result["local"].values()) < sum(p.numel() for p in model.parameters())
-    if lora:      # merging mattered
+    if lora:  # merging mattered
         plain = dict(unsharded_export(False))
         name = "model.layers.0.self_attn.q_proj.weight"
         assert not torch.equal(got[name], plain[name])

@@ -2,6 +2,7 @@
 the real Trainer and the tiny model the run says once which shortcuts its update takes, logs whether the statistics
 came from the update's forward (`train/fused_statistics`), and one step with every shortcut on moves the weights as
 one with every shortcut off."""
+
 from __future__ import annotations
 
 import copy
@@ -11,16 +12,26 @@ import lightning as L
 import pytest
 import torch
 
-from tokenrl.step.fast_path import GPU_AUTO_OFF, FastPath, UpdatePath
 from tokenrl.run.training import build_components
+from tokenrl.step.fast_path import GPU_AUTO_OFF, FastPath, UpdatePath
 
-ICT = ["selector=ict", "selector_warmup_steps=0", "total_steps=1", "samples.every_n_steps=0",
-       "task.verifier=tests.helpers.rewards:length_reward"]
+ICT = [
+    "selector=ict",
+    "selector_warmup_steps=0",
+    "total_steps=1",
+    "samples.every_n_steps=0",
+    "task.verifier=tests.helpers.rewards:length_reward",
+]
 # Plain SGD without clipping: the weights move by the gradient itself, so a wrong scale shows (clipping to a norm would
 # hide one; AdamW's first step divides each gradient by its own magnitude, so an element whose gradient is ~1e-9 would
 # turn float32 rounding of the layouts into ~1e-5 of weight).
-SGD = ["algorithm.optimizer._target_=torch.optim.SGD", "~algorithm.optimizer.betas",
-       "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0", "algorithm.grad_clip=null"]
+SGD = [
+    "algorithm.optimizer._target_=torch.optim.SGD",
+    "~algorithm.optimizer.betas",
+    "~algorithm.optimizer.weight_decay",
+    "algorithm.optimizer.lr=1.0",
+    "algorithm.grad_clip=null",
+]
 ALL_OFF = ["fast_path.shared_prefix=false", "fast_path.fused_statistics=false", "fast_path.pack=false"]
 
 
@@ -45,7 +56,7 @@ def test_the_shared_prefix_auto_is_on_off_a_gpu_only_and_the_log_says_why():
 def test_an_unknown_key_is_refused_by_its_name():
     with pytest.raises(ValueError, match=r"fast_path\.fused_stats is not a setting") as error:
         FastPath.from_node({"fused_stats": True})
-    assert "fused_statistics" in str(error.value)   # the message lists the settings there are
+    assert "fused_statistics" in str(error.value)  # the message lists the settings there are
 
 
 @pytest.mark.parametrize("value", [1, 0, "true", "no", None, 1.0])
@@ -57,7 +68,7 @@ def test_a_non_boolean_is_refused_by_its_name(key, value):
 
 def test_the_composed_node_is_checked_at_build_time(tiny_cfg):
     """The command line gives ints and strings as such: `fast_path.pack=1` fails before any model is loaded."""
-    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath(shared_prefix_auto=True)   # auto, on the CPU
+    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath(shared_prefix_auto=True)  # auto, on the CPU
     with pytest.raises(ValueError, match=r"fast_path\.pack=1 must be true or false"):
         build_components(tiny_cfg("fast_path.pack=1"))
 
@@ -73,6 +84,7 @@ class Capture(L.Callback):
         def spy(train):
             self.train = train
             return update(train)
+
         module._update = spy
 
     def on_train_end(self, trainer, module) -> None:
@@ -87,8 +99,11 @@ def fit_one_step(cfg, caplog):
     capture = Capture()
     trainer.callbacks.append(capture)
     trainer.fit(module, datamodule=datamodule)
-    lines = [r.getMessage() for r in caplog.records if r.name == "tokenrl.run.module"
-             and r.getMessage().startswith("update path:")]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "tokenrl.run.module" and r.getMessage().startswith("update path:")
+    ]
     return module, trainer, capture, lines
 
 
@@ -103,13 +118,17 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     on_module, on_trainer, on, on_lines = fit_one_step(tiny_cfg(*setting), caplog)
     off_module, off_trainer, off, off_lines = fit_one_step(tiny_cfg(*setting, *ALL_OFF), caplog)
 
-    assert on_lines == ["update path: shared prefix on; statistics from the update's forward; micro-batches by "
-                        "length, cut to their own widths"]
-    assert off_lines == ["update path: shared prefix off (fast_path.shared_prefix=false); statistics from a separate "
-                         "pass (fast_path.fused_statistics=false); micro-batches in row order, full width"]
+    assert on_lines == [
+        "update path: shared prefix on; statistics from the update's forward; micro-batches by "
+        "length, cut to their own widths"
+    ]
+    assert off_lines == [
+        "update path: shared prefix off (fast_path.shared_prefix=false); statistics from a separate "
+        "pass (fast_path.fused_statistics=false); micro-batches in row order, full width"
+    ]
     assert float(on_trainer.callback_metrics["train/fused_statistics"]) == 1.0
     assert float(off_trainer.callback_metrics["train/fused_statistics"]) == 0.0
-    assert on.train.stats is None and off.train.stats is not None   # fused: the update computes them
+    assert on.train.stats is None and off.train.stats is not None  # fused: the update computes them
     assert on.train.size == 32 and on_module.cfg.micro_batch_size == 12 and on_module.cfg.uses_reference
 
     # the same step: the same rollouts from the same weights, ICT really selecting
@@ -119,13 +138,14 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
         assert torch.equal(weight, off.before[name]), name
     assert float(on_trainer.callback_metrics["select/fraction"]) < 0.5
     for key in ("train/loss", "select/fraction", "train/entropy"):
-        assert float(on_trainer.callback_metrics[key]) == pytest.approx(float(off_trainer.callback_metrics[key]),
-                                                                        rel=1e-4, abs=1e-6), key
+        assert float(on_trainer.callback_metrics[key]) == pytest.approx(
+            float(off_trainer.callback_metrics[key]), rel=1e-4, abs=1e-6
+        ), key
     moved = 0.0
     for name, weight in on.after.items():
         torch.testing.assert_close(weight, off.after[name], rtol=0, atol=1e-5, msg=name)
         moved = max(moved, float((weight - on.before[name]).abs().max()))
-    assert moved > 1e-3   # the step really moved the weights
+    assert moved > 1e-3  # the step really moved the weights
 
 
 def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog):
@@ -133,8 +153,10 @@ def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog)
     caplog.set_level(logging.INFO, logger="tokenrl.run.module")
     module, trainer, capture, lines = fit_one_step(tiny_cfg(*ICT, "algorithm.mini_batches=2"), caplog)
     assert len(lines) == 1
-    assert lines[0].startswith("update path: shared prefix on; statistics from a separate pass (algorithm.ppo_epochs "
-                               "× mini_batches = 2 optimizer steps")
+    assert lines[0].startswith(
+        "update path: shared prefix on; statistics from a separate pass (algorithm.ppo_epochs "
+        "× mini_batches = 2 optimizer steps"
+    )
     assert lines[0].endswith("micro-batches by length, cut to their own widths")
     assert float(trainer.callback_metrics["train/fused_statistics"]) == 0.0
     assert capture.train.stats is not None and module.optimizer_steps == 2

@@ -1,5 +1,6 @@
 """rollout/fork_marks.py: the true forks of sampled responses, token by token, for one-character and multi-character
 tokens, with and without the end-of-sequence token; tasks that cannot name forks give none."""
+
 from __future__ import annotations
 
 import random
@@ -31,13 +32,24 @@ def pair_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def task() -> ForksTask:
-    return ForksTask(layout="per_problem", width=4, layers=5, branching=2, distractors=3, train_size=30,
-                     test_size=5, seed=7, max_new_tokens=10)
+    return ForksTask(
+        layout="per_problem",
+        width=4,
+        layers=5,
+        branching=2,
+        distractors=3,
+        train_size=30,
+        test_size=5,
+        seed=7,
+        max_new_tokens=10,
+    )
 
 
 def rollout(tokenizer, responses: list[str], ended: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if end else [])
-            for text, end in zip(responses, ended)]
+    rows = [
+        tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if end else [])
+        for text, end in zip(responses, ended)
+    ]
     width = max(map(len, rows))
     ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
     mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
@@ -48,7 +60,7 @@ def test_one_character_tokens_carry_the_character_marks_and_the_end_token_the_st
     forks_task, tokenizer, rng = task(), build_char_tokenizer(128), random.Random(0)
     problems = forks_task.problems("train")
     responses = [random_walk(Graph.decode(p.answer), rng, 9) for p in problems]
-    ended = [i % 4 != 0 for i in range(len(problems))]          # every fourth row cut at the budget: no end token
+    ended = [i % 4 != 0 for i in range(len(problems))]  # every fourth row cut at the budget: no end token
     ids, mask = rollout(tokenizer, responses, ended)
     marks = ForkMarker(forks_task.forks_of, tokenizer)(problems, ids, mask, responses)
     assert marks.shape == ids.shape and not marks[mask == 0].any()
@@ -58,7 +70,7 @@ def test_one_character_tokens_carry_the_character_marks_and_the_end_token_the_st
         assert marks[row, : len(text)].tolist() == truth[: len(text)]
         if end:
             assert bool(marks[row, len(text)]) == truth[len(text)]
-        assert not marks[row, len(text) + end:].any()
+        assert not marks[row, len(text) + end :].any()
 
 
 def test_a_multi_character_token_is_a_fork_when_any_of_its_characters_is():
@@ -69,7 +81,7 @@ def test_a_multi_character_token_is_a_fork_when_any_of_its_characters_is():
         chars = [rng.random() < 0.3 for _ in range(len(text) + 1)]
         ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         assert len(ids) == (len(text) + 1) // 2 + 1
-        expected = [any(chars[i: min(i + 2, len(text))]) for i in range(0, len(text), 2)] + [chars[len(text)]]
+        expected = [any(chars[i : min(i + 2, len(text))]) for i in range(0, len(text), 2)] + [chars[len(text)]]
         assert token_marks(chars, ids, tokenizer, ended=True) == expected
         assert token_marks(chars, ids[:-1], tokenizer, ended=False) == expected[:-1]
 

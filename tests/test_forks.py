@@ -1,5 +1,6 @@
 """data/forks.py: `task=forks` problems are seeded, train and test differ, the answer carries the graph the reward and
 the forks are computed from, and a budget too short for a path is refused naming the option."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,17 @@ from tokenrl.data.forks_graph import Graph, fork_positions, path_reward
 
 
 def forks_task(**changes) -> ForksTask:
-    settings = dict(layout="shared", width=5, layers=5, branching=2, distractors=1, train_size=50, test_size=10,
-                    seed=5, max_new_tokens=8)
+    settings = dict(
+        layout="shared",
+        width=5,
+        layers=5,
+        branching=2,
+        distractors=1,
+        train_size=50,
+        test_size=10,
+        seed=5,
+        max_new_tokens=8,
+    )
     return ForksTask(**{**settings, **changes})
 
 

@@ -1,5 +1,6 @@
 """The forks task's graphs: fork positions against a brute-force search of every continuation, the path reward, the
 text round trip, and the generator's shapes."""
+
 from __future__ import annotations
 
 import random
@@ -7,8 +8,16 @@ import string
 
 import pytest
 
-from tokenrl.data.forks_graph import (STOP, Graph, GraphShape, fork_positions, layered_graph, path_reward, random_walk,
-                                      reachable_goal)
+from tokenrl.data.forks_graph import (
+    STOP,
+    Graph,
+    GraphShape,
+    fork_positions,
+    layered_graph,
+    path_reward,
+    random_walk,
+    reachable_goal,
+)
 
 
 def random_small_graph(rng: random.Random) -> Graph:
@@ -29,7 +38,7 @@ def can_succeed(graph: Graph, node: str, budget: int) -> bool:
 
 def brute_force_forks(graph: Graph, response: str) -> list[bool]:
     """Every decision of `response` by enumerating its options' continuations (no backward search)."""
-    budget = len(graph.nodes())   # a simple path reaches any reachable goal within as many nodes
+    budget = len(graph.nodes())  # a simple path reaches any reachable goal within as many nodes
     marks = [False] * (len(response) + 1)
     for t in range(1, len(response) + 1):
         prefix = response[:t]
@@ -61,7 +70,7 @@ def test_fork_positions_equal_a_brute_force_search_on_random_graphs():
             marks = fork_positions(graph, response)
             assert marks == brute_force_forks(graph, response), (graph, response)
             kinds["forks"] += any(marks)
-    assert min(kinds.values()) > 20, kinds   # every case the issue names occurred many times
+    assert min(kinds.values()) > 20, kinds  # every case the issue names occurred many times
 
 
 def test_path_reward_is_one_exactly_for_paths_from_the_start_to_a_goal():
@@ -69,8 +78,11 @@ def test_path_reward_is_one_exactly_for_paths_from_the_start_to_a_goal():
     for _ in range(300):
         graph = random_small_graph(rng)
         for response in responses_for(graph, rng):
-            follows = bool(response) and response[0] == graph.start and all(
-                b in graph.successors.get(a, ()) for a, b in zip(response, response[1:]))
+            follows = (
+                bool(response)
+                and response[0] == graph.start
+                and all(b in graph.successors.get(a, ()) for a, b in zip(response, response[1:]))
+            )
             expected = float(follows and response[-1] in graph.goals)
             assert path_reward(response, graph.encode()) == expected, (graph, response)
 
@@ -83,7 +95,7 @@ def test_a_one_node_path_succeeds_and_decides_nothing_when_the_start_is_a_sink_g
 
 def test_the_stop_decision_at_a_goal_with_a_dead_end_successor_is_a_fork():
     graph = Graph({"A": ("B",), "B": ("C",), "C": ()}, "A", frozenset("B"))
-    assert fork_positions(graph, "AB") == [False, False, True]     # after B: stop (wins) or C (dead end)
+    assert fork_positions(graph, "AB") == [False, False, True]  # after B: stop (wins) or C (dead end)
     assert fork_positions(graph, "ABC") == [False, False, True, False]
 
 
@@ -100,13 +112,22 @@ def test_encode_and_decode_round_trip_and_bad_text_names_the_format():
         Graph.decode("not a graph")
 
 
-@pytest.mark.parametrize("shape", [GraphShape(), GraphShape(width=4, layers=6, branching=3),
-                                   GraphShape(width=3, layers=3, branching=1), GraphShape(distractors=4)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        GraphShape(),
+        GraphShape(width=4, layers=6, branching=3),
+        GraphShape(width=3, layers=3, branching=1),
+        GraphShape(distractors=4),
+    ],
+)
 def test_layered_graphs_have_the_shape_the_config_names(shape: GraphShape):
     rng = random.Random(3)
     for _ in range(30):
         successors, layers = layered_graph(shape, rng)
-        assert len(successors) == shape.node_count() and [len(layer) for layer in layers] == [shape.width] * shape.layers
+        assert (
+            len(successors) == shape.node_count() and [len(layer) for layer in layers] == [shape.width] * shape.layers
+        )
         dead_ends = set(successors) - {node for layer in layers for node in layer}
         assert len(dead_ends) == shape.distractors and all(successors[node] == () for node in dead_ends)
         for i, layer in enumerate(layers[:-1]):

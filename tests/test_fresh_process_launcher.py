@@ -2,6 +2,7 @@
 flat (in one process each torn-down vLLM engine keeps ≈ 0.9 GiB, so job 1's peak would be ≈ 0.9 GiB above job 0's), and
 the multirun folder layout is Hydra's. `launcher=local` (jobs side by side, each slot on its own GPUs) runs in
 tests/test_experiments.py's selector sweep."""
+
 from __future__ import annotations
 
 import json
@@ -22,16 +23,32 @@ def test_a_vllm_sweep_trains_validates_and_does_not_grow_in_memory_job_by_job(tm
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     done = forked_python(
-        ["train.py", "-m", "rollout=vllm", "seed=0,1", "total_steps=2", "model.init=random",
-         "model.architecture.num_hidden_layers=2",
-         "algorithm.prompts_per_step=1", "algorithm.group_size=2", "rollout.max_new_tokens=4",
-         "validation.every_n_steps=2", "validation.limit=4", "samples.every_n_steps=0", "checkpoint.enabled=false",
-         "logger=csv", "trainer.enable_progress_bar=false", f"hydra.sweep.dir={tmp_path}"], timeout=900)
+        [
+            "train.py",
+            "-m",
+            "rollout=vllm",
+            "seed=0,1",
+            "total_steps=2",
+            "model.init=random",
+            "model.architecture.num_hidden_layers=2",
+            "algorithm.prompts_per_step=1",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=4",
+            "validation.every_n_steps=2",
+            "validation.limit=4",
+            "samples.every_n_steps=0",
+            "checkpoint.enabled=false",
+            "logger=csv",
+            "trainer.enable_progress_bar=false",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "each in a fresh process" in done.stdout + done.stderr
     peaks = []
     for job in range(2):
-        assert (tmp_path / str(job) / ".hydra" / "overrides.yaml").is_file()   # Hydra's layout, job by job
+        assert (tmp_path / str(job) / ".hydra" / "overrides.yaml").is_file()  # Hydra's layout, job by job
         summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
         assert summary["rollout_steps"] == 2 and 0 <= summary["val/pass@1"] <= 1
         peaks.append(summary["peak_host_memory_gib"])
@@ -44,25 +61,43 @@ def test_a_ddp_job_of_a_multirun_trains_its_own_overrides_in_its_own_folder(tmp_
     overrides and folder, not the sweep's command line (which re-ran the whole sweep in every rank)."""
     sweep = tmp_path / "sweep"
     done = forked_python(
-        ["train.py", "-m", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-         "trainer.precision=32-true", "model=tiny", "seed=3,4", "total_steps=1", "logger=csv",
-         "checkpoint.enabled=false", "validation.every_n_steps=0", "samples.every_n_steps=0",
-         "trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path / 'logs'}"],
-        timeout=900)
+        [
+            "train.py",
+            "-m",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "model=tiny",
+            "seed=3,4",
+            "total_steps=1",
+            "logger=csv",
+            "checkpoint.enabled=false",
+            "validation.every_n_steps=0",
+            "samples.every_n_steps=0",
+            "trainer.enable_progress_bar=false",
+            f"hydra.sweep.dir={sweep}",
+            f"paths.log_dir={tmp_path / 'logs'}",
+        ],
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (done.stdout + done.stderr).count("Launching 2 jobs") == 1   # no rank launched the sweep again
+    assert (done.stdout + done.stderr).count("Launching 2 jobs") == 1  # no rank launched the sweep again
     assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith(".")) == ["0", "1", "multirun.yaml"]
-    assert not (tmp_path / "logs").exists()   # no rank wrote a run folder of its own
+    assert not (tmp_path / "logs").exists()  # no rank wrote a run folder of its own
     for job, seed in (("0", 3), ("1", 4)):
         assert json.loads((sweep / job / "summary.json").read_text())["rollout_steps"] == 1
-        assert f"[rank: 1] Seed set to {seed}" in done.stdout + done.stderr   # rank 1 ran its job's overrides
+        assert f"[rank: 1] Seed set to {seed}" in done.stdout + done.stderr  # rank 1 ran its job's overrides
 
 
 def test_slot_devices_give_each_parallel_slot_its_own_gpus():
     from hydra_plugins.tokenrl_launcher.fresh_process import slot_devices
 
     assert slot_devices(2, 1, ["0", "1", "2"]) == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
-    assert slot_devices(2, 2, ["4", "5", "6", "7"]) == [{"CUDA_VISIBLE_DEVICES": "4,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}]
-    assert slot_devices(2, 1, []) == [{}, {}]   # a CPU machine: nothing set
+    assert slot_devices(2, 2, ["4", "5", "6", "7"]) == [
+        {"CUDA_VISIBLE_DEVICES": "4,5"},
+        {"CUDA_VISIBLE_DEVICES": "6,7"},
+    ]
+    assert slot_devices(2, 1, []) == [{}, {}]  # a CPU machine: nothing set
     with pytest.raises(ValueError, match=r"n_jobs=3 × gpus_per_job=1 needs 3 GPUs and 2 are visible"):
         slot_devices(3, 1, ["0", "1"])

@@ -31,6 +31,7 @@ different SIMD width reorders sums: ~1e-7 relative per operation, amplified a li
 1e-5, absolute 1e-7 (a loss that cancels to ~0 on-policy is float32 rounding of O(1) terms). A behavioural change —
 another normaliser, clip bound, token chosen, coefficient — moves them by orders of magnitude more.
 """
+
 from __future__ import annotations
 
 import copy
@@ -52,13 +53,28 @@ from tests.helpers.varied import ACTS, METHODS, DisagreeingEngine, fit_recording
 GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "methods.json"
 REGOLD = os.environ.get("TOKENRL_REGOLD") == "1"
 STEPS = 3
-SETTING = TINY + ["task.verifier=tests.helpers.varied:share_reward", "task.train_size=64", "task.test_size=8",
-                  f"total_steps={STEPS}", "samples.every_n_steps=0", "selector_warmup_steps=0",
-                  "algorithm.kl_coef=0.01"]
+SETTING = TINY + [
+    "task.verifier=tests.helpers.varied:share_reward",
+    "task.train_size=64",
+    "task.test_size=8",
+    f"total_steps={STEPS}",
+    "samples.every_n_steps=0",
+    "selector_warmup_steps=0",
+    "algorithm.kl_coef=0.01",
+]
 REGIMES = {"preset": [], "one_step": ["algorithm.mini_batches=1"], "moving": ["algorithm.ppo_epochs=2"]}
 EXACT = ("train/reward", "select/fraction", "train/response_len")
-CLOSE = ("train/loss", "train/clip_frac", "train/entropy", "train/kl", "train/entropy_coef", "train/tis_weight_mean",
-         "train/tis_capped_frac", "policy/l2", "policy/probe")
+CLOSE = (
+    "train/loss",
+    "train/clip_frac",
+    "train/entropy",
+    "train/kl",
+    "train/entropy_coef",
+    "train/tis_weight_mean",
+    "train/tis_capped_frac",
+    "policy/l2",
+    "policy/probe",
+)
 RTOL, ATOL = 1e-5, 1e-7
 
 
@@ -79,7 +95,7 @@ class Trajectory(L.Callback):
         self.steps.append({**logged, "policy/l2": float(flat.norm()), "policy/probe": float(flat @ signs)})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def composed(method: str) -> DictConfig:
     """`method`'s preset with its `ACTS` composed through Hydra onto `SETTING` (once per method: composing takes about
     as long as a fit)."""
@@ -88,7 +104,7 @@ def composed(method: str) -> DictConfig:
 
 def trajectory(method: str, regime: str, out: Path) -> list[dict[str, float]]:
     cfg = copy.deepcopy(composed(method))
-    for override in REGIMES[regime]:   # `key=value`, set on the composed config as on the command line
+    for override in REGIMES[regime]:  # `key=value`, set on the composed config as on the command line
         key, value = override.split("=")
         OmegaConf.update(cfg, key, yaml.safe_load(value))
     cfg.paths.output_dir = str(out)
@@ -102,13 +118,24 @@ def trajectory(method: str, regime: str, out: Path) -> list[dict[str, float]]:
 def runs(one_thread, tmp_path_factory, worker_id):
     """Every method in every regime, one after another in one process, once per test run; with TOKENRL_REGOLD=1
     written to the fixture."""
-    runs = once_per_run(tmp_path_factory, worker_id, "golden", lambda out: {
-        method: {regime: trajectory(method, regime, out / f"{method}_{regime}") for regime in REGIMES}
-        for method in METHODS})
+    runs = once_per_run(
+        tmp_path_factory,
+        worker_id,
+        "golden",
+        lambda out: {
+            method: {regime: trajectory(method, regime, out / f"{method}_{regime}") for regime in REGIMES}
+            for method in METHODS
+        },
+    )
     if REGOLD:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        setting = {"overrides": SETTING, "regimes": REGIMES, "acts": ACTS, "torch": torch.__version__,
-                   "regenerate": "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py"}
+        setting = {
+            "overrides": SETTING,
+            "regimes": REGIMES,
+            "acts": ACTS,
+            "torch": torch.__version__,
+            "regenerate": "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py",
+        }
         GOLDEN.write_text(json.dumps({"setting": setting, "methods": runs}, indent=1) + "\n")
     return runs
 
@@ -122,8 +149,10 @@ def golden() -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_method_follows_its_golden_trajectory(runs, golden, method):
-    assert method in golden, (f"no golden trajectory for method={method}: regenerate with "
-                              "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py")
+    assert method in golden, (
+        f"no golden trajectory for method={method}: regenerate with "
+        "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py"
+    )
     for regime, steps in golden[method].items():
         ran = runs[method][regime]
         for index, (want, got) in enumerate(zip(steps, ran)):

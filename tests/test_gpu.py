@@ -2,6 +2,7 @@
 sleep mode on; one `trainer=gpu precision=bf16-mixed` step of the tiny model and of the Qwen2.5-0.5B architecture
 (random weights, no download); FSDP on one GPU with gradient clipping equals the plain GPU step; the FSDP weight
 export equals the unsharded weights. Needs torch with CUDA, transformers, lightning, peft; (a) also vLLM."""
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ from tests.test_export import check_export_equals_unsharded, export_on_ranks
 from tests.test_vllm_engine import engine_completion_logprobs, raise_likelihood, trainer_completion_logprobs
 
 pytestmark = requires_cuda
-QWEN_RANDOM = ["model=qwen0.5b", "model.init=random", "model.tokenizer=char"]   # the architecture, offline
+QWEN_RANDOM = ["model=qwen0.5b", "model.init=random", "model.tokenizer=char"]  # the architecture, offline
 
 
 @requires_vllm
@@ -45,8 +46,8 @@ def test_vllm_engine_follows_the_trained_weights_with_sleep_on():
         engine.sync_weights(policy, 2)
         after = engine_completion_logprobs(engine, prompt, completion)
         trainer = trainer_completion_logprobs(policy, prompt, completion).detach().cpu()
-        assert (after - trainer).abs().max() < 0.05             # stated tolerance: bf16 engine vs fp32 trainer
-        assert (after - before).abs().max() > 0.5               # it really moved with the weights
+        assert (after - trainer).abs().max() < 0.05  # stated tolerance: bf16 engine vs fp32 trainer
+        assert (after - before).abs().max() > 0.5  # it really moved with the weights
         assert engine.generate(prompts, params, seed=3).weights_version == 2
     finally:
         engine.close()
@@ -59,11 +60,22 @@ def fit_one_step(tmp_path, *overrides: str):
 
     from tokenrl.run.training import build_components
 
-    cfg = compose_config(["logger=none", "checkpoint.enabled=false", "validation.every_n_steps=0",
-                          "task.verifier=tests.helpers.rewards:parity_reward",   # rewards vary: the step moves weights
-                          "samples.every_n_steps=0", "trainer.enable_progress_bar=false", "total_steps=1",
-                          "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=32",
-                          *overrides], output_dir=tmp_path)
+    cfg = compose_config(
+        [
+            "logger=none",
+            "checkpoint.enabled=false",
+            "validation.every_n_steps=0",
+            "task.verifier=tests.helpers.rewards:parity_reward",  # rewards vary: the step moves weights
+            "samples.every_n_steps=0",
+            "trainer.enable_progress_bar=false",
+            "total_steps=1",
+            "algorithm.prompts_per_step=2",
+            "algorithm.group_size=4",
+            "rollout.max_new_tokens=32",
+            *overrides,
+        ],
+        output_dir=tmp_path,
+    )
 
     class Devices(L.Callback):
         """Where the policy's weights were during the step (Lightning's teardown moves the module to the CPU after)."""
@@ -95,7 +107,7 @@ def test_one_bf16_mixed_step_on_a_gpu(tmp_path, model):
     moved = max(float((p.detach().cpu() - initial[name]).abs().max()) for name, p in module.policy.named_parameters())
     assert moved > 0
     reference = module._reference[0]
-    expected = torch.bfloat16 if model == QWEN_RANDOM else torch.float32   # model.reference_dtype of the preset
+    expected = torch.bfloat16 if model == QWEN_RANDOM else torch.float32  # model.reference_dtype of the preset
     assert next(reference.parameters()).dtype == expected and next(reference.parameters()).is_cuda
     assert reference.model.rotary_emb.inv_freq.dtype == torch.float32
 
@@ -105,8 +117,16 @@ def test_fsdp_on_one_gpu_with_gradient_clipping_equals_the_plain_gpu_step(tmp_pa
     gathered) on one GPU gives the plain GPU step's weights; the first optimizer step's gradient is clipped to 1.0."""
     clip = "algorithm.grad_clip=1.0"
     plain = one_step(tmp_path / "plain", ["trainer=gpu", "trainer.precision=32-true", clip])
-    fsdp = one_step(tmp_path / "fsdp", ["trainer=fsdp", "trainer.devices=1", "trainer.precision=32-true", clip,
-                                         "trainer.strategy.mixed_precision.param_dtype=null"])
+    fsdp = one_step(
+        tmp_path / "fsdp",
+        [
+            "trainer=fsdp",
+            "trainer.devices=1",
+            "trainer.precision=32-true",
+            clip,
+            "trainer.strategy.mixed_precision.param_dtype=null",
+        ],
+    )
     assert fsdp["counts"][:, 1].tolist() == [2]
     assert plain["grad_norms"][0] == pytest.approx(1.0, abs=1e-5)
     assert fsdp["grad_norms"] == pytest.approx(plain["grad_norms"], rel=1e-3)
@@ -119,5 +139,6 @@ def test_fsdp_on_one_gpu_with_gradient_clipping_equals_the_plain_gpu_step(tmp_pa
 def test_fsdp_export_on_gpus_equals_the_unsharded_weights(tmp_path, lora):
     """On every visible GPU up to 2 (NCCL; one GPU: FSDP keeps whole parameters but the export path is the same)."""
     world = min(2, torch.cuda.device_count())
-    check_export_equals_unsharded(export_on_ranks(tmp_path, world, "cuda", lora), lora, sharded=world > 1,
-                                  exact=not lora)   # LoRA's B·A is computed on the GPU here, on the CPU unsharded
+    check_export_equals_unsharded(
+        export_on_ranks(tmp_path, world, "cuda", lora), lora, sharded=world > 1, exact=not lora
+    )  # LoRA's B·A is computed on the GPU here, on the CPU unsharded

@@ -1,4 +1,5 @@
 """scripts/gpu_check.py: the ordered GPU steps (each a command this checkout has), and a clear refusal without a GPU."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,8 +16,16 @@ from gpu_check import run_step, steps  # noqa: E402
 
 def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
     plan = steps(1, tmp_path)
-    assert list(plan) == ["doctor", "tests", "ddp_no_sync", "step_0.5b", "step_0.5b_ckpt", "step_1.5b",
-                          "fsdp_resume", "autocast_hf"]
+    assert list(plan) == [
+        "doctor",
+        "tests",
+        "ddp_no_sync",
+        "step_0.5b",
+        "step_0.5b_ckpt",
+        "step_1.5b",
+        "fsdp_resume",
+        "autocast_hf",
+    ]
     assert plan["ddp_no_sync"] == "needs 2 GPUs" and isinstance(steps(2, tmp_path)["ddp_no_sync"], list)
     for commands in plan.values():
         for command in commands if isinstance(commands, list) else []:
@@ -28,8 +37,11 @@ def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
 
 def test_a_step_stops_at_its_first_failing_command_and_logs_each_whole_output(tmp_path):
     log = tmp_path / "step.log"
-    commands = [[sys.executable, "-c", "print('first')"], [sys.executable, "-c", "import sys; sys.exit('second broke')"],
-                [sys.executable, "-c", "print('never')"]]
+    commands = [
+        [sys.executable, "-c", "print('first')"],
+        [sys.executable, "-c", "import sys; sys.exit('second broke')"],
+        [sys.executable, "-c", "print('never')"],
+    ]
     result = run_step(commands, log)
     assert result["status"] == "failed" and result["exit_status"] == 1 and "second broke" in result["output_tail"]
     text = log.read_text()

@@ -1,4 +1,5 @@
 """GRPO math against independent float64 loop references on random inputs."""
+
 from __future__ import annotations
 
 import math
@@ -81,10 +82,24 @@ def test_policy_loss_matches_float64_loop(agg, norm, kl_masked, seed):
     normalizer = LossNormalizer.count(resp, sel, agg, norm, kl_masked)
     whole = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
     # micro-batches with the mini-batch normaliser must add up to the whole-batch loss
-    parts = sum(policy_loss(logp[r], old[r], adv[r], resp[r], sel[r], normalizer, ref_logp=ref[r], **kwargs).loss
-                for r in torch.arange(7).split(3))
-    expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
-                              agg=agg, norm=norm, lo=0.2, hi=0.28, beta=0.04, kl_masked=kl_masked)
+    parts = sum(
+        policy_loss(logp[r], old[r], adv[r], resp[r], sel[r], normalizer, ref_logp=ref[r], **kwargs).loss
+        for r in torch.arange(7).split(3)
+    )
+    expected = reference_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        resp.tolist(),
+        sel.tolist(),
+        ref.tolist(),
+        agg=agg,
+        norm=norm,
+        lo=0.2,
+        hi=0.28,
+        beta=0.04,
+        kl_masked=kl_masked,
+    )
     assert float(whole) == pytest.approx(expected, abs=1e-9)
     assert float(parts) == pytest.approx(expected, abs=1e-9)
 
@@ -94,10 +109,20 @@ def test_policy_loss_gradient_moves_towards_positive_advantage():
     resp = torch.ones(2, 3)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     normalizer = LossNormalizer.count(resp, resp, "token-mean", "selected", True)
-    out = policy_loss(logp, logp.detach(), adv, resp, resp, normalizer, aggregation="token-mean",
-                      norm="selected", clip_low=0.2, clip_high=0.2)
+    out = policy_loss(
+        logp,
+        logp.detach(),
+        adv,
+        resp,
+        resp,
+        normalizer,
+        aggregation="token-mean",
+        norm="selected",
+        clip_low=0.2,
+        clip_high=0.2,
+    )
     out.loss.backward()
-    assert (logp.grad[0] < 0).all() and (logp.grad[1] > 0).all()   # descent raises logp of the good row
+    assert (logp.grad[0] < 0).all() and (logp.grad[1] > 0).all()  # descent raises logp of the good row
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -106,8 +131,11 @@ def test_group_advantages_match_loop(seed):
     groups = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3, 3])
     rewards = torch.randint(0, 2, (10,), generator=g).float()
     got = group_advantages(rewards, groups)
-    assert torch.allclose(got.double(), torch.tensor(reference_advantages(rewards.tolist(), groups.tolist()), dtype=torch.float64),
-                          atol=1e-5)
+    assert torch.allclose(
+        got.double(),
+        torch.tensor(reference_advantages(rewards.tolist(), groups.tolist()), dtype=torch.float64),
+        atol=1e-5,
+    )
 
 
 def test_equal_rewards_give_zero_advantage_and_no_nan():
@@ -118,8 +146,18 @@ def test_equal_rewards_give_zero_advantage_and_no_nan():
     resp = torch.ones(8, 5)
     normalizer = LossNormalizer.count(resp, resp, "seq-mean-token-mean", "selected", True)
     logp = torch.zeros(8, 5, requires_grad=True)
-    out = policy_loss(logp, logp.detach(), adv, resp, resp, normalizer, aggregation="seq-mean-token-mean",
-                      norm="selected", clip_low=0.2, clip_high=0.2)
+    out = policy_loss(
+        logp,
+        logp.detach(),
+        adv,
+        resp,
+        resp,
+        normalizer,
+        aggregation="seq-mean-token-mean",
+        norm="selected",
+        clip_low=0.2,
+        clip_high=0.2,
+    )
     out.loss.backward()
     assert torch.isfinite(out.loss) and float(out.loss) == 0.0 and torch.equal(logp.grad, torch.zeros(8, 5))
 
@@ -129,8 +167,18 @@ def test_empty_selection_gives_zero_loss_not_nan():
     nothing = torch.zeros(3, 4)
     for agg in ("seq-mean-token-mean", "token-mean"):
         normalizer = LossNormalizer.count(resp, nothing, agg, "selected", True)
-        out = policy_loss(torch.zeros(3, 4), torch.zeros(3, 4), torch.ones(3), resp, nothing, normalizer,
-                          aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2)
+        out = policy_loss(
+            torch.zeros(3, 4),
+            torch.zeros(3, 4),
+            torch.ones(3),
+            resp,
+            nothing,
+            normalizer,
+            aggregation=agg,
+            norm="selected",
+            clip_low=0.2,
+            clip_high=0.2,
+        )
         assert float(out.loss) == 0.0
 
 
@@ -144,38 +192,66 @@ def test_unknown_aggregation_is_rejected():
 def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     logp, old, adv, resp, sel, ref = random_case(seed)
     g = torch.Generator().manual_seed(100 + seed)
-    engine = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.8   # a disagreeing engine
+    engine = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.8  # a disagreeing engine
     cap = 2.0
     weights, outside = engine_is_weights(old, engine, torch.ones_like(old), "token_truncate", cap)
     assert torch.equal(outside, weights == cap) or torch.equal(outside, (old - engine).exp() > cap)
-    expected_w = [[min(math.exp(o - e), cap) for o, e in zip(orow, erow)] for orow, erow in zip(old.tolist(), engine.tolist())]
+    expected_w = [
+        [min(math.exp(o - e), cap) for o, e in zip(orow, erow)] for orow, erow in zip(old.tolist(), engine.tolist())
+    ]
     assert torch.allclose(weights, torch.tensor(expected_w, dtype=torch.float64), atol=1e-12)
-    assert (weights == cap).any() and (weights < 1).any()            # the cap and down-weighting both occur
+    assert (weights == cap).any() and (weights < 1).any()  # the cap and down-weighting both occur
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_masked=True)
     normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
     got = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, is_weights=weights, **kwargs).loss
-    expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
-                              agg=agg, norm="selected", lo=0.2, hi=0.2, beta=0.01, kl_masked=True, weights=expected_w)
+    expected = reference_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        resp.tolist(),
+        sel.tolist(),
+        ref.tolist(),
+        agg=agg,
+        norm="selected",
+        lo=0.2,
+        hi=0.2,
+        beta=0.01,
+        kl_masked=True,
+        weights=expected_w,
+    )
     assert float(got) == pytest.approx(expected, abs=1e-9)
     plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
-    assert float(plain) != pytest.approx(expected, abs=1e-6)             # the weights really enter the loss
+    assert float(plain) != pytest.approx(expected, abs=1e-6)  # the weights really enter the loss
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 @pytest.mark.parametrize("seed", range(3))
 def test_dual_clip_matches_float64_loop(agg, seed):
     logp, old, adv, resp, sel, ref = random_case(seed)
-    old = old - 0.5                                   # ratios around e^0.5: many exceed c = 1.4
+    old = old - 0.5  # ratios around e^0.5: many exceed c = 1.4
     c = 1.4
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_masked=True)
     normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
     out = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, dual_clip=c, **kwargs)
-    expected = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
-                              agg=agg, norm="selected", lo=0.2, hi=0.28, beta=0.01, kl_masked=True, dual=c)
+    expected = reference_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        resp.tolist(),
+        sel.tolist(),
+        ref.tolist(),
+        agg=agg,
+        norm="selected",
+        lo=0.2,
+        hi=0.28,
+        beta=0.01,
+        kl_masked=True,
+        dual=c,
+    )
     assert float(out.loss) == pytest.approx(expected, abs=1e-9)
     ratio = (logp - old).clamp(-20, 20).exp()
     capped = (adv[:, None] < 0) & (ratio > c) & (resp * sel).bool()
-    assert float(out.dual_clipped_tokens) == float(capped.sum()) > 0      # counted where the cap binds, and it does
+    assert float(out.dual_clipped_tokens) == float(capped.sum()) > 0  # counted where the cap binds, and it does
     plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs)
     assert float(plain.loss) != pytest.approx(expected, abs=1e-6) and float(plain.dual_clipped_tokens) == 0
 
@@ -191,33 +267,88 @@ def test_low_var_kl_clamps_like_verl(agg):
     """low_var_kl = k3 with d = ref − logp clamped to ±20 and the value to [−10, 10]; equal to k3 where it is small."""
     logp, old, adv, resp, sel, ref = random_case(7)
     ref = ref.clone()
-    ref[0, :3] = logp[0, :3] + torch.tensor([4.0, 30.0, -25.0], dtype=torch.float64)   # k3 = 49.6, e^30, 24
-    resp[0, :3], sel[0, :3] = 1.0, 1.0                                              # all three count in the loss
-    got = policy_loss(logp, old, adv, resp, sel, LossNormalizer.count(resp, sel, agg, "selected", True),
-                      ref_logp=ref, aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01,
-                      kl_masked=True, kl_estimator="low_var_kl").loss
+    ref[0, :3] = logp[0, :3] + torch.tensor([4.0, 30.0, -25.0], dtype=torch.float64)  # k3 = 49.6, e^30, 24
+    resp[0, :3], sel[0, :3] = 1.0, 1.0  # all three count in the loss
+    got = policy_loss(
+        logp,
+        old,
+        adv,
+        resp,
+        sel,
+        LossNormalizer.count(resp, sel, agg, "selected", True),
+        ref_logp=ref,
+        aggregation=agg,
+        norm="selected",
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.01,
+        kl_masked=True,
+        kl_estimator="low_var_kl",
+    ).loss
 
     def low_var(r, lp):
         d = max(-20.0, min(20.0, r - lp))
         return max(-10.0, min(10.0, math.exp(d) - d - 1))
+
     kl = [[low_var(r, lp) for r, lp in zip(rr, lr)] for rr, lr in zip(ref.tolist(), logp.tolist())]
-    pg_only = reference_loss(logp.tolist(), old.tolist(), adv.tolist(), resp.tolist(), sel.tolist(), ref.tolist(),
-                             agg=agg, norm="selected", lo=0.2, hi=0.2, beta=0.0, kl_masked=True)
+    pg_only = reference_loss(
+        logp.tolist(),
+        old.tolist(),
+        adv.tolist(),
+        resp.tolist(),
+        sel.tolist(),
+        ref.tolist(),
+        agg=agg,
+        norm="selected",
+        lo=0.2,
+        hi=0.2,
+        beta=0.0,
+        kl_masked=True,
+    )
     w = (resp * sel).tolist()
     if agg == "token-mean":
-        expected = pg_only + 0.01 * sum(k * m for kr, mr in zip(kl, w) for k, m in zip(kr, mr)) / max(sum(map(sum, w)), 1)
+        expected = pg_only + 0.01 * sum(k * m for kr, mr in zip(kl, w) for k, m in zip(kr, mr)) / max(
+            sum(map(sum, w)), 1
+        )
     else:
         rows = [i for i in range(len(w)) if sum(w[i]) > 0]
         expected = pg_only + 0.01 * sum(sum(k * m for k, m in zip(kl[i], w[i])) / sum(w[i]) for i in rows) / len(rows)
     assert float(got) == pytest.approx(expected, abs=1e-9)
-    k3 = policy_loss(logp, old, adv, resp, sel, LossNormalizer.count(resp, sel, agg, "selected", True),
-                     ref_logp=ref, aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01,
-                     kl_masked=True, kl_estimator="k3").loss
-    assert float(k3) > float(got) + 1.0                                  # the clamp really bound
-    with pytest.raises(ValueError,
-                       match=r"algorithm.kl_estimator='k5' is not one of \('k1', 'k2', 'k3', 'low_var_kl'\)"):
-        policy_loss(logp, old, adv, resp, sel, LossNormalizer(1.0, 1.0), ref_logp=ref, aggregation=agg,
-                    norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_estimator="k5")
+    k3 = policy_loss(
+        logp,
+        old,
+        adv,
+        resp,
+        sel,
+        LossNormalizer.count(resp, sel, agg, "selected", True),
+        ref_logp=ref,
+        aggregation=agg,
+        norm="selected",
+        clip_low=0.2,
+        clip_high=0.2,
+        kl_coef=0.01,
+        kl_masked=True,
+        kl_estimator="k3",
+    ).loss
+    assert float(k3) > float(got) + 1.0  # the clamp really bound
+    with pytest.raises(
+        ValueError, match=r"algorithm.kl_estimator='k5' is not one of \('k1', 'k2', 'k3', 'low_var_kl'\)"
+    ):
+        policy_loss(
+            logp,
+            old,
+            adv,
+            resp,
+            sel,
+            LossNormalizer(1.0, 1.0),
+            ref_logp=ref,
+            aggregation=agg,
+            norm="selected",
+            clip_low=0.2,
+            clip_high=0.2,
+            kl_coef=0.01,
+            kl_estimator="k5",
+        )
 
 
 def test_truncated_importance_sampling_rejects_a_bad_cap():
@@ -243,16 +374,18 @@ def test_overlong_penalty_matches_dapo_eq13(seed):
     buffer = int(torch.randint(1, max_len + 1, (1,), generator=gen))
     factor = float(torch.rand((), generator=gen) * 2)
     lengths = torch.randint(0, max_len + 1, (64,), generator=gen)
-    lengths[:3] = torch.tensor([max_len - buffer, max_len - buffer + 1, max_len])   # the edges
+    lengths[:3] = torch.tensor([max_len - buffer, max_len - buffer + 1, max_len])  # the edges
     got = overlong_penalty(lengths, max_len, buffer, factor)
     expected = torch.tensor([ref_overlong(int(n), max_len, buffer, factor) for n in lengths], dtype=torch.float64)
     assert torch.allclose(got.double(), expected, atol=1e-6)
     assert got[2] == pytest.approx(-factor) and got[0] == 0.0
-    assert torch.equal(overlong_penalty(lengths, max_len, 0), torch.zeros(64))   # off
+    assert torch.equal(overlong_penalty(lengths, max_len, 0), torch.zeros(64))  # off
 
 
 def test_overlong_buffer_beyond_the_response_budget_is_named():
-    with pytest.raises(ValueError, match=r"algorithm.overlong_buffer=300 must lie in \[0, rollout.max_new_tokens=256\]"):
+    with pytest.raises(
+        ValueError, match=r"algorithm.overlong_buffer=300 must lie in \[0, rollout.max_new_tokens=256\]"
+    ):
         algorithm_config(overlong_buffer=300, max_new_tokens=256)
 
 
@@ -267,6 +400,7 @@ def algorithm_config(max_new_tokens: int = 1024, **changes):
 # selection's per-token fields, each against a float64 loop over rows and tokens with scalar autograd (value and
 # gradient). The loop is written from the definitions (docs/algorithms.md §1.4, §11), not from the vectorised code.
 # ---------------------------------------------------------------------------------------------------------------------
+
 
 def _num(x):
     """A Python float of a number or of a 0-d tensor (detached: the loop branches on values, autograd follows the
@@ -289,7 +423,7 @@ def _kl_token(x, ref, estimator):
     if estimator == "k3":
         return torch.exp(d) - d - 1.0
     assert estimator == "low_var_kl"
-    if _num(d) > 20.0 or _num(d) < -20.0:          # the clamp cuts d (and its gradient)
+    if _num(d) > 20.0 or _num(d) < -20.0:  # the clamp cuts d (and its gradient)
         d = torch.tensor(max(-20.0, min(20.0, _num(d))), dtype=torch.float64)
     value = torch.exp(d) - d - 1.0
     if _num(value) > 10.0 or _num(value) < -10.0:
@@ -315,10 +449,33 @@ def _dppo_drops(x, old, a, divergence, low, high):
     return (a > 0 and p > p_old and distance > high) or (a < 0 and p < p_old and distance > low)
 
 
-def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", norm="selected", lo=0.2, hi=0.28,
-                     ref=None, beta=0.0, estimator="k3", kl_masked=True, kl_w=None, drift=None, entropy=None,
-                     alpha=0.0, ent_masked=False, budget=0, dual=None, is_w=None, dppo=("tv", 0.15, 0.15),
-                     sapo=(1.0, 1.05)):
+def loop_policy_loss(
+    logp,
+    old,
+    adv,
+    resp,
+    w,
+    *,
+    kind="ppo",
+    agg="token-mean",
+    norm="selected",
+    lo=0.2,
+    hi=0.28,
+    ref=None,
+    beta=0.0,
+    estimator="k3",
+    kl_masked=True,
+    kl_w=None,
+    drift=None,
+    entropy=None,
+    alpha=0.0,
+    ent_masked=False,
+    budget=0,
+    dual=None,
+    is_w=None,
+    dppo=("tv", 0.15, 0.15),
+    sapo=(1.0, 1.05),
+):
     """The loss of docs/algorithms.md §1.4/§11 by loops over rows and tokens: a 0-d tensor whose autograd graph reaches
     the leaves `logp` (and `entropy`), the normaliser (pg, kl, entropy) and the number of clipped selected tokens (for
     DPPO: dropped).
@@ -327,6 +484,7 @@ def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", n
     adv: (b,) or (b, T); lo / hi: float or (b, T) (inf allowed); w: token weights (0: not selected); dppo: (divergence,
     δ_low, δ_high); sapo: (τ_pos, τ_neg).
     """
+
     def py(x):
         return x.tolist() if isinstance(x, torch.Tensor) else x
 
@@ -334,37 +492,39 @@ def loop_policy_loss(logp, old, adv, resp, w, *, kind="ppo", agg="token-mean", n
     B, T = logp.shape
     sel = [[1.0 if resp[i][t] != 0 and w[i][t] != 0 else 0.0 for t in range(T)] for i in range(B)]
     den = [[sel[i][t] if norm == "selected" else float(resp[i][t]) for t in range(T)] for i in range(B)]
-    wkl = [[(sel[i][t] if kl_masked else float(resp[i][t])) * (1.0 if kl_w is None else kl_w[i][t])
-            for t in range(T)] for i in range(B)]
+    wkl = [
+        [(sel[i][t] if kl_masked else float(resp[i][t])) * (1.0 if kl_w is None else kl_w[i][t]) for t in range(T)]
+        for i in range(B)
+    ]
     went = [[sel[i][t] if ent_masked else float(resp[i][t]) for t in range(T)] for i in range(B)]
     with_kl, with_ent = ref is not None and beta > 0, entropy is not None and alpha > 0
     zero = logp.sum() * 0.0 + (entropy.sum() * 0.0 if entropy is not None else 0.0)
     pg_sum, kl_sum, ent_sum = [zero] * B, [zero] * B, [zero] * B
     clipped = 0
     for i in range(B):
-        if kind in ("gspo", "gspo_seq"):   # log s_i: the mean (clamped) log-ratio over the row's selected tokens
+        if kind in ("gspo", "gspo_seq"):  # log s_i: the mean (clamped) log-ratio over the row's selected tokens
             picked = [_clamped(logp[i, t] - old[i][t]) for t in range(T) if sel[i][t]]
             seq_log_ratio = sum(picked) / len(picked) if picked else zero
         for t in range(T):
             x = logp[i, t]
             a = adv[i] if not isinstance(adv[i], list) else adv[i][t]
-            if kind == "gspo":       # GSPO-token: value s_i, gradient through this token's log π only
+            if kind == "gspo":  # GSPO-token: value s_i, gradient through this token's log π only
                 r = torch.exp(x - x.detach() + _num(seq_log_ratio))
             elif kind == "gspo_seq":  # GSPO: r = s_i itself, its gradient through every selected token of the row
                 r = torch.exp(seq_log_ratio)
             else:
                 r = torch.exp(_clamped(x - old[i][t]))
             is_clipped = False
-            if kind == "sapo":       # SAPO: −σ(τ(r − 1))·4/τ·Â, τ by the sign of Â
+            if kind == "sapo":  # SAPO: −σ(τ(r − 1))·4/τ·Â, τ by the sign of Â
                 tau = sapo[0] if a > 0 else sapo[1]
                 pg = -torch.sigmoid(tau * (r - 1.0)) * (4.0 / tau) * a
-            elif kind == "dppo":     # DPPO: −r·Â, or nothing where the token left the trust region
+            elif kind == "dppo":  # DPPO: −r·Â, or nothing where the token left the trust region
                 is_clipped = _dppo_drops(_num(x), old[i][t], a, *dppo)
                 pg = zero if is_clipped else -r * a
             else:
                 lower, upper = 1.0 - _at(lo, i, t), 1.0 + _at(hi, i, t)
                 if _num(r) < lower:
-                    bounded = lower                      # a constant: no gradient through the clipped ratio
+                    bounded = lower  # a constant: no gradient through the clipped ratio
                 elif _num(r) > upper:
                     bounded = upper
                 else:
@@ -432,10 +592,24 @@ def ragged_case(seed, B=8, T=7):
     return dict(logp=logp, old=old, adv=adv, resp=resp, sel=sel, ref=ref, entropy=entropy, gen=g)
 
 
-IMPL_NAMES = dict(kind="kind", agg="aggregation", norm="norm", lo="clip_low", hi="clip_high", beta="kl_coef",
-                  estimator="kl_estimator", kl_masked="kl_masked", kl_w="kl_weights", drift="drift_coef",
-                  alpha="entropy_coef", ent_masked="entropy_masked", dual="dual_clip", is_w="is_weights", dppo="dppo",
-                  sapo="sapo")
+IMPL_NAMES = dict(
+    kind="kind",
+    agg="aggregation",
+    norm="norm",
+    lo="clip_low",
+    hi="clip_high",
+    beta="kl_coef",
+    estimator="kl_estimator",
+    kl_masked="kl_masked",
+    kl_w="kl_weights",
+    drift="drift_coef",
+    alpha="entropy_coef",
+    ent_masked="entropy_masked",
+    dual="dual_clip",
+    is_w="is_weights",
+    dppo="dppo",
+    sapo="sapo",
+)
 
 
 def both_losses(case, w=None, adv=None, **settings):
@@ -452,19 +626,35 @@ def both_losses(case, w=None, adv=None, **settings):
         entropy = case["entropy"].clone().requires_grad_(True) if with_ent else None
         ref = case["ref"] if settings.get("beta", 0.0) > 0 else None
         if implementation:
-            normalizer = LossNormalizer.count(case["resp"], w, settings["agg"], settings["norm"],
-                                              settings.get("kl_masked", True), settings.get("ent_masked", False),
-                                              budget, settings.get("kl_w"))
+            normalizer = LossNormalizer.count(
+                case["resp"],
+                w,
+                settings["agg"],
+                settings["norm"],
+                settings.get("kl_masked", True),
+                settings.get("ent_masked", False),
+                budget,
+                settings.get("kl_w"),
+            )
             kwargs = {IMPL_NAMES[k]: v for k, v in settings.items()}
-            out = policy_loss(logp, case["old"], adv, case["resp"], w, normalizer, ref_logp=ref, entropy=entropy,
-                              **kwargs)
+            out = policy_loss(
+                logp, case["old"], adv, case["resp"], w, normalizer, ref_logp=ref, entropy=entropy, **kwargs
+            )
             loss, norm, clipped = out.loss, (normalizer.pg, normalizer.kl, normalizer.entropy), int(out.clipped_tokens)
         else:
-            loss, norm, clipped = loop_policy_loss(logp, case["old"], adv, case["resp"], w, ref=ref, entropy=entropy,
-                                                   budget=budget, **settings)
+            loss, norm, clipped = loop_policy_loss(
+                logp, case["old"], adv, case["resp"], w, ref=ref, entropy=entropy, budget=budget, **settings
+            )
         loss.backward()
-        results.append(dict(loss=_num(loss), grad=logp.grad.clone(), norm=norm, clipped=clipped,
-                            entropy_grad=None if entropy is None else entropy.grad.clone()))
+        results.append(
+            dict(
+                loss=_num(loss),
+                grad=logp.grad.clone(),
+                norm=norm,
+                clipped=clipped,
+                entropy_grad=None if entropy is None else entropy.grad.clone(),
+            )
+        )
     return results
 
 
@@ -508,7 +698,7 @@ def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
     # sequence ratios fall on both sides of the clip range and inside it
     targets = torch.tensor([0.3, 0.02, -0.05, -0.3, 0.08, 0.08, -0.2, 0.0], dtype=torch.float64)
     targets = targets[torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]).roll(seed)] if seed % 2 else targets
-    targets[5] = targets[4]                                          # rows 4 and 5 stay identical
+    targets[5] = targets[4]  # rows 4 and 5 stay identical
     chosen = case["resp"] * case["sel"]
     deviation = case["old"] - case["logp"]
     row_mean = (deviation * chosen).sum(1, keepdim=True) / chosen.sum(1, keepdim=True).clamp_min(1)
@@ -531,11 +721,12 @@ def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
             expected = 0.0
             if i in s and resp[i, t] and sel[i, t]:
                 a = float(adv[i])
-                if s[i] * a <= min(max(s[i], 1 - lo), 1 + hi) * a:     # the unclipped branch is the minimum
+                if s[i] * a <= min(max(s[i], 1 - lo), 1 + hi) * a:  # the unclipped branch is the minimum
                     expected = -a * s[i] / divisor[i]
             assert float(impl["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
     # the per-token ratio value is s_i: pg_t = −min(s_i·Â, clip(s_i)·Â) on every token of the row
     from tokenrl.algorithms.grpo import surrogate
+
     pg, _, _ = surrogate(logp, old, adv[:, None], resp * sel, "gspo", lo, hi, None)
     for i, value in s.items():
         a = float(adv[i])
@@ -548,14 +739,16 @@ def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_gspo_with_kl_dual_clip_and_weights_matches_the_loop(kind, agg, seed):
     case = ragged_case(seed)
-    old = case["old"] - 0.9 * (case["adv"] < 0).double()[:, None]     # large ratios on negative-advantage rows
+    old = case["old"] - 0.9 * (case["adv"] < 0).double()[:, None]  # large ratios on negative-advantage rows
     case = {**case, "old": old}
-    weights = case["sel"] * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape,
-                                                                           generator=case["gen"])].double()
+    weights = (
+        case["sel"]
+        * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape, generator=case["gen"])].double()
+    )
     impl, ref = both_losses(case, w=weights, kind=kind, agg=agg, beta=0.05, dual=1.5, lo=0.1, hi=0.12)
     assert_same(impl, ref)
     plain, _ = both_losses(case, w=weights, kind=kind, agg=agg, beta=0.05, lo=0.1, hi=0.12)
-    assert plain["loss"] != pytest.approx(impl["loss"], abs=1e-9)      # the dual clip binds on some row
+    assert plain["loss"] != pytest.approx(impl["loss"], abs=1e-9)  # the dual clip binds on some row
 
 
 @pytest.mark.parametrize("agg", GSPO_AGGS)
@@ -595,9 +788,12 @@ def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
     assert impl["norm"] == (float(B * budget),) * 3
     # the normaliser does not depend on the selection, its normaliser or the KL settings
     resp = case["resp"]
-    for w, norm, kl_masked, kl_w in [(case["sel"], "selected", True, None), (resp, "all", False, None),
-                                     (torch.zeros_like(resp), "selected", True, None),
-                                     (case["sel"] * 0.5, "all", True, resp * 0.25)]:
+    for w, norm, kl_masked, kl_w in [
+        (case["sel"], "selected", True, None),
+        (resp, "all", False, None),
+        (torch.zeros_like(resp), "selected", True, None),
+        (case["sel"] * 0.5, "all", True, resp * 0.25),
+    ]:
         counted = LossNormalizer.count(resp, w, "seq-mean-token-sum-norm", norm, kl_masked, True, budget, kl_w)
         assert (counted.pg, counted.kl, counted.entropy) == (float(B * budget),) * 3
     # explicitly: Σ_i Σ_t (pg + β·k3) over selected tokens / (B·budget), pg from the plain PPO formula
@@ -615,11 +811,28 @@ def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
         assert impl["loss"] == pytest.approx(total / (B * budget), abs=1e-12)
     # shares of two micro-batches with the mini-batch's normaliser add up to the whole loss
     normalizer = LossNormalizer.count(resp, case["sel"], "seq-mean-token-sum-norm", "selected", True, False, budget)
-    parts = sum(float(policy_loss(case["logp"][r], case["old"][r], case["adv"][r], resp[r], case["sel"][r], normalizer,
-                                  aggregation="seq-mean-token-sum-norm", norm="selected", clip_low=0.2,
-                                  clip_high=0.28, ref_logp=case["ref"][r], kl_coef=0.04, kind=kind,
-                                  entropy=case["entropy"][r], entropy_coef=0.01).loss)
-                for r in torch.arange(B).split(3))
+    parts = sum(
+        float(
+            policy_loss(
+                case["logp"][r],
+                case["old"][r],
+                case["adv"][r],
+                resp[r],
+                case["sel"][r],
+                normalizer,
+                aggregation="seq-mean-token-sum-norm",
+                norm="selected",
+                clip_low=0.2,
+                clip_high=0.28,
+                ref_logp=case["ref"][r],
+                kl_coef=0.04,
+                kind=kind,
+                entropy=case["entropy"][r],
+                entropy_coef=0.01,
+            ).loss
+        )
+        for r in torch.arange(B).split(3)
+    )
     assert parts == pytest.approx(impl["loss"], abs=1e-12)
 
 
@@ -635,8 +848,18 @@ def test_sum_norm_loss_is_independent_of_selection_count():
         for name, w in (("all", sel), ("fewer", fewer)):
             normalizer = LossNormalizer.count(resp, w, agg, "selected", True, budget=10)
             logp = case["logp"].clone().requires_grad_(True)
-            policy_loss(logp, case["old"], case["adv"], resp, w, normalizer, aggregation=agg, norm="selected",
-                        clip_low=0.2, clip_high=0.28).loss.backward()
+            policy_loss(
+                logp,
+                case["old"],
+                case["adv"],
+                resp,
+                w,
+                normalizer,
+                aggregation=agg,
+                norm="selected",
+                clip_low=0.2,
+                clip_high=0.28,
+            ).loss.backward()
             grads[agg, name] = logp.grad
     keep = fewer.bool() & resp.bool()
     # the gradient of every token that stays selected is unchanged under the constant divisor, changed under token-mean
@@ -649,9 +872,9 @@ def test_kl_estimates_match_the_per_token_definitions(estimator):
     from tokenrl.algorithms.grpo import kl_estimate
 
     g = torch.Generator().manual_seed(3)
-    logp = (-torch.rand(5, 6, generator=g, dtype=torch.float64) * 4)
+    logp = -torch.rand(5, 6, generator=g, dtype=torch.float64) * 4
     ref = logp + torch.randn(5, 6, generator=g, dtype=torch.float64)
-    ref[0, :4] = logp[0, :4] + torch.tensor([4.0, 30.0, -25.0, 0.0], dtype=torch.float64)   # the clamps, and d = 0
+    ref[0, :4] = logp[0, :4] + torch.tensor([4.0, 30.0, -25.0, 0.0], dtype=torch.float64)  # the clamps, and d = 0
     logp = logp.requires_grad_(True)
     got = kl_estimate(logp, ref, estimator)
     got.sum().backward()
@@ -660,7 +883,7 @@ def test_kl_estimates_match_the_per_token_definitions(estimator):
             x, r = float(logp.detach()[i, t]), float(ref[i, t])
             d = r - x
             value = {"k1": x - r, "k2": 0.5 * d * d, "k3": math.exp(d) - d - 1}.get(estimator)
-            slope = {"k1": 1.0, "k2": -d, "k3": 1 - math.exp(d)}.get(estimator)   # ∂/∂x
+            slope = {"k1": 1.0, "k2": -d, "k3": 1 - math.exp(d)}.get(estimator)  # ∂/∂x
             if estimator == "low_var_kl":
                 dc = max(-20.0, min(20.0, d))
                 raw = math.exp(dc) - dc - 1
@@ -695,7 +918,7 @@ def test_entropy_bonus_is_minus_alpha_mean_entropy(agg, ent_masked, norm, seed):
     impl, expected = both_losses(case, agg=agg, norm=norm, alpha=alpha, ent_masked=ent_masked, beta=0.02, budget=9)
     assert_same(impl, expected)
     off, _ = both_losses(case, agg=agg, norm=norm, alpha=0.0, ent_masked=ent_masked, beta=0.02, budget=9)
-    torch.testing.assert_close(impl["grad"], off["grad"], rtol=0, atol=0)     # the bonus leaves ∂/∂logp alone
+    torch.testing.assert_close(impl["grad"], off["grad"], rtol=0, atol=0)  # the bonus leaves ∂/∂logp alone
     resp, sel, H = case["resp"].tolist(), case["sel"].tolist(), case["entropy"].tolist()
     B, T = len(resp), len(resp[0])
     w_h = [[(resp[i][t] * sel[i][t]) if ent_masked else resp[i][t] for t in range(T)] for i in range(B)]
@@ -703,8 +926,15 @@ def test_entropy_bonus_is_minus_alpha_mean_entropy(agg, ent_masked, norm, seed):
     expected_grad = [[0.0] * T for _ in range(B)]
     if agg == "token-mean":
         n_h = sum(map(sum, w_h))
-        assert impl["norm"][2] == n_h == (sum(map(sum, [[r * s for r, s in zip(rr, ss)] for rr, ss in zip(resp, sel)]))
-                                          if ent_masked else sum(map(sum, resp)))
+        assert (
+            impl["norm"][2]
+            == n_h
+            == (
+                sum(map(sum, [[r * s for r, s in zip(rr, ss)] for rr, ss in zip(resp, sel)]))
+                if ent_masked
+                else sum(map(sum, resp))
+            )
+        )
         bonus = -alpha * sum(H[i][t] * w_h[i][t] for i in range(B) for t in range(T)) / n_h
         for i in range(B):
             for t in range(T):
@@ -721,8 +951,9 @@ def test_entropy_bonus_is_minus_alpha_mean_entropy(agg, ent_masked, norm, seed):
             for t in range(T):
                 expected_grad[i][t] = -alpha * w_h[i][t] / (B * 9)
     assert impl["loss"] - off["loss"] == pytest.approx(bonus, abs=1e-12)
-    torch.testing.assert_close(impl["entropy_grad"], torch.tensor(expected_grad, dtype=torch.float64),
-                               rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(
+        impl["entropy_grad"], torch.tensor(expected_grad, dtype=torch.float64), rtol=1e-12, atol=1e-15
+    )
 
 
 def per_token_fields(case, *, infinite=True):
@@ -730,13 +961,16 @@ def per_token_fields(case, *, infinite=True):
     fractional token weights, all exactly representable in float32 (the loss casts the weights to float32)."""
     g = case["gen"]
     shape = case["logp"].shape
-    pick = lambda values: torch.tensor(values, dtype=torch.float64)[torch.randint(0, len(values), shape, generator=g)]
+
+    def pick(values):
+        return torch.tensor(values, dtype=torch.float64)[torch.randint(0, len(values), shape, generator=g)]
+
     lo = pick([0.1, 0.2, 0.5, 1.0])
     hi = pick([0.125, 0.25, 0.5] + ([float("inf")] if infinite else []))
     kl_w = pick([0.0, 0.25, 1.0, 2.0])
     adv = torch.randn(shape, generator=g, dtype=torch.float64)
     adv[2] = 0.0
-    adv[6, :2] = 0.75                                            # tied token advantages
+    adv[6, :2] = 0.75  # tied token advantages
     drift = pick([0.0, 0.0, 0.5, 1.0])
     w = case["sel"] * pick([0.25, 0.5, 1.0, 1.5])
     return dict(lo=lo, hi=hi, kl_w=kl_w, adv=adv, drift=drift, w=w)
@@ -751,25 +985,32 @@ def test_per_token_fields_match_the_loop(field, kind, agg, seed):
     (b, T) advantages, the drift penalty β_t·|logp − old|, fractional weights) against the loop, value and gradient;
     each field changes the loss, except ε under DPPO and SAPO, which have no ratio clip (docs/algorithms.md §11.9)."""
     case = ragged_case(seed)
-    case = {**case, "old": case["old"] + 0.3 * torch.randn(case["old"].shape, generator=case["gen"],
-                                                           dtype=torch.float64)}
+    case = {
+        **case,
+        "old": case["old"] + 0.3 * torch.randn(case["old"].shape, generator=case["gen"], dtype=torch.float64),
+    }
     fields = per_token_fields(case)
-    chosen = {"clip": ("lo", "hi"), "kl_weights": ("kl_w",), "advantages": ("adv",), "drift": ("drift",),
-              "weights": ("w",), "all": ("lo", "hi", "kl_w", "adv", "drift", "w")}[field]
+    chosen = {
+        "clip": ("lo", "hi"),
+        "kl_weights": ("kl_w",),
+        "advantages": ("adv",),
+        "drift": ("drift",),
+        "weights": ("w",),
+        "all": ("lo", "hi", "kl_w", "adv", "drift", "w"),
+    }[field]
     settings = {name: fields[name] for name in chosen if name not in ("adv", "w")}
     extra = {name: fields[name] for name in chosen if name in ("adv", "w")}
     common = dict(kind=kind, agg=agg, beta=0.05, budget=10)
     impl, ref = both_losses(case, **extra, **settings, **common)
     assert_same(impl, ref)
-    if agg == "token-mean" and "kl_w" in settings:     # the KL divisor is the KL-weighted count of selected tokens
+    if agg == "token-mean" and "kl_w" in settings:  # the KL divisor is the KL-weighted count of selected tokens
         w = extra.get("w", case["sel"])
         assert impl["norm"][1] == float((case["resp"] * (w != 0) * settings["kl_w"]).sum())
     plain, _ = both_losses(case, **common)
     if field == "clip" and kind in ("dppo", "sapo"):
         assert impl["loss"] == plain["loss"] and torch.equal(impl["grad"], plain["grad"])
     else:
-        assert impl["loss"] != pytest.approx(plain["loss"], abs=1e-9) or not torch.allclose(impl["grad"],
-                                                                                            plain["grad"])
+        assert impl["loss"] != pytest.approx(plain["loss"], abs=1e-9) or not torch.allclose(impl["grad"], plain["grad"])
 
 
 def test_infinite_clip_bounds_leave_the_ratio_unclipped():
@@ -777,7 +1018,7 @@ def test_infinite_clip_bounds_leave_the_ratio_unclipped():
     case = ragged_case(2)
     shape = case["logp"].shape
     lo, hi = torch.ones(shape, dtype=torch.float64), torch.full(shape, float("inf"), dtype=torch.float64)
-    old = case["old"] - 2.0                      # ratios up to e^2: a finite clip would bind
+    old = case["old"] - 2.0  # ratios up to e^2: a finite clip would bind
     case = {**case, "old": old}
     impl, ref = both_losses(case, lo=lo, hi=hi)
     assert_same(impl, ref)
@@ -799,15 +1040,37 @@ def test_zero_one_masks_and_float_clips_keep_the_old_formula(agg, norm, kl_maske
     case = ragged_case(seed)
     impl, ref = both_losses(case, agg=agg, norm=norm, beta=0.04, kl_masked=kl_masked)
     assert_same(impl, ref)
-    old_formula = reference_loss(case["logp"].tolist(), case["old"].tolist(), case["adv"].tolist(),
-                                 case["resp"].tolist(), case["sel"].tolist(), case["ref"].tolist(), agg=agg, norm=norm,
-                                 lo=0.2, hi=0.28, beta=0.04, kl_masked=kl_masked)
+    old_formula = reference_loss(
+        case["logp"].tolist(),
+        case["old"].tolist(),
+        case["adv"].tolist(),
+        case["resp"].tolist(),
+        case["sel"].tolist(),
+        case["ref"].tolist(),
+        agg=agg,
+        norm=norm,
+        lo=0.2,
+        hi=0.28,
+        beta=0.04,
+        kl_masked=kl_masked,
+    )
     assert impl["loss"] == pytest.approx(old_formula, abs=1e-12)
     shape = case["logp"].shape
-    neutral = dict(lo=torch.full(shape, 0.2, dtype=torch.float64), hi=torch.full(shape, 0.28, dtype=torch.float64),
-                   kl_w=torch.ones(shape, dtype=torch.float64), drift=torch.zeros(shape, dtype=torch.float64))
-    same, _ = both_losses(case, adv=case["adv"][:, None].expand(shape).clone(), agg=agg, norm=norm, beta=0.04,
-                          kl_masked=kl_masked, **neutral)
+    neutral = dict(
+        lo=torch.full(shape, 0.2, dtype=torch.float64),
+        hi=torch.full(shape, 0.28, dtype=torch.float64),
+        kl_w=torch.ones(shape, dtype=torch.float64),
+        drift=torch.zeros(shape, dtype=torch.float64),
+    )
+    same, _ = both_losses(
+        case,
+        adv=case["adv"][:, None].expand(shape).clone(),
+        agg=agg,
+        norm=norm,
+        beta=0.04,
+        kl_masked=kl_masked,
+        **neutral,
+    )
     assert same["loss"] == impl["loss"] and same["norm"] == impl["norm"] and same["clipped"] == impl["clipped"]
     assert torch.equal(same["grad"], impl["grad"])
 
@@ -839,6 +1102,7 @@ def test_low_var_kl_is_finite_with_zero_gradient_far_out(d):
 # from the second mini-batch of a rollout step on —, hand-computed cases, and a peer's unit-test value where one exists.
 # ---------------------------------------------------------------------------------------------------------------------
 
+
 def moved_case(seed, shift=0.45):
     """ragged_case (12 rows) with π_old far from π_θ: π_old(o_t) = π_θ(o_t) + U(−shift, shift), kept in [0.02, 0.98],
     so ratios fall on both sides of 1, well away from it, and probabilities move by more than 0.15 on many tokens (both
@@ -846,7 +1110,7 @@ def moved_case(seed, shift=0.45):
     case = ragged_case(seed, B=12, T=9)
     noise = shift * (2 * torch.rand(case["logp"].shape, generator=case["gen"], dtype=torch.float64) - 1)
     old = (case["logp"].exp() + noise).clamp(0.02, 0.98).log()
-    old[5] = old[4]                                                   # rows 4 and 5 stay identical
+    old[5] = old[4]  # rows 4 and 5 stay identical
     return {**case, "old": old}
 
 
@@ -866,7 +1130,7 @@ def quadrants(case, dropped):
 @pytest.mark.parametrize("divergence, delta", [("tv", 0.15), ("kl", 0.05)])
 @pytest.mark.parametrize("agg", GSPO_AGGS)
 @pytest.mark.parametrize("norm", ["selected", "all"])
-@pytest.mark.parametrize("seed", [0, 2, 4])   # seeds whose batch has tokens in every cell (checked below)
+@pytest.mark.parametrize("seed", [0, 2, 4])  # seeds whose batch has tokens in every cell (checked below)
 def test_dppo_loss_and_gradient_match_the_loop(divergence, delta, agg, norm, seed):
     """DPPO: pg_t = −r_t·Â (gradient −Â·r_t·w_t/D through the unclipped ratio), exactly 0 on a token that left the
     trust region the way Â pushes it; a token that moved as far the other way keeps its gradient. Asymmetric bounds
@@ -879,8 +1143,8 @@ def test_dppo_loss_and_gradient_match_the_loop(divergence, delta, agg, norm, see
 
     dropped = dppo_dropped(case["logp"], case["old"], case["adv"][:, None], *dppo)
     cells = quadrants(case, dropped)
-    assert cells.get(("+", "up", True)) and cells.get(("-", "down", True))           # both unsafe sides drop
-    assert not cells.get(("+", "down", True)) and not cells.get(("-", "up", True))   # the safe sides never do
+    assert cells.get(("+", "up", True)) and cells.get(("-", "down", True))  # both unsafe sides drop
+    assert not cells.get(("+", "down", True)) and not cells.get(("-", "up", True))  # the safe sides never do
     assert impl["clipped"] == cells[("+", "up", True)] + cells[("-", "down", True)]
     pg_only, _ = both_losses(case, kind="dppo", dppo=dppo, agg=agg, norm=norm, budget=9)
     divisor = row_divisor(case, case["sel"], agg, norm, budget=9)
@@ -901,14 +1165,26 @@ def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
     logp = p.log().requires_grad_(True)
     old = torch.full_like(p, 0.5).log()
     resp = torch.ones(1, 5)
-    out = policy_loss(logp, old, adv, resp, resp, LossNormalizer.count(resp, resp, "token-mean", "selected", True),
-                      aggregation="token-mean", norm="selected", clip_low=0.2, clip_high=0.2, kind="dppo",
-                      dppo=("tv", 0.15, 0.15))
+    out = policy_loss(
+        logp,
+        old,
+        adv,
+        resp,
+        resp,
+        LossNormalizer.count(resp, resp, "token-mean", "selected", True),
+        aggregation="token-mean",
+        norm="selected",
+        clip_low=0.2,
+        clip_high=0.2,
+        kind="dppo",
+        dppo=("tv", 0.15, 0.15),
+    )
     out.loss.backward()
     # kept: token 1 (Â > 0, π fell), token 3 (Â < 0, π rose), token 4 (Â > 0, rose by 0.05 < δ); r = 0.4, 1.6, 1.1
     assert float(out.loss) == pytest.approx((-0.4 + 1.6 - 1.1) / 5, abs=1e-15)
-    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.4 / 5, 0.0, 1.6 / 5, -1.1 / 5]], dtype=torch.float64),
-                               rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[0.0, -0.4 / 5, 0.0, 1.6 / 5, -1.1 / 5]], dtype=torch.float64), rtol=1e-14, atol=1e-15
+    )
     assert float(out.clipped_tokens) == 2.0
     # binary KL: KL(Bern(0.5) ‖ Bern(0.8)) = 0.5·ln(0.5/0.8) + 0.5·ln(0.5/0.2) = 0.2231: over δ = 0.2, under δ = 0.25
     from tokenrl.algorithms.grpo import dppo_dropped
@@ -945,7 +1221,7 @@ def test_sapo_loss_and_gradient_match_the_loop(taus, agg, norm, seed):
                 weights.append(4 * gate * (1 - gate))
                 expected = -4 * gate * (1 - gate) * r * a / divisor[i]
             assert float(pg_only["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
-    assert min(weights) < 0.95 and max(weights) <= 1.0                   # off-policy tokens are attenuated
+    assert min(weights) < 0.95 and max(weights) <= 1.0  # off-policy tokens are attenuated
 
 
 def test_sapo_gate_values_of_trl_and_its_on_policy_gradient_is_grpos():
@@ -957,12 +1233,24 @@ def test_sapo_gate_values_of_trl_and_its_on_policy_gradient_is_grpos():
     grads = {}
     for kind, taus in (("sapo", (1.0, 1.0)), ("sapo", (2.0, 5.0)), ("ppo", (1.0, 1.05))):
         logp = torch.full((2, 4), -1.3, dtype=torch.float64, requires_grad=True)
-        out = policy_loss(logp, logp.detach(), adv, resp, resp, normalizer, aggregation="token-mean", norm="selected",
-                          clip_low=0.2, clip_high=0.2, kind=kind, sapo=taus)
+        out = policy_loss(
+            logp,
+            logp.detach(),
+            adv,
+            resp,
+            resp,
+            normalizer,
+            aggregation="token-mean",
+            norm="selected",
+            clip_low=0.2,
+            clip_high=0.2,
+            kind=kind,
+            sapo=taus,
+        )
         out.loss.backward()
         grads[kind, taus] = logp.grad
         if taus == (1.0, 1.0):
-            assert float(out.loss) == pytest.approx(-2.0 * (1.0 - 0.5) / 2, abs=1e-15)   # mean of −2·Â per token
+            assert float(out.loss) == pytest.approx(-2.0 * (1.0 - 0.5) / 2, abs=1e-15)  # mean of −2·Â per token
         if taus == (2.0, 5.0):
             assert float(out.loss) == pytest.approx((-(2 / 2.0) * 1.0 * 4 + (2 / 5.0) * 0.5 * 4) / 8, abs=1e-15)
     torch.testing.assert_close(grads["sapo", (1.0, 1.0)], grads["ppo", (1.0, 1.05)], rtol=0, atol=1e-16)
@@ -1002,15 +1290,17 @@ def test_gspo_sequence_loss_and_gradient_match_the_loop(agg, norm, seed):
         s = math.exp(sum(float(logp[i, t] - old[i, t]) for t in picked) / len(picked))
         a = float(adv[i])
         losses[i] = -min(s * a, min(max(s, 1 - lo), 1 + hi) * a)
-        if s * a <= min(max(s, 1 - lo), 1 + hi) * a:                   # unclipped: the gradient flows through s_i
+        if s * a <= min(max(s, 1 - lo), 1 + hi) * a:  # unclipped: the gradient flows through s_i
             for t in picked:
                 grads[i, t] = -a * s / len(picked)
     assert any(not 1 - lo <= math.exp(-v / float(adv[i])) <= 1 + hi for i, v in losses.items() if adv[i] != 0)
     if agg == "seq-mean-token-mean" and norm == "selected":
         assert impl["loss"] == pytest.approx(sum(losses.values()) / len(losses), abs=1e-13)
         torch.testing.assert_close(impl["grad"], grads / len(losses), rtol=1e-10, atol=1e-14)
-    weights = case["sel"] * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape,
-                                                                           generator=case["gen"])].double()
+    weights = (
+        case["sel"]
+        * torch.tensor([0.25, 0.5, 1.0, 1.5])[torch.randint(0, 4, case["sel"].shape, generator=case["gen"])].double()
+    )
     impl, ref = both_losses(case, w=weights, kind="gspo_seq", agg=agg, norm=norm, lo=lo, hi=hi, beta=0.04, budget=9)
     assert_same(impl, ref)
 
@@ -1068,7 +1358,7 @@ def test_engine_importance_weights_match_the_loop_in_every_mode(mode, floor, see
     g = case["gen"]
     trainer = case["old"]
     engine = trainer + 0.25 * torch.randn(trainer.shape, generator=g, dtype=torch.float64)
-    engine[0, 0] = trainer[0, 0] + 3.0                                # a token the engine liked far more: r = e^-3
+    engine[0, 0] = trainer[0, 0] + 3.0  # a token the engine liked far more: r = e^-3
     resp = case["resp"]
     cap = 1.6
     weights, outside = engine_is_weights(trainer, engine, resp, mode, cap, floor)
@@ -1076,7 +1366,7 @@ def test_engine_importance_weights_match_the_loop_in_every_mode(mode, floor, see
     torch.testing.assert_close(weights, torch.tensor(exp_w, dtype=torch.float64), rtol=1e-13, atol=1e-15)
     assert outside.tolist() == exp_out
     valid = resp.bool()
-    assert 0 < int(outside[valid].sum()) < int(valid.sum())            # both inside and outside occur
+    assert 0 < int(outside[valid].sum()) < int(valid.sum())  # both inside and outside occur
     garbage = engine.clone()
     garbage[~valid] = 17.0
     again, _ = engine_is_weights(trainer, garbage, resp, mode, cap, floor)
@@ -1092,31 +1382,45 @@ def test_engine_importance_weights_by_hand():
     ratios = torch.tensor([[0.4, 1.0, 6.0], [0.9, 1.1, 1.0]], dtype=torch.float64)
     trainer = ratios.log()
     engine = torch.zeros_like(trainer)
-    engine[1, 2] = -9.0                                                # padding: ignored
+    engine[1, 2] = -9.0  # padding: ignored
     resp = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    expected = {"token_truncate": [[0.5, 1.0, 5.0], [0.9, 1.1, 1.0]], "token_mask": [[0.0, 1.0, 0.0], [0.9, 1.1, 1.0]],
-                "sequence_truncate": [[2.4] * 3, [0.99] * 3], "sequence_mask": [[2.4] * 3, [0.99] * 3]}
+    expected = {
+        "token_truncate": [[0.5, 1.0, 5.0], [0.9, 1.1, 1.0]],
+        "token_mask": [[0.0, 1.0, 0.0], [0.9, 1.1, 1.0]],
+        "sequence_truncate": [[2.4] * 3, [0.99] * 3],
+        "sequence_mask": [[2.4] * 3, [0.99] * 3],
+    }
     for mode, values in expected.items():
         weights, outside = engine_is_weights(trainer, engine, resp, mode, 5.0, 0.5)
-        torch.testing.assert_close(weights[resp.bool()], torch.tensor(values, dtype=torch.float64)[resp.bool()],
-                                   rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(
+            weights[resp.bool()], torch.tensor(values, dtype=torch.float64)[resp.bool()], rtol=1e-14, atol=1e-15
+        )
         assert int(outside[resp.bool()].sum()) == (2 if mode.startswith("token") else 0)
-    weights, outside = engine_is_weights(trainer, engine, resp, "sequence_mask", 2.0, None)   # 2.4 > 2: row 0 out
+    weights, outside = engine_is_weights(trainer, engine, resp, "sequence_mask", 2.0, None)  # 2.4 > 2: row 0 out
     assert weights[0].tolist() == [0.0] * 3 and outside[0].all() and not outside[1, :2].any()
     weights, _ = engine_is_weights(trainer, engine, resp, "sequence_truncate", 2.0, None)
     assert weights[0].tolist() == [2.0] * 3
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(policy_loss="dppo", dppo_divergence="js"), r"algorithm.dppo_divergence='js' is not one of \('tv', 'kl'\)"),
-    (dict(dppo_low=0.0), r"algorithm.dppo_low=0.0 must be > 0"),
-    (dict(sapo_tau_neg=-1.0), r"algorithm.sapo_tau_neg=-1.0 must be > 0"),
-    (dict(policy_loss="sapo", dual_clip=3.0), r"algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss=sapo"),
-    (dict(tis_mode="token_clip", tis_cap=2.0), r"algorithm.tis_mode='token_clip' is not one of \('token_truncate'"),
-    (dict(tis_mode="token_mask"), r"algorithm.tis_mode=token_mask has no effect while algorithm.tis_cap=null"),
-    (dict(tis_min=0.5), r"algorithm.tis_min=0.5 has no effect while algorithm.tis_cap=null"),
-    (dict(tis_min=3.0, tis_cap=2.0), r"algorithm.tis_min=3.0 must lie in \(0, algorithm.tis_cap=2.0\)"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            dict(policy_loss="dppo", dppo_divergence="js"),
+            r"algorithm.dppo_divergence='js' is not one of \('tv', 'kl'\)",
+        ),
+        (dict(dppo_low=0.0), r"algorithm.dppo_low=0.0 must be > 0"),
+        (dict(sapo_tau_neg=-1.0), r"algorithm.sapo_tau_neg=-1.0 must be > 0"),
+        (
+            dict(policy_loss="sapo", dual_clip=3.0),
+            r"algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss=sapo",
+        ),
+        (dict(tis_mode="token_clip", tis_cap=2.0), r"algorithm.tis_mode='token_clip' is not one of \('token_truncate'"),
+        (dict(tis_mode="token_mask"), r"algorithm.tis_mode=token_mask has no effect while algorithm.tis_cap=null"),
+        (dict(tis_min=0.5), r"algorithm.tis_min=0.5 has no effect while algorithm.tis_cap=null"),
+        (dict(tis_min=3.0, tis_cap=2.0), r"algorithm.tis_min=3.0 must lie in \(0, algorithm.tis_cap=2.0\)"),
+    ],
+)
 def test_bad_dppo_sapo_and_engine_weight_settings_are_named(changes, message):
     with pytest.raises(ValueError, match=message):
         algorithm_config(**changes)

@@ -1,4 +1,5 @@
 """rollout/hf.py: the hf engine's sampling log-probs, seeding, layout and masks."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def test_top_p_logprobs_are_of_the_processed_distribution():
     model, _, batch = rollouts(top_p=0.5)
     full = response_logprobs(model, batch, 1.0).detach() * batch.response_mask
     gap = (batch.sampling_logprobs - full)[batch.response_mask.bool()]
-    assert (gap >= -1e-6).all() and gap.max() > 1e-3   # renormalised over the nucleus: never lower, often higher
+    assert (gap >= -1e-6).all() and gap.max() > 1e-3  # renormalised over the nucleus: never lower, often higher
 
 
 def test_same_seed_same_rollouts_other_seed_differs():

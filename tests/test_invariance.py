@@ -40,6 +40,7 @@ writing this test), and leaves ICT and uniform — row-local on whole-group stat
 The two-rank counterpart (`test_two_ranks_equal_one_process`, marked slow: two launches of tests/helpers/ddp_methods.py,
 about a minute) runs every method under Lightning DDP over gloo against one process.
 """
+
 from __future__ import annotations
 
 import copy
@@ -58,19 +59,30 @@ from tests.helpers.forked_cli import forked_python
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.test_update import CaptureUpdate
 from tokenrl.records.selection import Selection
+from tokenrl.run.training import build_components
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import Backend, ppo_update
-from tokenrl.run.training import build_components
 from tokenrl.utils import derived_seed
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-SETTING = ["task.verifier=tests.helpers.varied:share_reward", "task.train_size=64", "task.test_size=8", "total_steps=1",
-           "samples.every_n_steps=0", "selector_warmup_steps=0", "algorithm.kl_coef=0.01"]
-OPTIMIZER = ["algorithm.optimizer._target_=torch.optim.SGD", "~algorithm.optimizer.betas",
-             "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0"]
-ROWS = 32                  # model=tiny: 4 prompts × G 8
-ONE, SEVERAL = ROWS, 3     # micro_batch_size: one micro-batch per mini-batch vs several
+SETTING = [
+    "task.verifier=tests.helpers.varied:share_reward",
+    "task.train_size=64",
+    "task.test_size=8",
+    "total_steps=1",
+    "samples.every_n_steps=0",
+    "selector_warmup_steps=0",
+    "algorithm.kl_coef=0.01",
+]
+OPTIMIZER = [
+    "algorithm.optimizer._target_=torch.optim.SGD",
+    "~algorithm.optimizer.betas",
+    "~algorithm.optimizer.weight_decay",
+    "algorithm.optimizer.lr=1.0",
+]
+ROWS = 32  # model=tiny: 4 prompts × G 8
+ONE, SEVERAL = ROWS, 3  # micro_batch_size: one micro-batch per mini-batch vs several
 LOSS_RTOL, GRAD_RTOL = 1e-6, 1e-5
 FIELDS = ("clip_low", "clip_high", "kl_weights", "advantages", "drift_coef")
 
@@ -83,7 +95,7 @@ def step(tmp_path_factory):
     cfg = compose_config(TINY + SETTING, output_dir=tmp_path_factory.mktemp("step"))
     capture = CaptureUpdate()
     fit_recording(cfg, capture)
-    assert capture.train.size == ROWS and capture.train.advantages.abs().min() > 0   # every row carries a signal
+    assert capture.train.size == ROWS and capture.train.advantages.abs().min() > 0  # every row carries a signal
     capture.train = dataclasses.replace(capture.train, rollouts=disagree(capture.train.rollouts, seed=1))
     return capture
 
@@ -104,7 +116,7 @@ class Record:
     fused: bool = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def composed(method: str) -> DictConfig:
     """`method`'s preset composed through Hydra onto the tiny setting (once per method: composition is most of a
     replay's time)."""
@@ -169,13 +181,26 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
         return selection
 
     module.selector.select = recording_select
-    backend = Backend(forward=passes.update_forward, backward=backward, scale_gradients=scale_gradients,
-                      optimizer_step=optimizer_step, current_stats=partial(passes.statistics, with_js=False),
-                      reduce_normalizer=lambda local: local)
+    backend = Backend(
+        forward=passes.update_forward,
+        backward=backward,
+        scale_gradients=scale_gradients,
+        optimizer_step=optimizer_step,
+        current_stats=partial(passes.statistics, with_js=False),
+        reduce_normalizer=lambda local: local,
+    )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(train, module.selector, algorithm, backend, shuffle, by_length=module.fast_path.pack,
-                        entropy_coef=module.entropy_control.alpha, with_js=module.with_js)
-    if fused:   # it back-propagates plain sums and divides once afterwards (update.py: fused_update): its metric
+    result = ppo_update(
+        train,
+        module.selector,
+        algorithm,
+        backend,
+        shuffle,
+        by_length=module.fast_path.pack,
+        entropy_coef=module.entropy_control.alpha,
+        with_js=module.with_js,
+    )
+    if fused:  # it back-propagates plain sums and divides once afterwards (update.py: fused_update): its metric
         record.losses = [result.metrics["loss"]]
     record.first_epoch = {"weights": result.first_epoch_weights, **result.first_epoch_shaping}
     record.weights = torch.cat([p.detach().flatten() for p in policy.parameters()])
@@ -193,7 +218,7 @@ def assert_same(one: Record, several: Record, scale: float) -> None:
     assert torch.equal(one.first_epoch["weights"], several.first_epoch["weights"])
     for name, value in one.first_epoch.items():
         torch.testing.assert_close(several.first_epoch[name], value, rtol=1e-6, atol=1e-7, msg=name)
-    separate = not (one.fused or several.fused)   # the fused path selects per micro-batch: compare its whole batch
+    separate = not (one.fused or several.fused)  # the fused path selects per micro-batch: compare its whole batch
     assert not separate or len(several.selections) == len(one.selections)
     for index, (a, b) in enumerate(zip(one.selections, several.selections) if separate else []):
         assert a.normalizer == b.normalizer
@@ -215,7 +240,7 @@ def assert_same(one: Record, several: Record, scale: float) -> None:
 def test_one_or_several_micro_batches_give_the_same_update(step, method, regime):
     one, several = replay(step, method, regime, ONE), replay(step, method, regime, SEVERAL)
     if regime == "moving":
-        assert len(one.grads) >= 2 and one.moved > 1e-2   # the second optimizer step sees a moved policy
+        assert len(one.grads) >= 2 and one.moved > 1e-2  # the second optimizer step sees a moved policy
     # on-policy the loss cancels to ~0 (Σ Â = 0 in a group): its rounding is relative to a token's term, |Â|
     assert_same(one, several, scale=float(one.advantages.abs().mean()))
 
@@ -235,6 +260,7 @@ def ranks(tmp_path_factory, worker_id) -> Path:
     """Every method's step under two DDP ranks and on one process, `PER_RANK` methods also choosing per rank's rows
     (tests/helpers/ddp_methods.py, forked: tests/helpers/forked_cli.py), once per test run: the folder of their
     records."""
+
     def launch(out: Path) -> Path:
         one_process = [str(out / "one"), "1", "--per-rank", "2", ",".join(PER_RANK), *METHODS]
         for argv in (one_process, [str(out / "two"), "2", *METHODS]):
@@ -264,13 +290,13 @@ def test_two_ranks_equal_one_process(ranks, method):
     for rank in two:
         assert rank["selection"].keys() == one["selection"].keys()
         for name, value in rank["selection"].items():
-            mine = one["selection"][name][rank["rows"]][:, :value.shape[1]]   # a rank pads to its own longest response
+            mine = one["selection"][name][rank["rows"]][:, : value.shape[1]]  # a rank pads to its own longest response
             assert torch.equal(mine, value), f"{name} of rows {rank['rows'][0]}…"
     moved = 0.0
     for name, weight in one["weights"].items():
         torch.testing.assert_close(two[0]["weights"][name], weight, rtol=GRAD_RTOL, atol=GRAD_RTOL, msg=name)
         moved = max(moved, float((weight - one["initial"][name]).abs().max()))
-    assert moved > 1e-3                     # the step changed the weights (Dr. GRPO: its smallest step, 5e-3)
+    assert moved > 1e-3  # the step changed the weights (Dr. GRPO: its smallest step, 5e-3)
 
 
 @pytest.mark.slow
@@ -279,7 +305,8 @@ def test_kl_cov_on_two_ranks_penalises_per_rank(ranks):
     (each rank's own means and count), and the steps differ."""
     [plain] = load(ranks / "one" / "kl_cov")
     two = load(ranks / "two" / "kl_cov")
-    drift = [plain["selection"]["drift_coef"][rank["rows"]][:, :rank["selection"]["drift_coef"].shape[1]]
-             for rank in two]
+    drift = [
+        plain["selection"]["drift_coef"][rank["rows"]][:, : rank["selection"]["drift_coef"].shape[1]] for rank in two
+    ]
     assert any(not torch.equal(mine, rank["selection"]["drift_coef"]) for mine, rank in zip(drift, two))
     assert max(float((two[0]["weights"][name] - w).abs().max()) for name, w in plain["weights"].items()) > 1e-4

@@ -1,5 +1,6 @@
 """The package's layers (docs/architecture.md): no module imports sideways or upward, every module is placed, and
 the package root holds only the helpers every layer uses."""
+
 from __future__ import annotations
 
 import ast
@@ -49,7 +50,7 @@ def imports(source: str, name: str, is_package: bool = False) -> list[tuple[int,
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target == "tokenrl":   # `from tokenrl import step`: each name is a unit
+            if target == "tokenrl":  # `from tokenrl import step`: each name is a unit
                 found += [(node.lineno, f"tokenrl.{alias.name}") for alias in node.names]
             else:
                 found.append((node.lineno, target))
@@ -59,9 +60,11 @@ def imports(source: str, name: str, is_package: bool = False) -> list[tuple[int,
 def sideways_or_upward(name: str, found: list[tuple[int, str]], layers: dict[str, int]) -> list[str]:
     """The imports of module `name` that reach its own layer (another unit) or a layer above."""
     mine = unit_of(name)
-    return [f"line {line}: {target} (layer {layers[unit_of(target)]}, this is layer {layers[mine]})"
-            for line, target in found
-            if mine is not None and unit_of(target) not in (None, mine) and layers[unit_of(target)] >= layers[mine]]
+    return [
+        f"line {line}: {target} (layer {layers[unit_of(target)]}, this is layer {layers[mine]})"
+        for line, target in found
+        if mine is not None and unit_of(target) not in (None, mine) and layers[unit_of(target)] >= layers[mine]
+    ]
 
 
 def sources() -> list[Path]:
@@ -80,21 +83,28 @@ def test_no_module_imports_its_own_layer_or_above(path):
     name = module_name(path)
     found = imports(path.read_text(), name, path.name == "__init__.py")
     assert sideways_or_upward(name, found, documented_layers()) == [], (
-        f"{path.relative_to(ROOT)} imports sideways or upward (docs/architecture.md)")
+        f"{path.relative_to(ROOT)} imports sideways or upward (docs/architecture.md)"
+    )
 
 
 def test_the_check_finds_hidden_relative_and_sideways_imports():
     """The check itself, on a made-up source of the math layer: a function-local relative import of the step and a
     TYPE_CHECKING import of the selectors and a `from tokenrl import run` are found and flagged; an import of the
     records is not."""
-    source = ("from typing import TYPE_CHECKING\n"
-              "from tokenrl.records.token_stats import TokenStats\n"
-              "if TYPE_CHECKING:\n    from tokenrl.selectors.base import TokenSelector\n"
-              "def f():\n    from ..step.update import ppo_update\n"
-              "from tokenrl import run\n")
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from tokenrl.records.token_stats import TokenStats\n"
+        "if TYPE_CHECKING:\n    from tokenrl.selectors.base import TokenSelector\n"
+        "def f():\n    from ..step.update import ppo_update\n"
+        "from tokenrl import run\n"
+    )
     found = imports(source, "tokenrl.algorithms.grpo")
-    assert sorted(target for _, target in found) == ["tokenrl.records.token_stats", "tokenrl.run",
-                                                     "tokenrl.selectors.base", "tokenrl.step.update"]
+    assert sorted(target for _, target in found) == [
+        "tokenrl.records.token_stats",
+        "tokenrl.run",
+        "tokenrl.selectors.base",
+        "tokenrl.step.update",
+    ]
     flagged = sideways_or_upward("tokenrl.algorithms.grpo", found, documented_layers())
     assert sorted(line.split(":")[0] for line in flagged) == ["line 4", "line 6", "line 7"]
     assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.base")], {"step": 5, "rollout": 5}) != []

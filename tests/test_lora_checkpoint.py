@@ -1,7 +1,8 @@
-"""A LoRA run checkpoints only what trains (run/module.py, models/base_weights.py): its checkpoint holds the adapters, the
-optimizer state, the counters and RNGs and a reference to its base, not the base; it resumes exactly; `tokenrl-export`
-and `load_policy` (tokenrl-eval) put its adapters on the base rebuilt from `model.*`; a checkpoint of another base is
-refused, naming the checkpoint and what differs."""
+"""A LoRA run checkpoints only what trains (run/module.py, models/base_weights.py): its checkpoint holds the adapters,
+the optimizer state, the counters and RNGs and a reference to its base, not the base; it resumes exactly;
+`tokenrl-export` and `load_policy` (tokenrl-eval) put its adapters on the base rebuilt from `model.*`; a checkpoint of
+another base is refused, naming the checkpoint and what differs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,15 +16,19 @@ from safetensors.torch import load_file
 
 from tests.helpers.crash import Crash, CrashAfter
 from tests.helpers.forked_cli import forked_python
-from tokenrl.run.checkpointing import load_policy, policy_state_dict
 from tokenrl.cli.export import export
 from tokenrl.models import build_model
+from tokenrl.run.checkpointing import load_policy, policy_state_dict
 from tokenrl.run.training import build_components
 
 LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"
-RUN = [LORA, "task.verifier=tests.helpers.rewards:length_reward", "total_steps=3", "checkpoint.enabled=true",
-       "checkpoint.every_n_steps=1"]
-
+RUN = [
+    LORA,
+    "task.verifier=tests.helpers.rewards:length_reward",
+    "total_steps=3",
+    "checkpoint.enabled=true",
+    "checkpoint.every_n_steps=1",
+]
 
 
 def fit(cfg, *callbacks, ckpt_path=None):
@@ -70,16 +75,18 @@ def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_
     assert resumed.rollout_step == 3 and resumed.reward_history == straight.reward_history
     assert digest(resumed.policy) == digest(straight.policy)
 
-    folders = {name: export(tmp_path / name / "checkpoints" / "last.ckpt", tmp_path / f"{name}_export")
-               for name in ("straight", "resumed")}
+    folders = {
+        name: export(tmp_path / name / "checkpoints" / "last.ckpt", tmp_path / f"{name}_export")
+        for name in ("straight", "resumed")
+    }
     exported = {name: load_file(folder / "model.safetensors") for name, folder in folders.items()}
     assert list(exported["resumed"]) == list(exported["straight"])
     assert all(torch.equal(exported["resumed"][key], exported["straight"][key]) for key in exported["straight"])
     base_q = straight.policy.state_dict()["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
-    assert not torch.equal(exported["resumed"]["model.layers.0.self_attn.q_proj.weight"], base_q)   # merged in
+    assert not torch.equal(exported["resumed"]["model.layers.0.self_attn.q_proj.weight"], base_q)  # merged in
 
     model_cfg = OmegaConf.to_container(tiny_cfg(*RUN).model, resolve=True)
-    reloaded = build_model(model_cfg, seed=0)   # as tokenrl-eval ckpt_path=<it> builds it
+    reloaded = build_model(model_cfg, seed=0)  # as tokenrl-eval ckpt_path=<it> builds it
     load_policy(reloaded, tmp_path / "resumed" / "checkpoints" / "last.ckpt", model_cfg, seed=0)
     assert digest(reloaded) == digest(straight.policy)
 
@@ -94,18 +101,24 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
     fit(tiny_cfg(*pretrained, f"paths.output_dir={tmp_path / 'first'}"))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
 
-    build_model(model_cfg, seed=1).save_pretrained(base)   # another base under the same name
-    with pytest.raises(ValueError, match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights than "
-                                         r"this run's \(the same settings, but the weights at model.source changed; "
-                                         r"base fingerprint \w{12} there, \w{12} here\)"):
+    build_model(model_cfg, seed=1).save_pretrained(base)  # another base under the same name
+    with pytest.raises(
+        ValueError,
+        match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights than "
+        r"this run's \(the same settings, but the weights at model.source changed; "
+        r"base fingerprint \w{12} there, \w{12} here\)",
+    ):
         fit(tiny_cfg(*pretrained, "total_steps=3", f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
     with pytest.raises(ValueError, match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights"):
         export(last, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
     random_cfg = OmegaConf.to_container(tiny_cfg(LORA).model, resolve=True)
-    with pytest.raises(ValueError, match=r"model.source .* there, None here; model.init 'pretrained' there, 'random' "
-                                         r"here; seed None there, 1 here.*use that base \(model.source="):
+    with pytest.raises(
+        ValueError,
+        match=r"model.source .* there, None here; model.init 'pretrained' there, 'random' "
+        r"here; seed None there, 1 here.*use that base \(model.source=",
+    ):
         load_policy(build_model(random_cfg, seed=1), last, random_cfg, seed=1)
 
 
@@ -130,9 +143,19 @@ def test_under_fsdp_a_lora_checkpoint_of_either_kind_holds_the_adapters_and_resu
         assert saved.keys() == adapters.keys() and all(torch.equal(saved[k], adapters[k]) for k in adapters), kind
     stored = FileSystemReader(tmp_path / "straight" / SNAPSHOTS["sharded"]).read_metadata().state_dict_metadata
     tensors = [key for key in stored if key.startswith(("model.", "optimizer_0.state."))]
-    assert tensors and all("lora_" in key for key in tensors)   # the weights and AdamW's moments of adapters alone
-    resumes = fsdp_fit(*([tmp_path / f"{kind}_resumed", tmp_path / "straight" / path, "total_steps=2", LORA,
-                          f"trainer.strategy.state_dict_type={kind}"] for kind, path in SNAPSHOTS.items()))
+    assert tensors and all("lora_" in key for key in tensors)  # the weights and AdamW's moments of adapters alone
+    resumes = fsdp_fit(
+        *(
+            [
+                tmp_path / f"{kind}_resumed",
+                tmp_path / "straight" / path,
+                "total_steps=2",
+                LORA,
+                f"trainer.strategy.state_dict_type={kind}",
+            ]
+            for kind, path in SNAPSHOTS.items()
+        )
+    )
     for kind, resumed in zip(SNAPSHOTS, resumes):
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         assert all(torch.equal(resumed["weights"][name], weight) for name, weight in straight["weights"].items()), kind

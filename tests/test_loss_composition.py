@@ -12,6 +12,7 @@ For each combination, zeroing the weight of one selected token must zero that to
 (no combination drops the weights) and the normaliser must be the reference's (no combination drops it); micro-batch
 shares of the selection's rows must add up to the mini-batch loss.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,18 @@ from tokenrl.algorithms.config import POLICY_LOSSES, AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
-from tokenrl.selectors import (ArcherSelector, ClipCovSelector, Entropy20Selector, GTPOSelector, ICTComplementSelector,
-                               ICTSelector, KLCovSelector, RandomSelector, STAPOSelector, UniformSelector)
+from tokenrl.selectors import (
+    ArcherSelector,
+    ClipCovSelector,
+    Entropy20Selector,
+    GTPOSelector,
+    ICTComplementSelector,
+    ICTSelector,
+    KLCovSelector,
+    RandomSelector,
+    STAPOSelector,
+    UniformSelector,
+)
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import local_normalizer, micro_batch_loss
@@ -41,7 +52,7 @@ SELECTORS = {
     "ict": lambda: ICTSelector(warmup_steps=0),
     "ict_complement": lambda: ICTComplementSelector(warmup_steps=0),
     "entropy20": lambda: Entropy20Selector(),
-    "stapo": lambda: STAPOSelector(tau_p=0.1),          # p < 0.1 on about half the tokens: some are silenced
+    "stapo": lambda: STAPOSelector(tau_p=0.1),  # p < 0.1 on about half the tokens: some are silenced
     "random": lambda: RandomSelector(warmup_steps=0),
     "clip_cov": lambda: ClipCovSelector(ratio=0.2, cov_low=-1e9, cov_high=1e9),
     "kl_cov": lambda: KLCovSelector(ratio=0.2),
@@ -52,7 +63,7 @@ KL = {"off": (0.0, "k3", True), "k3_masked": (0.05, "k3", True), "low_var_unmask
 AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -66,14 +77,22 @@ def case():
     rewards = torch.tensor([reward for _, _, reward in ROWS])
     old = (-torch.rand(B, T, generator=g) * 4) * resp
     entropy = (torch.rand(B, T, generator=g) * 2) * resp
-    entropy[0, :3] = entropy[4, 2] = 0.75                      # entropy ties, inside a row and across rows
+    entropy[0, :3] = entropy[4, 2] = 0.75  # entropy ties, inside a row and across rows
     js = torch.rand(B, T, generator=g) * resp
-    js[4, :2] = js[4, 3]                                       # JS ties
+    js[4, :2] = js[4, 3]  # JS ties
     stats = TokenStats(old.float(), entropy.float(), (entropy * 0.8).float(), js.float())
     ref = ((old + 0.4 * torch.randn(B, T, generator=g)) * resp).float()
-    rollouts = RolloutBatch(torch.ones(B, 2, dtype=torch.long), torch.ones(B, 2, dtype=torch.long),
-                            torch.randint(2, 50, (B, T), generator=g) * resp, resp, old.float(), group_ids,
-                            ["stop"] * B, [""] * B, 0)
+    rollouts = RolloutBatch(
+        torch.ones(B, 2, dtype=torch.long),
+        torch.ones(B, 2, dtype=torch.long),
+        torch.randint(2, 50, (B, T), generator=g) * resp,
+        resp,
+        old.float(),
+        group_ids,
+        ["stop"] * B,
+        [""] * B,
+        0,
+    )
     batch = TrainBatch(STEP, rollouts, rewards, rewards, group_advantages(rewards, group_ids), stats, ref)
     logp = (old.double() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)) * resp
     return batch, logp
@@ -81,14 +100,42 @@ def case():
 
 def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
     kl_coef, estimator, kl_masked = KL[kl]
-    config = AlgorithmConfig(group_size=3, prompts_per_step=4, micro_batch_size=8, aggregation=aggregation,
-                             clip_low=0.2, clip_high=0.28, dual_clip=None, kl_coef=kl_coef, kl_estimator=estimator,
-                             kl_masked=kl_masked, adv_std_normalize=True, adv_eps=1e-6, ppo_epochs=1, mini_batches=1,
-                             grad_clip=None, overlong_buffer=0, overlong_penalty_factor=1.0, lr_warmup_steps=0,
-                             filter_groups=None, gen_prompts_per_step=4, max_gen_rounds=1, tis_cap=None,
-                             policy_loss=policy_loss, entropy_coef=0.0, entropy_masked=False, entropy_target=None,
-                             entropy_coef_delta=1e-4, entropy_coef_max=5e-3, response_budget=BUDGET,
-                             dppo_divergence="tv", dppo_low=0.1, dppo_high=0.1, sapo_tau_pos=2.0, sapo_tau_neg=3.0)
+    config = AlgorithmConfig(
+        group_size=3,
+        prompts_per_step=4,
+        micro_batch_size=8,
+        aggregation=aggregation,
+        clip_low=0.2,
+        clip_high=0.28,
+        dual_clip=None,
+        kl_coef=kl_coef,
+        kl_estimator=estimator,
+        kl_masked=kl_masked,
+        adv_std_normalize=True,
+        adv_eps=1e-6,
+        ppo_epochs=1,
+        mini_batches=1,
+        grad_clip=None,
+        overlong_buffer=0,
+        overlong_penalty_factor=1.0,
+        lr_warmup_steps=0,
+        filter_groups=None,
+        gen_prompts_per_step=4,
+        max_gen_rounds=1,
+        tis_cap=None,
+        policy_loss=policy_loss,
+        entropy_coef=0.0,
+        entropy_masked=False,
+        entropy_target=None,
+        entropy_coef_delta=1e-4,
+        entropy_coef_max=5e-3,
+        response_budget=BUDGET,
+        dppo_divergence="tv",
+        dppo_low=0.1,
+        dppo_high=0.1,
+        sapo_tau_pos=2.0,
+        sapo_tau_neg=3.0,
+    )
     config.validate(max_new_tokens=BUDGET)
     return config
 
@@ -98,8 +145,17 @@ def implementation(batch, logp, selection, cfg, rows=None):
     rows = torch.arange(batch.size) if rows is None else rows
     normalizer = local_normalizer(cfg, batch.rollouts.response_mask, selection)
     leaf = logp.clone().requires_grad_(True)
-    out = micro_batch_loss(batch, rows, UpdateForward(logprobs=leaf[rows], entropy=None), batch.stats.logprobs[rows],
-                           selection.rows(rows), normalizer, cfg, None, 0.0)
+    out = micro_batch_loss(
+        batch,
+        rows,
+        UpdateForward(logprobs=leaf[rows], entropy=None),
+        batch.stats.logprobs[rows],
+        selection.rows(rows),
+        normalizer,
+        cfg,
+        None,
+        0.0,
+    )
     out.loss.backward()
     return float(out.loss.detach()), leaf.grad, (normalizer.pg, normalizer.kl, normalizer.entropy)
 
@@ -108,14 +164,26 @@ def reference(batch, logp, selection, cfg):
     """The loop's (loss, ∂loss/∂logp, normaliser) with the selection's fields, or the algorithm's where it sets none."""
     leaf = logp.clone().requires_grad_(True)
     loss, normaliser, _ = loop_policy_loss(
-        leaf, batch.stats.logprobs.double(), batch.advantages.double() if selection.advantages is None
-        else selection.advantages.double(), batch.rollouts.response_mask, selection.weights, kind=cfg.policy_loss,
-        agg=cfg.aggregation, norm=selection.normalizer,
+        leaf,
+        batch.stats.logprobs.double(),
+        batch.advantages.double() if selection.advantages is None else selection.advantages.double(),
+        batch.rollouts.response_mask,
+        selection.weights,
+        kind=cfg.policy_loss,
+        agg=cfg.aggregation,
+        norm=selection.normalizer,
         lo=cfg.clip_low if selection.clip_low is None else selection.clip_low.double(),
         hi=cfg.clip_high if selection.clip_high is None else selection.clip_high.double(),
-        ref=batch.ref_logprobs.double(), beta=cfg.kl_coef, estimator=cfg.kl_estimator, kl_masked=cfg.kl_masked,
-        kl_w=selection.kl_weights, drift=selection.drift_coef, budget=cfg.response_budget,
-        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high), sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg))
+        ref=batch.ref_logprobs.double(),
+        beta=cfg.kl_coef,
+        estimator=cfg.kl_estimator,
+        kl_masked=cfg.kl_masked,
+        kl_w=selection.kl_weights,
+        drift=selection.drift_coef,
+        budget=cfg.response_budget,
+        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high),
+        sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg),
+    )
     loss.backward()
     return float(loss.detach()), leaf.grad, normaliser
 
@@ -123,7 +191,7 @@ def reference(batch, logp, selection, cfg):
 def assert_matches(got, expected, selection):
     loss, grad, normaliser = got
     ref_loss, ref_grad, ref_normaliser = expected
-    assert normaliser[:2] == ref_normaliser[:2]                     # pg and KL divisors (no entropy bonus here)
+    assert normaliser[:2] == ref_normaliser[:2]  # pg and KL divisors (no entropy bonus here)
     # A selection's ε is float32 and `clip_ratio` forms 1 ± ε in ε's dtype (the loop: in float64), so a clipped
     # ratio's bound is off by up to ~2e-8 relative (0.8 vs float32's 0.800000012); CISPO's gradient carries the bound
     # itself. Without per-token ε everything is float64.
@@ -151,9 +219,12 @@ def check_selection_is_real(name, selection, resp):
 
 
 COMPOSITION_FACTORS = (list(SELECTORS), list(POLICY_LOSSES), AGGREGATIONS, list(KL))
-COMPOSITIONS = all_pairs(*COMPOSITION_FACTORS)   # every selector × loss, and every pair of any two settings
-FRACTIONAL_FACTORS = (["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"], list(POLICY_LOSSES),
-                      AGGREGATIONS)
+COMPOSITIONS = all_pairs(*COMPOSITION_FACTORS)  # every selector × loss, and every pair of any two settings
+FRACTIONAL_FACTORS = (
+    ["uniform", "entropy20", "clip_cov", "kl_cov", "archer", "gtpo"],
+    list(POLICY_LOSSES),
+    AGGREGATIONS,
+)
 FRACTIONALS = all_pairs(*FRACTIONAL_FACTORS)
 
 
@@ -174,8 +245,10 @@ def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregati
     whole = implementation(batch, logp, selection, cfg)
     assert_matches(whole, reference(batch, logp, selection, cfg), selection)
     # micro-batches of the selection's rows, with the mini-batch's normaliser, add up to the mini-batch
-    shares = [implementation(batch, logp, selection, cfg, rows) for rows in (torch.tensor([0, 2, 5]),
-                                                                             torch.tensor([1, 3, 4, 6, 7]))]
+    shares = [
+        implementation(batch, logp, selection, cfg, rows)
+        for rows in (torch.tensor([0, 2, 5]), torch.tensor([1, 3, 4, 6, 7]))
+    ]
     assert sum(share[0] for share in shares) == pytest.approx(whole[0], abs=1e-12)
     torch.testing.assert_close(shares[0][1] + shares[1][1], whole[1], rtol=1e-12, atol=1e-15)
 
@@ -193,7 +266,7 @@ def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregati
     after = implementation(batch, logp, dropped, cfg)
     assert_matches(after, reference(batch, logp, dropped, cfg), dropped)
     if selection.normalizer == "selected" and aggregation == "token-mean":
-        assert after[2][0] == whole[2][0] - 1                    # one selected token fewer in the divisor
+        assert after[2][0] == whole[2][0] - 1  # one selected token fewer in the divisor
     else:
         assert after[2][0] == whole[2][0] or aggregation == "seq-mean-token-mean"
 
@@ -216,8 +289,17 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     halves = []
     for scale in (1.0, 2.0):
         normalizer = dataclasses.replace(counted, pg=counted.pg * scale, kl=counted.kl * scale)
-        out = micro_batch_loss(batch, rows, UpdateForward(logprobs=logp.clone()), batch.stats.logprobs, selection,
-                               normalizer, cfg, None, 0.0)
+        out = micro_batch_loss(
+            batch,
+            rows,
+            UpdateForward(logprobs=logp.clone()),
+            batch.stats.logprobs,
+            selection,
+            normalizer,
+            cfg,
+            None,
+            0.0,
+        )
         halves.append(float(out.loss))
     assert halves[1] == pytest.approx(halves[0] / 2, rel=1e-12) and halves[0] != 0.0
     kept = float(((expected.sum(1)) > 0).sum())
@@ -239,5 +321,5 @@ def test_fractional_weights_reach_the_loss(case, name, policy_loss, aggregation)
     weighted = dataclasses.replace(selection, weights=selection.weights * scale)
     got = implementation(batch, logp, weighted, cfg)
     assert_matches(got, reference(batch, logp, weighted, cfg), weighted)
-    assert got[2] == implementation(batch, logp, selection, cfg)[2]         # the same divisors: counts of w ≠ 0
+    assert got[2] == implementation(batch, logp, selection, cfg)[2]  # the same divisors: counts of w ≠ 0
     assert not torch.allclose(got[1], implementation(batch, logp, selection, cfg)[1])

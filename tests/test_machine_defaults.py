@@ -2,6 +2,7 @@
 GPU trainer (bf16-mixed), vLLM's GPU preset (or the hf engine without vLLM) and the paper's task for Qwen2.5 (GSM8K)
 on a machine with a GPU; on a CPU machine the CPU trainer and the hf engine with the paper's task. What the command
 names itself, an experiment and sweeps are left alone. The GPU and vLLM are mocked; the composition is Hydra's."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -15,31 +16,45 @@ from tokenrl.config.command_line import machine_overrides, with_machine_defaults
 HEADLINE = ["selector=ict", "model=qwen1.5b"]
 
 
-@pytest.mark.parametrize("gpu,vllm,trainer,precision,engine,rollout_dtype", [
-    (True, True, "gpu", "bf16-mixed", "vllm", "bfloat16"),
-    (True, False, "gpu", "bf16-mixed", "hf", None),
-    (False, True, "cpu", "32-true", "hf", None),
-])
-def test_the_headline_command_composes_what_the_machine_supports_best(monkeypatch, gpu, vllm, trainer, precision,
-                                                                       engine, rollout_dtype):
+@pytest.mark.parametrize(
+    "gpu,vllm,trainer,precision,engine,rollout_dtype",
+    [
+        (True, True, "gpu", "bf16-mixed", "vllm", "bfloat16"),
+        (True, False, "gpu", "bf16-mixed", "hf", None),
+        (False, True, "cpu", "32-true", "hf", None),
+    ],
+)
+def test_the_headline_command_composes_what_the_machine_supports_best(
+    monkeypatch, gpu, vllm, trainer, precision, engine, rollout_dtype
+):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (object() if vllm else None) if name == "vllm"
-                        else real_find_spec(name, *a))
-    cfg = compose_config(with_machine_defaults(list(HEADLINE))[len(HEADLINE):] + HEADLINE)
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (object() if vllm else None) if name == "vllm" else real_find_spec(name, *a),
+    )
+    cfg = compose_config(with_machine_defaults(list(HEADLINE))[len(HEADLINE) :] + HEADLINE)
     assert (cfg.trainer.accelerator, cfg.trainer.precision, cfg.rollout.engine) == (trainer, precision, engine)
     assert rollout_dtype is None or cfg.rollout.dtype == rollout_dtype
-    assert (cfg.task.train, cfg.task.test, cfg.model.name, cfg.selector._target_) == \
-        ("gsm8k_train", "gsm8k", "qwen1.5b", "tokenrl.selectors.ICTSelector")
+    assert (cfg.task.train, cfg.task.test, cfg.model.name, cfg.selector._target_) == (
+        "gsm8k_train",
+        "gsm8k",
+        "qwen1.5b",
+        "tokenrl.selectors.ICTSelector",
+    )
 
 
-@pytest.mark.parametrize("argv,added", [
-    (["trainer=cpu", "model=qwen1.5b"], ["rollout=vllm_gpu", "task=gsm8k"]),    # the command's own choice stays
-    (["model=qwen1.5b", "task=arithmetic", "rollout=hf"], ["trainer=gpu"]),
-    (["experiment=ict_gsm8k_qwen1.5b"], []),                                    # an experiment names its own
-    (["-m", "model=qwen1.5b", "seed=0,1"], []),                                  # sweep jobs may run elsewhere
-    (["model=smollm2_135m"], ["trainer=gpu", "rollout=vllm_gpu"]),               # no paper task: the default task
-])
+@pytest.mark.parametrize(
+    "argv,added",
+    [
+        (["trainer=cpu", "model=qwen1.5b"], ["rollout=vllm_gpu", "task=gsm8k"]),  # the command's own choice stays
+        (["model=qwen1.5b", "task=arithmetic", "rollout=hf"], ["trainer=gpu"]),
+        (["experiment=ict_gsm8k_qwen1.5b"], []),  # an experiment names its own
+        (["-m", "model=qwen1.5b", "seed=0,1"], []),  # sweep jobs may run elsewhere
+        (["model=smollm2_135m"], ["trainer=gpu", "rollout=vllm_gpu"]),  # no paper task: the default task
+    ],
+)
 def test_what_the_command_names_is_kept(argv, added):
     assert machine_overrides(argv, gpu=True, vllm=True) == added
 

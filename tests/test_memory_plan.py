@@ -1,5 +1,6 @@
-"""run/memory_plan.py: the shape of a configured model without loading it, and each planned component against its formula
-computed here by hand (the measured comparison is scripts/bench/memory_plan.py, benchmarks/memory_plan.json)."""
+"""run/memory_plan.py: the shape of a configured model without loading it, and each planned component against its
+formula computed here by hand (the measured comparison is scripts/bench/memory_plan.py, benchmarks/memory_plan.json)."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,24 +20,33 @@ def test_the_shape_counts_the_parameters_of_the_real_model():
     shape = architecture_shape(container("model=tiny")["model"])
     assert shape.parameters == shape.trainable == sum(p.numel() for p in model.parameters())
     config = model.config
-    assert (shape.layers, shape.hidden, shape.vocab) == (config.num_hidden_layers, config.hidden_size,
-                                                         config.vocab_size)
+    assert (shape.layers, shape.hidden, shape.vocab) == (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.vocab_size,
+    )
     lora = architecture_shape(container("model=tiny", "+model.lora={r: 2, target_modules: all-linear}")["model"])
-    assert lora.parameters == shape.parameters > lora.trainable > 0   # the base's; the adapters are trained
+    assert lora.parameters == shape.parameters > lora.trainable > 0  # the base's; the adapters are trained
 
 
 SHAPE = Shape(parameters=1_000_000, trainable=1_000_000, layers=2, hidden=64, intermediate=128, kv_width=32, vocab=500)
 
 
 def test_each_component_follows_its_formula():
-    cfg = container("model=tiny", "algorithm.prompts_per_step=2", "algorithm.group_size=4",
-                    "algorithm.micro_batch_size=4", "rollout.max_new_tokens=10", "model.stats_chunk_size=16")
+    cfg = container(
+        "model=tiny",
+        "algorithm.prompts_per_step=2",
+        "algorithm.group_size=4",
+        "algorithm.micro_batch_size=4",
+        "rollout.max_new_tokens=10",
+        "model.stats_chunk_size=16",
+    )
     plan = plan_memory(cfg, SHAPE, "cpu", 100.0, prompt_tokens=20)
     update, generate, statistics = plan.phases["update"], plan.phases["generate"], plan.phases["statistics"]
-    assert update["policy weights"] == pytest.approx(4e6 / GIB)          # fp32
-    assert update["optimizer state"] == pytest.approx(8e6 / GIB)         # AdamW: two moments
+    assert update["policy weights"] == pytest.approx(4e6 / GIB)  # fp32
+    assert update["optimizer state"] == pytest.approx(8e6 / GIB)  # AdamW: two moments
     assert update["gradients"] == pytest.approx(4e6 / GIB)
-    tokens = 1 * 20 + 4 * 10   # micro-batch of 4 rows = one group: its prompt once (shared prefix), 4 responses
+    tokens = 1 * 20 + 4 * 10  # micro-batch of 4 rows = one group: its prompt once (shared prefix), 4 responses
     assert update["activations"] == pytest.approx(tokens * 2 * (8 * 64 + 2 * 32 + 5 * 128) * 4 / GIB)
     assert update["logits"] == pytest.approx(3 * 4 * 10 * 500 * 4 / GIB)
     assert generate["KV cache"] == pytest.approx(8 * (20 + 10) * 2 * 2 * 32 * 4 / GIB)
@@ -50,16 +60,40 @@ def test_switches_change_what_they_should():
     plan = plan_memory(base, SHAPE, "cpu", None, prompt_tokens=20)
     no_kl = plan_memory(container("model=tiny", "rollout.max_new_tokens=10", "algorithm.kl_coef=0"), SHAPE, "cpu")
     assert plan.phases["update"]["reference"] > 0 and no_kl.phases["update"]["reference"] == 0
-    padded = plan_memory(container("model=tiny", "rollout.max_new_tokens=10", "fast_path.shared_prefix=false"),
-                         SHAPE, "cpu", None, prompt_tokens=20)
-    assert padded.phases["update"]["activations"] > plan.phases["update"]["activations"]   # every row's prompt
-    on_gpu = {value: plan_memory(container("model=tiny", "rollout.max_new_tokens=10", f"fast_path.shared_prefix={value}"),
-                                 SHAPE, "cuda:0", None, prompt_tokens=20) for value in ("auto", "false", "true")}
-    assert on_gpu["auto"].phases["update"]["activations"] == on_gpu["false"].phases["update"]["activations"] \
-        > on_gpu["true"].phases["update"]["activations"]   # auto: off on a GPU
+    padded = plan_memory(
+        container("model=tiny", "rollout.max_new_tokens=10", "fast_path.shared_prefix=false"),
+        SHAPE,
+        "cpu",
+        None,
+        prompt_tokens=20,
+    )
+    assert padded.phases["update"]["activations"] > plan.phases["update"]["activations"]  # every row's prompt
+    on_gpu = {
+        value: plan_memory(
+            container("model=tiny", "rollout.max_new_tokens=10", f"fast_path.shared_prefix={value}"),
+            SHAPE,
+            "cuda:0",
+            None,
+            prompt_tokens=20,
+        )
+        for value in ("auto", "false", "true")
+    }
+    assert (
+        on_gpu["auto"].phases["update"]["activations"]
+        == on_gpu["false"].phases["update"]["activations"]
+        > on_gpu["true"].phases["update"]["activations"]
+    )  # auto: off on a GPU
     deep = Shape(**{**vars(SHAPE), "layers": 24})
-    kept, checkpointed = (plan_memory(container("model=tiny", "rollout.max_new_tokens=10", f"model.gradient_checkpointing={on}"),
-                                      deep, "cpu", None, prompt_tokens=20) for on in ("false", "true"))
+    kept, checkpointed = (
+        plan_memory(
+            container("model=tiny", "rollout.max_new_tokens=10", f"model.gradient_checkpointing={on}"),
+            deep,
+            "cpu",
+            None,
+            prompt_tokens=20,
+        )
+        for on in ("false", "true")
+    )
     assert checkpointed.phases["update"]["activations"] < kept.phases["update"]["activations"]
     sgd = container("model=tiny", "algorithm.optimizer._target_=torch.optim.SGD")
     assert plan_memory(sgd, SHAPE, "cpu").phases["update"]["optimizer state"] == 0

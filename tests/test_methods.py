@@ -3,6 +3,7 @@ model — it composes, trains, logs, records what it set per token in the sample
 adaptive coefficient act on the loss as docs/algorithms.md §11.5 says. The ratio-driven methods (GSPO in both forms,
 DPPO, SAPO) coincide with GRPO where the ratio is 1 (one optimizer step per rollout step) and differ from it where the
 ratio moves (their presets' four mini-batches); the engine-weight modes act where the engine disagrees."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,15 +20,21 @@ from tests.conftest import CONFIG_DIR, TINY, compose_config
 from tests.test_update import CaptureUpdate, plain_backend
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models import build_model
-from tokenrl.step.update import ppo_update
 from tokenrl.run.training import build_components
+from tokenrl.step.update import ppo_update
 from tokenrl.utils import derived_seed
 
 METHODS = sorted(path.stem for path in (Path(CONFIG_DIR) / "method").glob("*.yaml"))
 # what each method's selection sets per token beyond its weights (the samples' `shaping`)
 SHAPING = {"archer": {"clip_high", "kl_weights"}, "gtpo": {"advantages"}, "kl_cov": {"clip_high", "drift_coef"}}
-ONE_STEP = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=1", "samples.every_n_steps=1",
-            "samples.rows=8", "selector_warmup_steps=0", "algorithm.kl_coef=0.01"]
+ONE_STEP = [
+    "task.verifier=tests.helpers.rewards:length_reward",
+    "total_steps=1",
+    "samples.every_n_steps=1",
+    "samples.rows=8",
+    "selector_warmup_steps=0",
+    "algorithm.kl_coef=0.01",
+]
 
 
 class Metrics(L.Callback):
@@ -48,9 +55,29 @@ def fit(cfg) -> tuple[object, Metrics]:
 
 
 def test_the_method_catalogue_is_complete():
-    assert set(METHODS) == {"uniform", "random", "ict", "entropy20", "stapo", "entropy_bonus", "entropy_adaptive",
-                            "ict_entropy_bonus", "clip_cov", "kl_cov", "archer", "gtpo", "dr_grpo", "gspo", "cispo",
-                            "kl_k1", "kl_k2", "gspo_seq", "dppo", "sapo", "icepop"}
+    assert set(METHODS) == {
+        "uniform",
+        "random",
+        "ict",
+        "entropy20",
+        "stapo",
+        "entropy_bonus",
+        "entropy_adaptive",
+        "ict_entropy_bonus",
+        "clip_cov",
+        "kl_cov",
+        "archer",
+        "gtpo",
+        "dr_grpo",
+        "gspo",
+        "cispo",
+        "kl_k1",
+        "kl_k2",
+        "gspo_seq",
+        "dppo",
+        "sapo",
+        "icepop",
+    }
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -60,12 +87,14 @@ def test_every_method_trains_end_to_end(tiny_cfg, method):
     assert module.optimizer_steps == cfg.algorithm.mini_batches * cfg.algorithm.ppo_epochs
     step = metrics.steps[-1]
     assert torch.isfinite(torch.tensor(step["train/loss"])) and 0 < step["select/fraction"] <= 1
-    records = [json.loads(line) for line in
-               (Path(cfg.paths.output_dir) / "samples" / "step_0000.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for line in (Path(cfg.paths.output_dir) / "samples" / "step_0000.jsonl").read_text().splitlines()
+    ]
     assert set(records[0]["shaping"]) == SHAPING.get(method, set())
     weights = [w for record in records for w in record["updated"]]
     assert all(w in (0, 1) for w in weights)
-    if method == "clip_cov":   # the default r = 2e-4 detaches ⌊r·N⌋ ≥ 1 token when a candidate exists
+    if method == "clip_cov":  # the default r = 2e-4 detaches ⌊r·N⌋ ≥ 1 token when a candidate exists
         assert step["select/fraction"] >= 1 - 2 / sum(len(r["tokens"]) for r in records)
 
 
@@ -84,8 +113,14 @@ def test_entropy_bonus_lowers_the_loss_by_alpha_times_the_mean_entropy(tiny_cfg)
 def test_adaptive_entropy_coefficient_follows_skywork_rule_and_resumes(tiny_cfg):
     """Target above the tiny model's entropy (~4.8 nats): α starts at c₀ and grows by Δ per step up to the cap;
     below-target steps keep the bonus on. The coefficient travels in the checkpoint."""
-    settings = ["method=entropy_adaptive", "algorithm.entropy_target=50.0", "algorithm.entropy_coef=0.001",
-                "algorithm.entropy_coef_delta=0.002", "algorithm.entropy_coef_max=0.004", "total_steps=3"]
+    settings = [
+        "method=entropy_adaptive",
+        "algorithm.entropy_target=50.0",
+        "algorithm.entropy_coef=0.001",
+        "algorithm.entropy_coef_delta=0.002",
+        "algorithm.entropy_coef_max=0.004",
+        "total_steps=3",
+    ]
     module, metrics = fit(tiny_cfg(*ONE_STEP, *settings))
     assert [round(step["train/entropy_coef"], 9) for step in metrics.steps] == [0.001, 0.003, 0.004]
     assert module.entropy_control.state_dict() == {"coef": 0.004, "on": True}
@@ -94,9 +129,12 @@ def test_adaptive_entropy_coefficient_follows_skywork_rule_and_resumes(tiny_cfg)
     fresh, _, _ = build_components(tiny_cfg(*ONE_STEP, *settings))
     fresh.on_load_checkpoint(checkpoint)
     assert fresh.entropy_control.state_dict() == module.entropy_control.state_dict()
-    _, above = fit(tiny_cfg(*ONE_STEP, *settings[:1], "algorithm.entropy_target=0.2", "total_steps=2",
-                            "algorithm.entropy_coef=0.001"))
-    assert [round(step["train/entropy_coef"], 9) for step in above.steps] == [0.001, 0.0]   # above target: off
+    _, above = fit(
+        tiny_cfg(
+            *ONE_STEP, *settings[:1], "algorithm.entropy_target=0.2", "total_steps=2", "algorithm.entropy_coef=0.001"
+        )
+    )
+    assert [round(step["train/entropy_coef"], 9) for step in above.steps] == [0.001, 0.0]  # above target: off
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +155,25 @@ def replay(captured_step, *overrides: str, batch=None):
     same mini-batch order, with the plain backend of tests/test_update.py: (the weights after, flat; the metrics)."""
     capture, module = captured_step
     cfg = compose_config(TINY + ONE_STEP + list(overrides))
-    algorithm = AlgorithmConfig.from_node(OmegaConf.to_container(cfg.algorithm, resolve=True),
-                                          int(cfg.rollout.max_new_tokens))
+    algorithm = AlgorithmConfig.from_node(
+        OmegaConf.to_container(cfg.algorithm, resolve=True), int(cfg.rollout.max_new_tokens)
+    )
     policy = build_model(module.model_cfg, seed=cfg.seed)
     policy.load_state_dict(capture.before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
-    backend = plain_backend(policy, algorithm, module.sampling.temperature, optimizer,
-                            int(module.model_cfg["stats_chunk_size"]))
+    backend = plain_backend(
+        policy, algorithm, module.sampling.temperature, optimizer, int(module.model_cfg["stats_chunk_size"])
+    )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(capture.train if batch is None else batch, instantiate(cfg.selector), algorithm, backend,
-                        shuffle, by_length=True)
+    result = ppo_update(
+        capture.train if batch is None else batch,
+        instantiate(cfg.selector),
+        algorithm,
+        backend,
+        shuffle,
+        by_length=True,
+    )
     assert result.optimizer_steps == algorithm.mini_batches
     return torch.cat([p.detach().flatten() for p in policy.parameters()]), result.metrics
 
@@ -145,7 +191,7 @@ def test_ratio_driven_methods_are_grpo_on_policy_and_differ_once_the_ratio_moves
     once, metrics = replay(captured_step, f"method={method}", "algorithm.mini_batches=1")
     assert relative_change(once, grpo_once) < 1e-5 and metrics["clip_frac"] == 0.0
     grpo_moving, _ = replay(captured_step, "method=uniform")
-    moving, _ = replay(captured_step, f"method={method}")                 # the preset: 4 mini-batches
+    moving, _ = replay(captured_step, f"method={method}")  # the preset: 4 mini-batches
     assert relative_change(moving, grpo_moving) > 1e-3
     assert relative_change(moving, once) > 1e-3
 
@@ -156,7 +202,7 @@ def test_gspo_sequence_and_token_forms_train_alike_unless_advantages_are_per_tok
     ratios past it); with GTPO's per-token advantages they part."""
     token, _ = replay(captured_step, "method=gspo", "algorithm.mini_batches=4", "algorithm.optimizer.lr=0.01")
     sequence, metrics = replay(captured_step, "method=gspo_seq", "algorithm.optimizer.lr=0.01")
-    assert relative_change(sequence, token) < 1e-4 and metrics["clip_frac"] > 0   # float32 rounding, through Adam
+    assert relative_change(sequence, token) < 1e-4 and metrics["clip_frac"] > 0  # float32 rounding, through Adam
     token, _ = replay(captured_step, "method=gspo", "algorithm.mini_batches=4", "selector=gtpo")
     sequence, _ = replay(captured_step, "method=gspo_seq", "selector=gtpo")
     assert relative_change(sequence, token) > 1e-3
@@ -168,8 +214,13 @@ def test_dppo_drops_tokens_once_the_policy_has_moved(captured_step, divergence, 
     δ = 0.15 even where ratios move by e^±0.5 (DPPO's point: a ratio bound over-constrains rare tokens). With δ = 0.002
     (TV) or 0.0002 (binary KL) tokens are dropped from the second mini-batch on (train/clip_frac is DPPO's dropped
     share); on-policy none is."""
-    settings = ["method=dppo", "algorithm.optimizer.lr=0.01", f"algorithm.dppo_divergence={divergence}",
-                f"algorithm.dppo_low={delta}", f"algorithm.dppo_high={delta}"]
+    settings = [
+        "method=dppo",
+        "algorithm.optimizer.lr=0.01",
+        f"algorithm.dppo_divergence={divergence}",
+        f"algorithm.dppo_low={delta}",
+        f"algorithm.dppo_high={delta}",
+    ]
     _, once = replay(captured_step, *settings, "algorithm.mini_batches=1")
     _, moving = replay(captured_step, *settings)
     assert once["clip_frac"] == 0.0 and moving["clip_frac"] > 0.0
@@ -187,9 +238,10 @@ def test_icepop_masks_where_the_engine_disagrees(captured_step):
     rollouts = capture.train.rollouts
     generator = torch.Generator().manual_seed(5)
     shift = torch.randint(-1, 2, rollouts.sampling_logprobs.shape, generator=generator).float() * rollouts.response_mask
-    off = dataclasses.replace(capture.train, rollouts=dataclasses.replace(
-        rollouts, sampling_logprobs=rollouts.sampling_logprobs + shift))
+    off = dataclasses.replace(
+        capture.train, rollouts=dataclasses.replace(rollouts, sampling_logprobs=rollouts.sampling_logprobs + shift)
+    )
     masked, token = replay(captured_step, "method=icepop", batch=off)
     assert 0.0 < token["tis_capped_frac"] < 1.0 and relative_change(masked, agreeing) > 1e-3
     _, sequence = replay(captured_step, "method=icepop", "algorithm.tis_mode=sequence_mask", batch=off)
-    assert sequence["tis_capped_frac"] > token["tis_capped_frac"]     # a response with one bad token goes whole
+    assert sequence["tis_capped_frac"] > token["tis_capped_frac"]  # a response with one bad token goes whole

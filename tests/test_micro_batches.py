@@ -1,6 +1,7 @@
 """step/micro_batches.py: how a mini-batch's rows are cut into micro-batches, checked against the contract on
 random batches (groups of different sizes, some larger than a micro-batch; mini-batches drawn by a shuffle, so
 groups arrive partial and the positions into `rows` differ from the row ids)."""
+
 from __future__ import annotations
 
 import itertools
@@ -22,7 +23,7 @@ def random_batch(seed: int, n_groups: int = 7, max_group: int = 6) -> tuple[torc
 def minibatch(seed: int, size: int, fraction: float) -> torch.Tensor:
     """Sorted row ids of a shuffled mini-batch holding `fraction` of the rows (partial groups)."""
     g = torch.Generator().manual_seed(1000 + seed)
-    return torch.randperm(size, generator=g)[:max(1, int(size * fraction))].sort().values
+    return torch.randperm(size, generator=g)[: max(1, int(size * fraction))].sort().values
 
 
 def groups_in(rows: torch.Tensor, group_ids: torch.Tensor) -> list[list[int]]:
@@ -58,7 +59,7 @@ def test_every_row_once_within_size(whole_groups, by_length):
             if len(chunk) > max_rows:
                 assert whole_groups and sorted(chunk.tolist()) in groups, "an oversized micro-batch must be one group"
                 oversized += 1
-    assert oversized > 0 or not whole_groups       # the cases do hold groups larger than max_rows
+    assert oversized > 0 or not whole_groups  # the cases do hold groups larger than max_rows
 
 
 @pytest.mark.parametrize("by_length", [False, True])
@@ -72,7 +73,7 @@ def test_whole_groups_never_split_and_packed_greedily(by_length):
         for group in groups:
             holder = [chunk for chunk in chunks if group[0] in chunk]
             start = holder[0].index(group[0])
-            assert holder[0][start:start + len(group)] == group, f"group {group} split or out of row order"
+            assert holder[0][start : start + len(group)] == group, f"group {group} split or out of row order"
         for chunk, following in zip(chunks, chunks[1:]):
             first_next = next(group for group in groups if group[0] == following[0])
             assert len(chunk) + len(first_next) > max_rows, "two micro-batches could have been one"
@@ -84,7 +85,7 @@ def test_by_length_orders_groups_by_longest_response_descending_stable(whole_gro
     group order; rows within a group keep their order. Without whole_groups the cut is that order split by max_rows."""
     for group_ids, lengths, rows, max_rows in cases():
         groups = groups_in(rows, group_ids)
-        expected = sorted(groups, key=lambda group: -longest(group, rows, lengths))     # sorted() is stable
+        expected = sorted(groups, key=lambda group: -longest(group, rows, lengths))  # sorted() is stable
         chunks = micro_batches(rows, group_ids, lengths, max_rows, whole_groups, True)
         sequence = torch.cat(chunks).tolist()
         assert sequence == [p for group in expected for p in group]
@@ -105,10 +106,10 @@ def test_positions_not_row_ids_and_lengths_read_through_rows():
     """Hand-made: rows [1, 2, 4, 5, 7] of a batch whose groups are {0,1,2}, {3,4,5}, {6,7}; the longest response of
     each group is read at its rows in the full batch, and the answer is positions 0..4 into `rows`."""
     group_ids = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
-    lengths = torch.tensor([9, 1, 2, 9, 3, 1, 9, 5])   # the 9s are not in the mini-batch
+    lengths = torch.tensor([9, 1, 2, 9, 3, 1, 9, 5])  # the 9s are not in the mini-batch
     rows = torch.tensor([1, 2, 4, 5, 7])
     chunks = micro_batches(rows, group_ids, lengths, 2, whole_groups=True, by_length=True)
-    assert [c.tolist() for c in chunks] == [[4], [2, 3], [0, 1]]        # longest 5, 3, 2
+    assert [c.tolist() for c in chunks] == [[4], [2, 3], [0, 1]]  # longest 5, 3, 2
     chunks = micro_batches(rows, group_ids, lengths, 3, whole_groups=False, by_length=True)
     assert [c.tolist() for c in chunks] == [[4, 2, 3], [0, 1]]
 
@@ -116,7 +117,7 @@ def test_positions_not_row_ids_and_lengths_read_through_rows():
 def test_by_length_ties_keep_group_order():
     """Groups with equal longest responses stay in group order (a stable sort), whichever group comes first."""
     group_ids = torch.tensor([0, 0, 1, 2, 2, 3])
-    lengths = torch.tensor([2, 4, 7, 1, 4, 4])              # longest: 4, 7, 4, 4
+    lengths = torch.tensor([2, 4, 7, 1, 4, 4])  # longest: 4, 7, 4, 4
     chunks = micro_batches(torch.arange(6), group_ids, lengths, 2, whole_groups=True, by_length=True)
     assert [c.tolist() for c in chunks] == [[2], [0, 1], [3, 4], [5]]
     chunks = micro_batches(torch.arange(6), group_ids, lengths, 4, whole_groups=False, by_length=True)

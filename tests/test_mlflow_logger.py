@@ -1,5 +1,6 @@
 """logger=mlflow (configs/logger/mlflow.yaml): a tiny run writes its metrics offline to a SQLite store under the run
 folder, which MLflow's own client reads back."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,10 +13,10 @@ pytest.importorskip("mlflow", reason="logger=mlflow needs MLflow: pip install ml
 def test_a_run_with_logger_mlflow_writes_the_metrics_mlflows_client_reads_back(tiny_cfg, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.chdir(tmp_path)   # nothing lands in the working directory (mlflow's default: ./mlruns)
+    monkeypatch.chdir(tmp_path)  # nothing lands in the working directory (mlflow's default: ./mlruns)
     summary = run(tiny_cfg("total_steps=2", "logger=mlflow"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    experiment = client.get_experiment_by_name("train")   # task_name
+    experiment = client.get_experiment_by_name("train")  # task_name
     assert experiment.artifact_location.removeprefix("file://") == str(tmp_path / "mlartifacts")
     [found] = client.search_runs([experiment.experiment_id])
     assert found.info.status == "FINISHED"

@@ -1,5 +1,6 @@
 """A model preset whose hub source cannot be reached fails in seconds, with the message naming the offline routes,
 and the advised offline overrides build the model; the KL reference is built in its dtype."""
+
 from __future__ import annotations
 
 import json
@@ -31,17 +32,18 @@ def test_an_unreachable_hub_model_fails_in_seconds(tmp_path):
     is retried with back-off for over 20 s."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stderr[-3000:]
     for line in lines:
         seconds, message = line.split(" ", 1)
         assert float(seconds) < 5
-        assert message.startswith("model.source='Qwen/Qwen2.5-0.5B' is neither a prepared local folder nor reachable "
-                                  "on the hub. Offline: download it where the Hub answers (`huggingface-cli download "
-                                  "Qwen/Qwen2.5-0.5B --local-dir DIR`), copy DIR to this machine and set "
-                                  "model.source=DIR")
+        assert message.startswith(
+            "model.source='Qwen/Qwen2.5-0.5B' is neither a prepared local folder nor reachable "
+            "on the hub. Offline: download it where the Hub answers (`huggingface-cli download "
+            "Qwen/Qwen2.5-0.5B --local-dir DIR`), copy DIR to this machine and set "
+            "model.source=DIR"
+        )
 
 
 ADVICE_PROBE = """
@@ -74,11 +76,19 @@ def test_the_offline_advice_builds_the_model(tmp_path):
     exactly those overrides added builds the tokenizer and the model and runs a forward pass. `model.init=random`
     alone (the former advice) still loads the tokenizer from the hub id, so it fails too and gets the same advice."""
     hub = ["model=smollm2_135m", "model.source=HuggingFaceTB/SmolLM2-135M-Instruct"]
-    commands = {"model.source='HuggingFaceTB/SmolLM2-135M-Instruct'": [hub, hub + ["model.init=random"]],
-                "model.tokenizer='Qwen/Qwen2.5-0.5B'": [["model=tiny", "model.tokenizer=Qwen/Qwen2.5-0.5B"]]}
+    commands = {
+        "model.source='HuggingFaceTB/SmolLM2-135M-Instruct'": [hub, hub + ["model.init=random"]],
+        "model.tokenizer='Qwen/Qwen2.5-0.5B'": [["model=tiny", "model.tokenizer=Qwen/Qwen2.5-0.5B"]],
+    }
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run([sys.executable, "-c", ADVICE_PROBE, json.dumps(sum(commands.values(), []))], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", ADVICE_PROBE, json.dumps(sum(commands.values(), []))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(results) == 3, done.stderr[-3000:]
     options = [option for option, runs in commands.items() for _ in runs]
@@ -129,7 +139,7 @@ def test_the_reference_is_the_policy_in_its_dtype_without_a_full_precision_copy(
     for (name, buffer), (_, copied) in zip(policy.named_buffers(), reference.named_buffers()):
         assert copied.dtype == buffer.dtype and torch.equal(copied, buffer), name
     assert not any(t.is_meta for t in [*reference.parameters(), *reference.buffers()])
-    assert reference.lm_head.weight is reference.model.embed_tokens.weight   # tied, as the policy's
+    assert reference.lm_head.weight is reference.model.embed_tokens.weight  # tied, as the policy's
     assert not reference.training
     ids = torch.tensor([tokenizer("What is 2 + 3?")["input_ids"]])
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """The unbiased pass@k estimator equals brute-force enumeration over all k-subsets of the n samples."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,6 +1,7 @@
 """run/preemption.py: a signal becomes `Preempted` at the step's safe points, last.ckpt then holds the last completed
 step (also when the signal lands in the middle of a step's generation), and a resume from it reproduces the
 uninterrupted run; HF generation stops within a token."""
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,14 @@ import torch
 from tests.test_training import fingerprint, fit
 from tokenrl.run.preemption import Preempted, PreemptionWatch
 
-RUN = ["total_steps=4", "checkpoint.enabled=true",
-       "checkpoint.every_n_steps=10", "algorithm.filter_groups=acc", "algorithm.gen_prompts_per_step=2",
-       "task.verifier=tests.helpers.rewards:odd_answers_unsolvable"]
+RUN = [
+    "total_steps=4",
+    "checkpoint.enabled=true",
+    "checkpoint.every_n_steps=10",
+    "algorithm.filter_groups=acc",
+    "algorithm.gen_prompts_per_step=2",
+    "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
+]
 
 
 class SignalDuringGeneration(L.Callback):
@@ -57,15 +63,16 @@ def test_check_raises_only_after_a_signal_and_the_previous_handler_runs_after_th
         watch = PreemptionWatch(signals=(signal.SIGUSR1,))
         watch.on_fit_start(None, None)
         watch.on_train_start(None, None)
-        watch.check()   # nothing yet
+        watch.check()  # nothing yet
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert watch.requested and calls == []   # the outer handler waits for the checkpoint
+        assert watch.requested and calls == []  # the outer handler waits for the checkpoint
         with pytest.raises(Preempted) as caught:
             watch.check()
         checkpoint = SimpleNamespace(save_last_now=lambda trainer: calls.append("saved") or "/run/last.ckpt")
-        watch.on_exception(SimpleNamespace(checkpoint_callback=checkpoint), SimpleNamespace(rollout_step=3),
-                           caught.value)
+        watch.on_exception(
+            SimpleNamespace(checkpoint_callback=checkpoint), SimpleNamespace(rollout_step=3), caught.value
+        )
         assert calls == ["saved", ("outer", signal.SIGUSR1)] and watch.saved == "/run/last.ckpt"
-        assert signal.getsignal(signal.SIGUSR1) is not watch._handle   # restored
+        assert signal.getsignal(signal.SIGUSR1) is not watch._handle  # restored
     finally:
         signal.signal(signal.SIGUSR1, previous)

@@ -1,5 +1,6 @@
 """run/progress.py: one log line per rollout step (step k/N, reward, accuracy, entropy, selected fraction, time by
 phase), in the console and in the run's train.log as it happens, also when the output is not a terminal."""
+
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,10 @@ import pytest
 from tests.conftest import ROOT
 from tokenrl.run.training import build_components
 
-LINE = re.compile(r"step (\d+)/(\d+) \| reward (\S+) \| acc (\S+) \| entropy (\S+) \| selected (\S+) \| "
-                  r"(\S+) s \(generate \S+, reward \S+, statistics \S+, update \S+, sync \S+\)")
+LINE = re.compile(
+    r"step (\d+)/(\d+) \| reward (\S+) \| acc (\S+) \| entropy (\S+) \| selected (\S+) \| "
+    r"(\S+) s \(generate \S+, reward \S+, statistics \S+, update \S+, sync \S+\)"
+)
 
 
 class Recorder(L.Callback):
@@ -29,8 +32,9 @@ class Recorder(L.Callback):
 def test_one_line_per_rollout_step_with_the_steps_numbers(tiny_cfg, caplog):
     caplog.set_level(logging.INFO, logger="tokenrl.run.progress")
     L.seed_everything(0)
-    module, datamodule, trainer = build_components(tiny_cfg("total_steps=3",
-                                                            "task.verifier=tests.helpers.rewards:length_reward"))
+    module, datamodule, trainer = build_components(
+        tiny_cfg("total_steps=3", "task.verifier=tests.helpers.rewards:length_reward")
+    )
     recorder = Recorder()
     trainer.callbacks.append(recorder)
     trainer.fit(module, datamodule=datamodule)
@@ -39,10 +43,12 @@ def test_one_line_per_rollout_step_with_the_steps_numbers(tiny_cfg, caplog):
     matches = [LINE.fullmatch(line) for line in lines]
     assert all(matches), lines
     assert [(int(m[1]), int(m[2])) for m in matches] == [(1, 3), (2, 3), (3, 3)]
-    for match, metrics in zip(matches, recorder.metrics):   # each step's own logged numbers (3 / 1 decimals)
+    for match, metrics in zip(matches, recorder.metrics):  # each step's own logged numbers (3 / 1 decimals)
         shown = [float(value) for value in match.groups()[2:]]
         logged = [metrics[key] for key in ("train/reward", "train/accuracy", "train/entropy", "select/fraction")]
-        assert shown[:4] == pytest.approx(logged, abs=1e-3) and shown[4] == pytest.approx(metrics["time/step"], abs=0.05)
+        assert shown[:4] == pytest.approx(logged, abs=1e-3) and shown[4] == pytest.approx(
+            metrics["time/step"], abs=0.05
+        )
 
 
 @pytest.mark.slow
@@ -50,8 +56,12 @@ def test_a_redirected_run_writes_each_line_to_its_output_and_train_log_as_it_hap
     out = tmp_path / "out.txt"
     log_file = tmp_path / "run" / "train.log"
     with out.open("w") as handle:
-        proc = subprocess.Popen([sys.executable, "train.py", "debug=default", f"hydra.run.dir={tmp_path / 'run'}"],
-                                cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", "debug=default", f"hydra.run.dir={tmp_path / 'run'}"],
+            cwd=ROOT,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
         seen_while_running = False
         try:
             while proc.poll() is None:
@@ -63,7 +73,7 @@ def test_a_redirected_run_writes_each_line_to_its_output_and_train_log_as_it_hap
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert seen_while_running   # step 1's line reached both files before the run ended (no buffering to the end)
+    assert seen_while_running  # step 1's line reached both files before the run ended (no buffering to the end)
     for text in (out.read_text(), log_file.read_text()):
         steps = [LINE.search(line) for line in text.splitlines() if "[tokenrl.run.progress]" in line]
         assert [m[1] for m in steps if m] == ["1", "2", "3"] and all(steps), text[-3000:]
@@ -74,9 +84,13 @@ def test_the_progress_bar_counts_rollout_steps_of_the_run(tiny_cfg, capfd):
     ("Epoch 0/-2" before)."""
     from tokenrl.run.training import run
 
-    run(tiny_cfg("trainer.enable_progress_bar=true", "total_steps=2", "task.verifier=tests.helpers.rewards:length_reward"))
+    run(
+        tiny_cfg(
+            "trainer.enable_progress_bar=true", "total_steps=2", "task.verifier=tests.helpers.rewards:length_reward"
+        )
+    )
     captured = capfd.readouterr()
     bar = (captured.out + captured.err).replace("\r", "\n")
     renderings = [line for line in bar.splitlines() if "it/s" in line]
     assert renderings[-1].startswith("rollout steps: 100%") and "| 2/2 [" in renderings[-1], bar[-2000:]
-    assert "/-" not in bar   # no epoch count of a run without epochs
+    assert "/-" not in bar  # no epoch count of a run without epochs

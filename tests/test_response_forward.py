@@ -7,6 +7,7 @@ Float64 exactness needs one patch: transformers' Qwen2RMSNorm computes in float3
 float64 model is only float32-accurate there (the layouts then differ by ~1e-7). The `exact_norm` fixture makes the
 norm compute in the input's dtype for the test; everything else is the real transformers model.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.step.passes import shared_prefix_blocker
 
 VOCAB = 50
-PAD = 7            # a real token id too: only the masks may tell padding apart
+PAD = 7  # a real token id too: only the masks may tell padding apart
 TEMPERATURE = 0.7
 ATOL = 1e-10
 
@@ -27,16 +28,27 @@ ATOL = 1e-10
 @pytest.fixture
 def exact_norm(monkeypatch):
     """RMSNorm in the input's dtype (transformers' casts to float32), so a float64 model is float64-exact."""
+
     def forward(self, x):
         return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
     """A random float64 Qwen2 (2 layers, GQA 4/2 heads, tied embeddings, sdpa: eager gives NaN on left padding)."""
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                         max_position_embeddings=64, initializer_range=0.2, attn_implementation="sdpa")
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        attn_implementation="sdpa",
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float64)
@@ -49,17 +61,26 @@ def make_batch(prompts: list[list[int]], responses: list[list[int]], group_ids: 
     prompt_ids, prompt_mask = torch.full((b, P), PAD), torch.zeros(b, P, dtype=torch.long)
     response_ids, response_mask = torch.full((b, T), PAD), torch.zeros(b, T, dtype=torch.long)
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        prompt_ids[i, P - len(p):], prompt_mask[i, P - len(p):] = torch.tensor(p), 1
-        response_ids[i, :len(r)], response_mask[i, :len(r)] = torch.tensor(r), 1
-    return RolloutBatch(prompt_ids, prompt_mask, response_ids, response_mask, torch.zeros(b, T, dtype=torch.float32),
-                        torch.tensor(group_ids), ["stop"] * b, [""] * b, 0)
+        prompt_ids[i, P - len(p) :], prompt_mask[i, P - len(p) :] = torch.tensor(p), 1
+        response_ids[i, : len(r)], response_mask[i, : len(r)] = torch.tensor(r), 1
+    return RolloutBatch(
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        response_mask,
+        torch.zeros(b, T, dtype=torch.float32),
+        torch.tensor(group_ids),
+        ["stop"] * b,
+        [""] * b,
+        0,
+    )
 
 
 def ragged_batch(seed: int, group_sizes=(3, 1, 4, 2), max_response: int = 6) -> RolloutBatch:
     """Groups of the given sizes (one of one row), each its own prompt length, responses of random lengths with at
     least one of one token; then one row of the largest group dropped (a partial group) and the rows shuffled."""
     g = torch.Generator().manual_seed(seed)
-    prompt_lengths = torch.randperm(6, generator=g)[:len(group_sizes)] + 2           # distinct, 2..7
+    prompt_lengths = torch.randperm(6, generator=g)[: len(group_sizes)] + 2  # distinct, 2..7
     prompts, responses, groups = [], [], []
     for group, (size, length) in enumerate(zip(group_sizes, prompt_lengths.tolist())):
         prompt = torch.randint(VOCAB, (length,), generator=g).tolist()
@@ -92,7 +113,7 @@ def reference_logprobs(model, batch: RolloutBatch) -> list[torch.Tensor]:
     for i in range(batch.prompt_ids.shape[0]):
         prompt, response = real_tokens(batch, i)
         logits = model(input_ids=torch.cat([prompt, response])[None], use_cache=False).logits[0]
-        out.append(logprobs64(logits[len(prompt) - 1:len(prompt) + len(response) - 1], response))
+        out.append(logprobs64(logits[len(prompt) - 1 : len(prompt) + len(response) - 1], response))
     return out
 
 
@@ -110,12 +131,12 @@ def layout_logprobs(model, batch: RolloutBatch, share_prefix: bool, trim: bool =
     """(b, T') float64 log-probs from `response_logits` of the layout (T' the trimmed width with `trim`)."""
     logits = response_logits(model, batch, share_prefix=share_prefix, trim=trim)
     assert logits.dtype == torch.float64
-    return logprobs64(logits, batch.response_ids[:, :logits.shape[1]])
+    return logprobs64(logits, batch.response_ids[:, : logits.shape[1]])
 
 
 def assert_all_close(actual: list[torch.Tensor], expected: list[torch.Tensor], names: list[str]) -> None:
     for name, a, e in zip(names, actual, expected):
-        torch.testing.assert_close(a, e, atol=ATOL, rtol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, e, atol=ATOL, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def check_layouts_against_reference(model, batch: RolloutBatch, seed: int) -> None:
@@ -146,7 +167,7 @@ def test_shared_prefix_and_padded_layouts_equal_row_by_row_float64_reference(exa
     model = tiny_qwen2(seed)
     batch = ragged_batch(seed)
     assert batch.prompt_mask.sum(1).unique().numel() > 1 and batch.response_mask.sum(1).min() == 1
-    assert (batch.group_ids.diff() != 0).sum() >= len(batch.group_ids.unique())   # groups interleaved
+    assert (batch.group_ids.diff() != 0).sum() >= len(batch.group_ids.unique())  # groups interleaved
     check_layouts_against_reference(model, batch, seed)
 
 
@@ -172,20 +193,27 @@ def test_response_logprobs_match_reference_to_float32(exact_norm):
             assert logp.shape == batch.response_ids.shape
             torch.testing.assert_close(logp[mask].double(), ref, atol=2e-6, rtol=0)
             if trim:
-                assert (logp[:, int(batch.response_mask.sum(1).max()):] == 0).all()
+                assert (logp[:, int(batch.response_mask.sum(1).max()) :] == 0).all()
             by_layout[share_prefix, trim] = grads((weights * logp).sum(), params)
     for key, value in by_layout.items():
         for a, e in zip(value, by_layout[False, False]):
-            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4, msg=lambda m: f"{key}: {m}")
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def widened(batch: RolloutBatch, left: int, right: int) -> RolloutBatch:
     """`batch` with `left` extra all-pad prompt columns and `right` extra all-pad response columns."""
     pad = torch.nn.functional.pad
-    return RolloutBatch(pad(batch.prompt_ids, (left, 0), value=PAD), pad(batch.prompt_mask, (left, 0)),
-                        pad(batch.response_ids, (0, right), value=PAD), pad(batch.response_mask, (0, right)),
-                        pad(batch.sampling_logprobs, (0, right)), batch.group_ids, batch.finish_reasons,
-                        batch.texts, batch.weights_version)
+    return RolloutBatch(
+        pad(batch.prompt_ids, (left, 0), value=PAD),
+        pad(batch.prompt_mask, (left, 0)),
+        pad(batch.response_ids, (0, right), value=PAD),
+        pad(batch.response_mask, (0, right)),
+        pad(batch.sampling_logprobs, (0, right)),
+        batch.group_ids,
+        batch.finish_reasons,
+        batch.texts,
+        batch.weights_version,
+    )
 
 
 def test_trimmed_drops_exactly_the_all_padding_columns():
@@ -215,7 +243,7 @@ def test_trim_equals_untrimmed_values_and_gradients(exact_norm, share_prefix, le
     longest = int(full.response_mask.sum(1).argmax())
     batch = widened(full.rows(torch.tensor([i for i in range(len(full.group_ids)) if i != longest])), left, right)
     width = int(batch.response_mask.sum(1).max())
-    assert width < batch.response_ids.shape[1]     # there are columns to trim
+    assert width < batch.response_ids.shape[1]  # there are columns to trim
     params = list(model.parameters())
     weights = weights_for(batch, 6)
 
@@ -223,14 +251,20 @@ def test_trim_equals_untrimmed_values_and_gradients(exact_norm, share_prefix, le
     cut = layout_logprobs(model, batch, share_prefix, trim=True)
     assert cut.shape == (batch.response_ids.shape[0], width)
     torch.testing.assert_close(cut, untrimmed[:, :width], atol=ATOL, rtol=0)
-    assert_all_close(grads((weights[:, :width] * cut).sum(), params), grads((weights * untrimmed).sum(), params),
-                     [n for n, _ in model.named_parameters()])
+    assert_all_close(
+        grads((weights[:, :width] * cut).sum(), params),
+        grads((weights * untrimmed).sum(), params),
+        [n for n, _ in model.named_parameters()],
+    )
 
     padded_back = response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix, trim=True).detach()
     assert padded_back.shape == batch.response_ids.shape and (padded_back[:, width:] == 0).all()
-    torch.testing.assert_close(padded_back[:, :width],
-                               response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix)[:, :width]
-                               .detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        padded_back[:, :width],
+        response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix)[:, :width].detach(),
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 def test_prompt_owners_maps_rows_to_first_row_of_their_group():
@@ -247,8 +281,10 @@ def test_prompt_owners_rejects_a_group_with_two_prompts():
     """Two rows of one group with different prompt tokens, or equal ids but different masks (a real token equal to
     the pad id), raise a ValueError that names fast_path.shared_prefix."""
     responses, groups = [[1, 2], [3], [4]], [0, 0, 1]
-    for prompts in ([[5, 6, 8], [5, 6, 9], [1]],        # different tokens
-                    [[5, 6], [PAD, 5, 6], [1]]):         # same ids once left-padded with PAD, different masks
+    for prompts in (
+        [[5, 6, 8], [5, 6, 9], [1]],  # different tokens
+        [[5, 6], [PAD, 5, 6], [1]],
+    ):  # same ids once left-padded with PAD, different masks
         batch = make_batch(prompts, responses, groups)
         with pytest.raises(ValueError, match="fast_path.shared_prefix"):
             prompt_owners(batch)
@@ -275,8 +311,13 @@ def test_lora_shared_prefix_gradients_equal_padded_and_reference(exact_norm):
     """A float64 LoRA-wrapped model (adapters randomly initialised, so every LoRA parameter has a gradient): both
     layouts' log-probs and LoRA-parameter gradients equal the row-by-row reference."""
     peft = pytest.importorskip("peft")
-    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
-                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"])
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj"],
+    )
     with torch.random.fork_rng():
         torch.manual_seed(8)
         model = peft.get_peft_model(tiny_qwen2(8), config)
@@ -296,12 +337,14 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
     policy.gradient_checkpointing_enable()
     reference.gradient_checkpointing_enable()
     batch = ragged_batch(seed=3)
-    shared, padded = (PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all",
-                                   share_prefix=share) for share in (True, False))
+    shared, padded = (
+        PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all", share_prefix=share)
+        for share in (True, False)
+    )
     assert torch.allclose(shared.reference_logprobs(batch), padded.reference_logprobs(batch), atol=1e-6)
     stats, expected = shared.statistics(batch), padded.statistics(batch)
     for name in ("logprobs", "entropy", "renyi2", "js"):
         assert torch.allclose(getattr(stats, name), getattr(expected, name), atol=1e-6), name
-    assert all(layer.gradient_checkpointing for layer in policy.model.layers)   # back on for the update
-    with torch.no_grad(), pytest.raises(AttributeError):   # the pause is what makes it possible: transformers
-        layout_logprobs(policy, batch, share_prefix=True)    # returns no cache to share
+    assert all(layer.gradient_checkpointing for layer in policy.model.layers)  # back on for the update
+    with torch.no_grad(), pytest.raises(AttributeError):  # the pause is what makes it possible: transformers
+        layout_logprobs(policy, batch, share_prefix=True)  # returns no cache to share

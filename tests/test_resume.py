@@ -1,5 +1,6 @@
 """run/resume.py: which checkpoint a run resumes from (a .ckpt file or a sharded checkpoint's folder; never one a save
 left half-written), the run folder it continues in, and the metrics rows it keeps."""
+
 from __future__ import annotations
 
 import csv
@@ -10,8 +11,8 @@ import pytest
 import torch
 
 from tests.helpers.forked_cli import forked_python
-from tokenrl.run.checkpointing import AtomicFSDPStrategy
 from tokenrl.config.command_line import run_dir_override
+from tokenrl.run.checkpointing import AtomicFSDPStrategy
 from tokenrl.run.resume import RunComplete, checkpoint_step, kept_metric_rows, resolve_checkpoint
 
 
@@ -31,14 +32,17 @@ def test_checkpoint_step_reads_the_rollout_step(tmp_path):
 def test_resolve_checkpoint(tmp_path):
     run = tmp_path / "run"
     assert resolve_checkpoint(None, run, 6) == (None, 0)
-    assert resolve_checkpoint("auto", run, 6) == (None, 0)   # nothing yet: a fresh start
+    assert resolve_checkpoint("auto", run, 6) == (None, 0)  # nothing yet: a fresh start
     last = write_checkpoint(run / "checkpoints" / "last.ckpt", 2)
     assert resolve_checkpoint("auto", run, 6) == (str(last), 2)
     assert resolve_checkpoint(str(last), tmp_path / "elsewhere", 6) == (str(last), 2)
     with pytest.raises(FileNotFoundError, match=r"ckpt_path=/no/such.ckpt: no such file or folder"):
         resolve_checkpoint("/no/such.ckpt", run, 6)
-    with pytest.raises(ValueError, match=r"holds 2 rollout steps and total_steps=2: nothing is left to train; set "
-                                         r"total_steps above 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds 2 rollout steps and total_steps=2: nothing is left to train; set "
+        r"total_steps above 2",
+    ):
         resolve_checkpoint(str(last), run, 2)
 
 
@@ -47,9 +51,12 @@ def test_auto_on_a_finished_run_says_it_is_complete_and_an_explicit_path_stays_a
     with the run's summary; the same checkpoint named explicitly is the user's mistake (ValueError)."""
     run = tmp_path / "run"
     last = write_checkpoint(run / "checkpoints" / "last.ckpt", 3)
-    with pytest.raises(RunComplete, match=r"ckpt_path=auto: the run is already complete, nothing to train \(.*"
-                                          r"last.ckpt holds 3 of total_steps=3 rollout steps; it stopped before "
-                                          r"writing .*summary.json\)") as stopped:
+    with pytest.raises(
+        RunComplete,
+        match=r"ckpt_path=auto: the run is already complete, nothing to train \(.*"
+        r"last.ckpt holds 3 of total_steps=3 rollout steps; it stopped before "
+        r"writing .*summary.json\)",
+    ) as stopped:
         resolve_checkpoint("auto", run, 3)
     assert stopped.value.summary == {}
     (run / "summary.json").write_text(json.dumps({"rollout_steps": 3}))
@@ -62,7 +69,8 @@ def test_auto_on_a_finished_run_says_it_is_complete_and_an_explicit_path_stays_a
 
 def write_sharded(path, step):
     AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(
-        {"state_dict": {"policy.w": torch.zeros(3)}, "tokenrl": {"rollout_step": step}}, path)
+        {"state_dict": {"policy.w": torch.zeros(3)}, "tokenrl": {"rollout_step": step}}, path
+    )
     return path
 
 
@@ -74,12 +82,15 @@ def test_resolve_a_sharded_checkpoint_and_never_a_half_written_one(tmp_path):
     last = write_sharded(run / "checkpoints" / "last.ckpt", 3)
     assert checkpoint_step(last) == 3
     assert resolve_checkpoint("auto", run, 6) == (str(last), 3) == resolve_checkpoint(str(last), tmp_path, 6)
-    partial = run / "checkpoints" / ".last.ckpt.k2x9.tmp"   # a later save killed before its meta.pt
+    partial = run / "checkpoints" / ".last.ckpt.k2x9.tmp"  # a later save killed before its meta.pt
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"\0")
     assert resolve_checkpoint("auto", run, 6) == (str(last), 3)
-    with pytest.raises(ValueError, match=r"ckpt_path=.*k2x9.tmp: a folder without meta.pt, so not a complete sharded "
-                                         r"checkpoint \(a save that was cut short\?\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt_path=.*k2x9.tmp: a folder without meta.pt, so not a complete sharded "
+        r"checkpoint \(a save that was cut short\?\)",
+    ):
         resolve_checkpoint(str(partial), run, 6)
 
 
@@ -89,7 +100,7 @@ def test_a_save_killed_while_swapping_its_folder_in_resumes_from_the_new_checkpo
     is renamed in: killed in between, `auto` and the explicit path take the complete new one."""
     checkpoints = tmp_path / "run" / "checkpoints"
     pending = write_sharded(checkpoints / ".last.ckpt.a1b2.tmp", 4)
-    (checkpoints / "last.ckpt").mkdir()   # the old one, meta.pt already removed
+    (checkpoints / "last.ckpt").mkdir()  # the old one, meta.pt already removed
     assert resolve_checkpoint("auto", tmp_path / "run", 6) == (str(pending), 4)
     (checkpoints / "last.ckpt").rmdir()
     assert resolve_checkpoint(str(checkpoints / "last.ckpt"), tmp_path, 6) == (str(pending), 4)
@@ -99,28 +110,39 @@ def test_run_dir_override_continues_in_the_checkpoints_run(tmp_path):
     run = tmp_path / "runs" / "t0"
     (run / ".hydra").mkdir(parents=True)
     last = write_checkpoint(run / "checkpoints" / "last.ckpt", 2)
-    assert run_dir_override(["seed=1", f"ckpt_path={last}"]) == ["seed=1", f"ckpt_path={last}",
-                                                                  f"hydra.run.dir={run}"]
-    unchanged = [["seed=1"], [f"ckpt_path={last}", "hydra.run.dir=/x"], ["-m", f"ckpt_path={last}"],
-                 ["ckpt_path=auto"], ["ckpt_path=null"]]
+    assert run_dir_override(["seed=1", f"ckpt_path={last}"]) == ["seed=1", f"ckpt_path={last}", f"hydra.run.dir={run}"]
+    unchanged = [
+        ["seed=1"],
+        [f"ckpt_path={last}", "hydra.run.dir=/x"],
+        ["-m", f"ckpt_path={last}"],
+        ["ckpt_path=auto"],
+        ["ckpt_path=null"],
+    ]
     for argv in unchanged:
         assert run_dir_override(argv) == argv
-    loose = write_checkpoint(tmp_path / "loose.ckpt", 2)   # not inside a run folder
+    loose = write_checkpoint(tmp_path / "loose.ckpt", 2)  # not inside a run folder
     assert run_dir_override([f"ckpt_path={loose}"]) == [f"ckpt_path={loose}"]
 
 
 def test_kept_metric_rows_drop_the_steps_the_resume_redoes(tmp_path):
     path = tmp_path / "metrics.csv"
-    rows = [{"step": 0, "val/at_step": 0.0, "val/pass@1": 0.1}, {"step": 0, "train/rollout_step": 1.0},
-            {"step": 1, "train/rollout_step": 2.0}, {"step": 2, "val/at_step": 2.0, "val/pass@1": 0.2},
-            {"step": 2, "train/rollout_step": 3.0}]
+    rows = [
+        {"step": 0, "val/at_step": 0.0, "val/pass@1": 0.1},
+        {"step": 0, "train/rollout_step": 1.0},
+        {"step": 1, "train/rollout_step": 2.0},
+        {"step": 2, "val/at_step": 2.0, "val/pass@1": 0.2},
+        {"step": 2, "train/rollout_step": 3.0},
+    ]
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=sorted({k for row in rows for k in row}))
         writer.writeheader()
         writer.writerows(rows)
     kept = kept_metric_rows(path, steps_done=2)
-    assert kept == [{"step": "0", "val/at_step": "0.0", "val/pass@1": "0.1"},
-                    {"step": "0", "train/rollout_step": "1.0"}, {"step": "1", "train/rollout_step": "2.0"}]
+    assert kept == [
+        {"step": "0", "val/at_step": "0.0", "val/pass@1": "0.1"},
+        {"step": "0", "train/rollout_step": "1.0"},
+        {"step": "1", "train/rollout_step": "2.0"},
+    ]
     assert kept_metric_rows(tmp_path / "absent.csv", 2) == []
 
 
@@ -130,9 +152,18 @@ def test_a_rerun_sweep_with_auto_skips_its_finished_jobs_and_finishes_the_others
     resolved once, both jobs land in it. Job 1's checkpoints and summary removed, as if it had been killed before its
     first save; the same sweep again with `ckpt_path=auto` in that folder (jobs in this process, to be quick: a job's
     end does not depend on the launcher): job 0 says it is complete and trains nothing, job 1 trains, exit status 0."""
-    sweep = ["train.py", "-m", "debug=default", "seed=0,1", "total_steps=1", "checkpoint.enabled=true",
-             "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false",
-             f"paths.log_dir={tmp_path}"]
+    sweep = [
+        "train.py",
+        "-m",
+        "debug=default",
+        "seed=0,1",
+        "total_steps=1",
+        "checkpoint.enabled=true",
+        "validation.every_n_steps=0",
+        "samples.every_n_steps=0",
+        "trainer.enable_progress_bar=false",
+        f"paths.log_dir={tmp_path}",
+    ]
     first = forked_python(sweep)
     assert first.returncode == 0, first.stderr[-3000:]
     [folder] = (tmp_path / "train" / "multiruns").iterdir()

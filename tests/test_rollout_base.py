@@ -1,6 +1,7 @@
 """The rollout contract (rollout/base.py): engine calls run with autocast off, even inside `training_step`, which
 Lightning wraps in autocast under `precision=bf16-mixed` (an engine computes in its own dtype; CUDA autocast would
 rewrite vLLM's torch ops); the response mask stops after the first EOS."""
+
 from __future__ import annotations
 
 import lightning as L
@@ -47,8 +48,8 @@ def test_engine_calls_run_with_autocast_off(tiny_cfg):
     trainer.fit(module, datamodule=datamodule)
     calls = AutocastRecordingEngine.calls
     assert [name for name, _, _ in calls] == ["generate", "sync", "generate", "sync"]
-    assert all(outside for _, outside, _ in calls)            # the module calls the engine under bf16 autocast …
-    assert not any(inside for _, _, inside in calls)          # … and the engine runs with it off
+    assert all(outside for _, outside, _ in calls)  # the module calls the engine under bf16 autocast …
+    assert not any(inside for _, _, inside in calls)  # … and the engine runs with it off
 
 
 def test_response_mask_includes_first_eos_only():

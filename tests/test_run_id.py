@@ -1,6 +1,7 @@
 """`${tokenrl.run_id:}` (src/hydra_plugins/tokenrl_launcher/run_id.py): every run gets a folder of its own, also two
 started in the same second, and a run or sweep resolves its folder once: Lightning's DDP ranks, the fresh-process and
 SLURM launchers' jobs read the folder the launching process chose."""
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ from omegaconf import OmegaConf
 from tests.conftest import CONFIG_DIR
 from tests.helpers.forked_cli import forked_python
 
-FROZEN = 1.8e9   # every call of time.time() in the same second
+FROZEN = 1.8e9  # every call of time.time() in the same second
 STAMP = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(FROZEN))
 
 
@@ -41,7 +42,7 @@ def test_a_run_resolves_its_folder_once(monkeypatch):
     cfg = composed()
     run, sweep = str(cfg.hydra.run.dir), str(cfg.hydra.sweep.dir)
     assert str(cfg.hydra.run.dir) == run
-    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)   # restored after the test
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # restored after the test
     HydraConfig.instance().set_config(cfg)
     assert str(HydraConfig.get().run.dir) == run
     assert str(cloudpickle.loads(cloudpickle.dumps(cfg)).hydra.sweep.dir) == sweep
@@ -54,10 +55,12 @@ def test_a_run_resolves_its_folder_once(monkeypatch):
 def test_two_train_py_runs_in_the_same_second_write_two_folders(tmp_path):
     """`python train.py` twice with the clock frozen at one second: two run folders, each with its own train.log (a
     setting the start-up check refuses ends each run right after Hydra made its folder)."""
-    frozen = ("import runpy, sys, time\n"
-              f"time.time = lambda: {FROZEN}\n"
-              "sys.argv = ['train.py', *sys.argv[1:]]\n"
-              "runpy.run_path('train.py', run_name='__main__')\n")
+    frozen = (
+        "import runpy, sys, time\n"
+        f"time.time = lambda: {FROZEN}\n"
+        "sys.argv = ['train.py', *sys.argv[1:]]\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+    )
     for _ in range(2):
         done = forked_python(["-c", frozen, "debug=default", "total_steps=0", f"paths.log_dir={tmp_path}"])
         assert done.returncode == 2 and "total_steps=0: must be an integer >= 1" in done.stderr, done.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The scorer runs verifiers in a worker: a broken or hanging check costs one sample, not the run, and adversarial
 answers finish within the time limit without running anything."""
+
 from __future__ import annotations
 
 import logging
@@ -19,12 +20,14 @@ def test_raising_and_hanging_verifiers_score_zero_and_scoring_goes_on(caplog):
     try:
         with caplog.at_level(logging.WARNING):
             start = time.perf_counter()
-            scores = scorer.score([
-                ("tests.helpers.rewards:hanging", "fine", "x"),
-                ("tests.helpers.rewards:hanging", "please hang", "x"),
-                ("tests.helpers.rewards:raising", "anything", "x"),
-                ("gsm8k_strict", "#### 4", "4"),
-            ])
+            scores = scorer.score(
+                [
+                    ("tests.helpers.rewards:hanging", "fine", "x"),
+                    ("tests.helpers.rewards:hanging", "please hang", "x"),
+                    ("tests.helpers.rewards:raising", "anything", "x"),
+                    ("gsm8k_strict", "#### 4", "4"),
+                ]
+            )
             elapsed = time.perf_counter() - start
         assert scores == [1.0, 0.0, 0.0, 1.0]
         assert elapsed < 30
@@ -34,13 +37,13 @@ def test_raising_and_hanging_verifiers_score_zero_and_scoring_goes_on(caplog):
 
 
 ADVERSARIAL = [
-    r"\boxed{10^{10^{10^{10^{10}}}}}",                                        # huge exponents
+    r"\boxed{10^{10^{10^{10^{10}}}}}",  # huge exponents
     r"\boxed{9^{9^{9^{9^{9^{9}}}}}!}",
-    r"\boxed{" + r"\frac{1}{" * 400 + "2" + "}" * 400 + "}",                  # deeply nested LaTeX
+    r"\boxed{" + r"\frac{1}{" * 400 + "2" + "}" * 400 + "}",  # deeply nested LaTeX
     r"\boxed{" + "(" * 2000 + "1" + ")" * 2000 + "}",
-    r"\boxed{__import__('os').system('touch PWNED_PY')}",                      # Python code
+    r"\boxed{__import__('os').system('touch PWNED_PY')}",  # Python code
     r"\boxed{eval(\"open('PWNED_EVAL','w')\")}",
-    r"\boxed{$(touch PWNED_SH)}",                                              # shell commands
+    r"\boxed{$(touch PWNED_SH)}",  # shell commands
     "#### `touch PWNED_TICK`; rm -rf / ",
     r"\boxed{x" + "+x" * 5000 + "}",
 ]
@@ -58,7 +61,7 @@ def test_adversarial_answers_finish_in_time_and_run_nothing(tmp_path, monkeypatc
     finally:
         scorer.close()
     assert scores == [0.0] * len(items)
-    assert elapsed < 3.0 * len(items) + 30          # each check bounded by its limit (plus worker restarts)
+    assert elapsed < 3.0 * len(items) + 30  # each check bounded by its limit (plus worker restarts)
     assert not [name for name in os.listdir(tmp_path) if name.startswith("PWNED")]
 
 
@@ -67,7 +70,7 @@ def test_a_bad_time_limit_names_the_key_the_configs_have(config):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name=config)
-    assert cfg.reward_timeout_s > 0                                     # the top-level key the message names
+    assert cfg.reward_timeout_s > 0  # the top-level key the message names
     with pytest.raises(ValueError, match=r"^reward_timeout_s=0 must be > 0"):
         SafeScorer(timeout_s=0)
 
@@ -75,7 +78,9 @@ def test_a_bad_time_limit_names_the_key_the_configs_have(config):
 def test_a_batch_larger_than_both_pipes_scores_every_item_in_order():
     """3,000 responses of 2 KB each (6 MB through a 64 KB pipe, and more results than the return pipe holds): the
     old send-everything-then-read loop deadlocked here; every score must come back, in order."""
-    items = [("gsm8k_flexible", "x " * 1000 + f"The answer is {i % 7}", str(i % 7 if i % 3 else 99)) for i in range(3000)]
+    items = [
+        ("gsm8k_flexible", "x " * 1000 + f"The answer is {i % 7}", str(i % 7 if i % 3 else 99)) for i in range(3000)
+    ]
     scorer = SafeScorer(timeout_s=30.0)
     try:
         scores = scorer.score(items)

@@ -1,6 +1,7 @@
 """Every selector against an independent float64 brute force: explicit loops over groups and positions,
 JS from full distributions via KL to the midpoint; ragged lengths, ties, empty candidate sets, positions with
 a single active rollout, G = 1."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,16 @@ from tests.conftest import ROOT, compose_config
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import stats_from_logits
 from tokenrl.records.token_stats import TokenStats
-from tokenrl.selectors import (Entropy20Selector, ICTComplementSelector, ICTSelector, RandomSelector, SelectionBatch,
-                               STAPOSelector, TokenSelector, UniformSelector)
+from tokenrl.selectors import (
+    Entropy20Selector,
+    ICTComplementSelector,
+    ICTSelector,
+    RandomSelector,
+    SelectionBatch,
+    STAPOSelector,
+    TokenSelector,
+    UniformSelector,
+)
 from tokenrl.step.update import fused_blocker
 
 
@@ -61,7 +70,7 @@ def ref_top_sequence(scores, lengths, fraction):
     mask = torch.zeros(scores.shape, dtype=torch.bool)
     for i, n in enumerate(lengths):
         ranked = sorted(range(n), key=lambda t: (-float(scores[i, t]), t))
-        for t in ranked[:k_of(fraction, n)]:
+        for t in ranked[: k_of(fraction, n)]:
             mask[i, t] = True
     return mask
 
@@ -70,7 +79,7 @@ def ref_top_batch(scores, lengths, fraction):
     flat = [(i, t) for i in range(len(lengths)) for t in range(lengths[i])]
     ranked = sorted(range(len(flat)), key=lambda j: (-float(scores[flat[j]]), j))
     mask = torch.zeros(scores.shape, dtype=torch.bool)
-    for j in ranked[:k_of(fraction, len(flat))]:
+    for j in ranked[: k_of(fraction, len(flat))]:
         mask[flat[j]] = True
     return mask
 
@@ -95,7 +104,7 @@ def make_case(seed, group_size=4, groups=3, T=9, V=13, ties=True):
     g = torch.Generator().manual_seed(seed)
     B = group_size * groups
     logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2.5
-    if ties:   # identical rollouts (same prefix → same distributions) and quantised logits
+    if ties:  # identical rollouts (same prefix → same distributions) and quantised logits
         logits[1] = logits[0]
         logits = torch.round(logits * 2) / 2
     lengths = torch.randint(0, T + 1, (B,), generator=g).tolist()
@@ -108,8 +117,14 @@ def make_case(seed, group_size=4, groups=3, T=9, V=13, ties=True):
 
 
 def batch_of(stats, adv, resp, group_ids, step=100):
-    return SelectionBatch(stats=stats, advantages=adv, response_mask=resp, group_ids=group_ids,
-                          row_ids=torch.arange(resp.shape[0]), step=step)
+    return SelectionBatch(
+        stats=stats,
+        advantages=adv,
+        response_mask=resp,
+        group_ids=group_ids,
+        row_ids=torch.arange(resp.shape[0]),
+        step=step,
+    )
 
 
 CASES = [dict(seed=s) for s in range(3)] + [dict(seed=7, group_size=1, groups=5), dict(seed=8, ties=False)]
@@ -121,8 +136,9 @@ CASES = [dict(seed=s) for s in range(3)] + [dict(seed=7, group_size=1, groups=5)
 @pytest.mark.parametrize("js_peers", ["all", "others"])
 def test_statistics_equal_brute_force(case, temperature, chunk, js_peers):
     logits, ids, resp, lengths, groups, _ = make_case(**case)
-    stats = stats_from_logits(logits.float(), ids, resp, groups, temperature, chunk_size=chunk, with_js=True,
-                              js_peers=js_peers)
+    stats = stats_from_logits(
+        logits.float(), ids, resp, groups, temperature, chunk_size=chunk, with_js=True, js_peers=js_peers
+    )
     ref = reference_stats(logits, ids, lengths, groups.tolist(), temperature, js_peers)
     for name in ("logprobs", "entropy", "renyi2", "js"):
         # float32 accumulation: 1e-6 absolute, plus 1e-6 relative for large |log π|
@@ -136,9 +152,9 @@ def test_leave_one_out_js_differs_and_is_symmetric_for_two_rollouts():
     both = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="all").js
     others = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="others").js
     active = (resp[0::2] * resp[1::2]).bool()
-    assert torch.allclose(others[0::2][active], others[1::2][active], atol=1e-6)   # JS(p_a ‖ p_b) = JS(p_b ‖ p_a)
-    paired = torch.stack([active, active], 1).reshape(resp.shape)                   # rows whose partner is active
-    assert (others[paired] > both[paired]).all()                                    # p is farther from the others
+    assert torch.allclose(others[0::2][active], others[1::2][active], atol=1e-6)  # JS(p_a ‖ p_b) = JS(p_b ‖ p_a)
+    paired = torch.stack([active, active], 1).reshape(resp.shape)  # rows whose partner is active
+    assert (others[paired] > both[paired]).all()  # p is farther from the others
 
 
 def test_single_active_rollout_has_zero_js():
@@ -179,7 +195,11 @@ def test_ict_end_to_end_from_logits():
 
 def test_warmup_selects_every_token():
     stats, resp, lengths, groups, adv = shared_stats(dict(seed=1))
-    for selector in (ICTSelector(warmup_steps=20), ICTComplementSelector(warmup_steps=20), RandomSelector(warmup_steps=20)):
+    for selector in (
+        ICTSelector(warmup_steps=20),
+        ICTComplementSelector(warmup_steps=20),
+        RandomSelector(warmup_steps=20),
+    ):
         assert torch.equal(selector.select(batch_of(stats, adv, resp, groups, step=19)).mask, resp.float())
         assert not torch.equal(selector.select(batch_of(stats, adv, resp, groups, step=20)).mask, resp.float())
 
@@ -195,8 +215,16 @@ def test_entropy20(case, ratio):
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("tau_p,q,scope", [(0.002, 0.75, "candidates"), (0.1, 0.75, "candidates"),
-                                           (0.3, 0.5, "candidates"), (0.3, 0.8, "all_tokens"), (1.0, 1.0, "candidates")])
+@pytest.mark.parametrize(
+    "tau_p,q,scope",
+    [
+        (0.002, 0.75, "candidates"),
+        (0.1, 0.75, "candidates"),
+        (0.3, 0.5, "candidates"),
+        (0.3, 0.8, "all_tokens"),
+        (1.0, 1.0, "candidates"),
+    ],
+)
 def test_stapo(case, tau_p, q, scope):
     stats, resp, lengths, groups, adv = shared_stats(case)
     got = STAPOSelector(tau_p=tau_p, q=q, quantile_scope=scope).select(batch_of(stats, adv, resp, groups)).mask
@@ -227,23 +255,28 @@ def test_random_keeps_ict_counts_seeded_and_uniform():
     counts = torch.zeros(lengths[row])
     selector = RandomSelector(ratio=0.3, warmup_steps=0, seed=0)
     for step in range(600):
-        counts += selector.select(batch_of(stats, adv, resp, groups, step=step)).mask[row, :lengths[row]]
+        counts += selector.select(batch_of(stats, adv, resp, groups, step=step)).mask[row, : lengths[row]]
     expected = 600 * k_of(0.3, lengths[row]) / lengths[row]
     assert (counts - expected).abs().max() < 5 * math.sqrt(expected)
 
 
-@pytest.mark.parametrize("override,message", [
-    ("selector=ict selector.ratio=0", "selector.ratio=0: must be a number in (0, 1]"),
-    ("selector=ict selector.ratio=1.5", "must be a number in (0, 1]"),
-    ("selector=entropy20 selector.scope=rank", "selector.scope='rank': must be one of sequence, batch, global"),
-    ("selector=stapo selector.quantile_scope=x", "quantile_scope='x'"),
-    ("selector=random selector.ratio=-1", "selector.ratio=-1"),
-    ("selector=ict selector.js_peers=mine", "selector.js_peers='mine': must be one of all, others"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("selector=ict selector.ratio=0", "selector.ratio=0: must be a number in (0, 1]"),
+        ("selector=ict selector.ratio=1.5", "must be a number in (0, 1]"),
+        ("selector=entropy20 selector.scope=rank", "selector.scope='rank': must be one of sequence, batch, global"),
+        ("selector=stapo selector.quantile_scope=x", "quantile_scope='x'"),
+        ("selector=random selector.ratio=-1", "selector.ratio=-1"),
+        ("selector=ict selector.js_peers=mine", "selector.js_peers='mine': must be one of all, others"),
+    ],
+)
 def test_bad_selector_settings_fail_with_the_setting_named(override, message):
     cfg = compose_config(override.split())
-    with pytest.raises(InstantiationException, match=message.replace("(", r"\(").replace(")", r"\)")
-                       .replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        InstantiationException,
+        match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]"),
+    ):
         instantiate(cfg.selector)
 
 
@@ -283,7 +316,7 @@ def test_readme_recipe_selector_takes_the_fast_path_and_others_are_told_why_not(
     cfg = compose_config(["algorithm.micro_batch_size=4"])
     algorithm = AlgorithmConfig.from_node(cfg.algorithm, cfg.rollout.max_new_tokens)
     assert algorithm.ppo_epochs * algorithm.mini_batches == 1
-    rows = 2 * algorithm.group_size                        # several micro-batches of whole groups
+    rows = 2 * algorithm.group_size  # several micro-batches of whole groups
     assert rare().row_local and fused_blocker(algorithm, rare(), False, rows) is None
     batch_scoped = fused_blocker(algorithm, rare(scope="batch"), False, rows)
     assert "selector rare" in batch_scoped and "selector.scope=batch ranks across rows" in batch_scoped

@@ -1,4 +1,5 @@
 """algorithms/token_stats.py: the chunked statistics pass vs float64 brute force."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ def brute_force_stats(model, batch, temperature):
     """Full (B, L, V) logits in float64, explicit loop over rows and response positions."""
     ids, mask = batch.input_ids, batch.attention_mask
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask,
-                       position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits.double()
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)
+        ).logits.double()
     P = batch.prompt_ids.shape[1]
     B, T = batch.response_ids.shape
     out = {k: torch.zeros(B, T, dtype=torch.float64) for k in ("logprobs", "entropy", "renyi2")}

@@ -1,5 +1,6 @@
 """`python train.py` as a user runs it, in a subprocess: a kill during a checkpoint save, a preemption signal, and
 every row of docs/errors.md (each bad input gets its one-line message and exit status, the traceback in train.log)."""
+
 from __future__ import annotations
 
 import csv
@@ -18,15 +19,22 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
-from tokenrl.run.checkpointing import SHARDED_META
 from tokenrl.models import build_model
+from tokenrl.run.checkpointing import SHARDED_META
 from tokenrl.run.resume import check_checkpoint_matches, checkpoint_shapes, policy_shapes
 
-pytestmark = pytest.mark.slow   # multi-process runs (README: `-m "not slow"` is the quick loop)
+pytestmark = pytest.mark.slow  # multi-process runs (README: `-m "not slow"` is the quick loop)
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RUN = ["debug=default", "logger=csv", "total_steps=6", "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
-            "task.verifier=tests.helpers.rewards:length_reward", "validation.every_n_steps=0"]
+TINY_RUN = [
+    "debug=default",
+    "logger=csv",
+    "total_steps=6",
+    "checkpoint.enabled=true",
+    "checkpoint.every_n_steps=1",
+    "task.verifier=tests.helpers.rewards:length_reward",
+    "validation.every_n_steps=0",
+]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -54,7 +62,7 @@ def test_a_kill_during_a_save_resumes_in_the_same_folder_to_the_same_result(tmp_
     killed = train("3", *TINY_RUN, f"hydra.run.dir={run_dir}", module="tests.helpers.kill_mid_save")
     assert killed.returncode == -signal.SIGKILL
     checkpoints = run_dir / "checkpoints"
-    assert state(run_dir)["rollout_step"] == 2   # the save of step 3 never replaced last.ckpt
+    assert state(run_dir)["rollout_step"] == 2  # the save of step 3 never replaced last.ckpt
     assert list(checkpoints.glob(".*.tmp")), "the killed save leaves its partial temporary file"
 
     resumed = train(*TINY_RUN, f"ckpt_path={checkpoints / 'last.ckpt'}", f"paths.log_dir={tmp_path / 'logs'}")
@@ -65,15 +73,20 @@ def test_a_kill_during_a_save_resumes_in_the_same_folder_to_the_same_result(tmp_
     assert final["rollout_step"] == 6 and final["reward_history"] == straight["reward_history"]
     with open(run_dir / "csv" / "metrics.csv", newline="") as handle:
         steps = [float(row["train/rollout_step"]) for row in csv.DictReader(handle) if row.get("train/rollout_step")]
-    assert steps == [1, 2, 3, 4, 5, 6]   # one metrics.csv: steps 1-2 kept, step 3 onwards from the resumed run
+    assert steps == [1, 2, 3, 4, 5, 6]  # one metrics.csv: steps 1-2 kept, step 3 onwards from the resumed run
     assert "resuming from" in (run_dir / "train.log").read_text()
 
 
 def test_sigterm_mid_run_writes_last_ckpt_promptly_and_a_resume_completes_the_run(tmp_path, straight):
     run_dir = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *TINY_RUN,
-                                f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *TINY_RUN, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for line in process.stdout:
         if "step 2/6 |" in line:
             break
@@ -128,9 +141,17 @@ def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
     their paths."""
     base = tmp_path_factory.mktemp("table")
     checkpoint = str(write_forks_tiny_checkpoint(base / "forks_tiny.ckpt"))
-    return {overrides: (train("debug=default", *overrides.replace("=forks_tiny.ckpt", f"={checkpoint}").split(),
-                              f"hydra.run.dir={base / str(n)}"), base / str(n))
-            for n, (overrides, _, _) in enumerate(error_table())}
+    return {
+        overrides: (
+            train(
+                "debug=default",
+                *overrides.replace("=forks_tiny.ckpt", f"={checkpoint}").split(),
+                f"hydra.run.dir={base / str(n)}",
+            ),
+            base / str(n),
+        )
+        for n, (overrides, _, _) in enumerate(error_table())
+    }
 
 
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
@@ -140,9 +161,8 @@ def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides,
     assert done.returncode == status, done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
-    if status == 2:   # tokenrl's own errors: the traceback is in the run's train.log
+    if status == 2:  # tokenrl's own errors: the traceback is in the run's train.log
         assert "Traceback" in (run_dir / "train.log").read_text()
-
 
 
 def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp_path):
@@ -152,8 +172,11 @@ def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp
     forks_tiny, tiny = model_config("forks_tiny"), model_config("tiny")
     assert checkpoint_shapes(fixture) == (policy_shapes(forks_tiny), True)
     check_checkpoint_matches(fixture, forks_tiny)
-    with pytest.raises(ValueError, match=r"27 of 27 weights differ in shape, e.g. `policy.lm_head.weight` \[128, 128\] "
-                                         r"in the checkpoint vs \[128, 64\] here\): resume with the model it"):
+    with pytest.raises(
+        ValueError,
+        match=r"27 of 27 weights differ in shape, e.g. `policy.lm_head.weight` \[128, 128\] "
+        r"in the checkpoint vs \[128, 64\] here\): resume with the model it",
+    ):
         check_checkpoint_matches(fixture, tiny)
     sharded = tmp_path / "last.ckpt"
     dcp.save({"model": {key: torch.zeros(shape) for key, shape in policy_shapes(tiny).items()}}, checkpoint_id=sharded)
@@ -163,11 +186,17 @@ def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp
         check_checkpoint_matches(sharded, forks_tiny)
     lora = {**tiny, "lora": {"r": 2, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
     built = {f"policy.{key}": list(value.shape) for key, value in build_model(lora).state_dict().items()}
-    assert policy_shapes(lora) == built and any(".lora_A." in key for key in built)   # the meta build's names
+    assert policy_shapes(lora) == built and any(".lora_A." in key for key in built)  # the meta build's names
+
 
 def test_tokenrl_debug_prints_the_traceback(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "debug=default", "total_steps=-1",
-                           f"hydra.run.dir={tmp_path}"], cwd=ROOT, env={**ENV, "TOKENRL_DEBUG": "1"},
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 2 and "Traceback" in done.stderr   # the table's first row, from a real start-up
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "debug=default", "total_steps=-1", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        env={**ENV, "TOKENRL_DEBUG": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 2 and "Traceback" in done.stderr  # the table's first row, from a real start-up
     assert done.stderr.startswith("error:") and "total_steps=-1: must be an integer >= 1" in done.stderr

@@ -1,4 +1,5 @@
 """End to end with the real Lightning Trainer and a tiny real model: fit, on-policy proof, resume."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from tokenrl.run.training import build_components, run
 from tests.helpers.crash import Crash, CrashAfter
+from tokenrl.run.training import build_components, run
 
 LEARNABLE = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=3"]
 
@@ -64,15 +65,26 @@ def test_three_step_fit_raises_the_objective_and_logs(tiny_cfg):
     module, trainer = fit(tiny_cfg(*LEARNABLE), recorder)
     assert module.rollout_step == 3 and module.optimizer_steps == 3
     metrics = trainer.callback_metrics
-    for key in ("train/reward", "train/entropy", "train/kl", "train/clip_frac", "train/response_len",
-                "time/generate", "time/statistics", "time/update", "time/sync", "select/fraction"):
+    for key in (
+        "train/reward",
+        "train/entropy",
+        "train/kl",
+        "train/clip_frac",
+        "train/response_len",
+        "time/generate",
+        "time/statistics",
+        "time/update",
+        "time/sync",
+        "select/fraction",
+    ):
         assert torch.isfinite(metrics[key]), key
     assert float(metrics["train/logprob_gap_max"]) < 1e-4
     # Σ_i Â_i · mean_t log π(o_i,t) on the first batch: GRPO's ascent direction must have raised it
     first = recorder.first
+    from tests.helpers.rewards import length_reward
     from tokenrl.algorithms.grpo import group_advantages
     from tokenrl.models.response_forward import response_logprobs
-    from tests.helpers.rewards import length_reward
+
     rewards = torch.tensor([length_reward(t, "") for t in first.texts])
     adv = group_advantages(rewards, first.group_ids)
     assert adv.abs().sum() > 0
@@ -89,7 +101,7 @@ def test_rollouts_at_step_k_come_from_the_weights_after_update_k_minus_1(tiny_cf
     assert steps == [0, 1, 2]
     expected = [recorder.initial] + recorder.after_step[:-1]
     assert [fp for _, fp in recorder.at_generate] == expected
-    assert len(set(expected)) == 3   # the weights really changed between steps
+    assert len(set(expected)) == 3  # the weights really changed between steps
 
 
 def test_lr_warms_up_linearly_over_rollout_steps(tiny_cfg):
@@ -97,9 +109,9 @@ def test_lr_warms_up_linearly_over_rollout_steps(tiny_cfg):
     recorder = Recorder()
     module, _ = fit(cfg, recorder)
     lr = float(cfg.algorithm.optimizer.lr)
-    assert recorder.lrs == pytest.approx([0.0, lr / 2, lr], rel=1e-6)   # lr · min(1, s / W), logged as float32
-    assert module.optimizer_steps == 6                                  # the schedule steps per rollout, not per update
-    assert recorder.after_step[0] == recorder.initial                   # lr 0 (weight decay 0): nothing moved
+    assert recorder.lrs == pytest.approx([0.0, lr / 2, lr], rel=1e-6)  # lr · min(1, s / W), logged as float32
+    assert module.optimizer_steps == 6  # the schedule steps per rollout, not per update
+    assert recorder.after_step[0] == recorder.initial  # lr 0 (weight decay 0): nothing moved
     assert recorder.after_step[1] != recorder.after_step[0]
 
 
@@ -110,14 +122,21 @@ def test_overlong_shaping_lowers_the_reward_by_the_length_penalty(tiny_cfg):
 
     class FirstStep(L.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-            seen.append({key: float(trainer.callback_metrics[key])
-                         for key in ("train/reward", "train/score", "train/overlong_penalty")})
+            seen.append(
+                {
+                    key: float(trainer.callback_metrics[key])
+                    for key in ("train/reward", "train/score", "train/overlong_penalty")
+                }
+            )
 
     recorder = Recorder()
-    fit(tiny_cfg(*LEARNABLE, "total_steps=1", "algorithm.overlong_buffer=12", "algorithm.overlong_penalty_factor=0.5"),
-        recorder, FirstStep())
+    fit(
+        tiny_cfg(*LEARNABLE, "total_steps=1", "algorithm.overlong_buffer=12", "algorithm.overlong_penalty_factor=0.5"),
+        recorder,
+        FirstStep(),
+    )
     lengths = recorder.first.response_mask.sum(1)
-    expected = float(overlong_penalty(lengths, 12, 12, 0.5).mean())   # buffer = budget: −0.5 · |y| / 12
+    expected = float(overlong_penalty(lengths, 12, 12, 0.5).mean())  # buffer = budget: −0.5 · |y| / 12
     assert expected < 0
     assert seen[0]["train/overlong_penalty"] == pytest.approx(expected, abs=1e-6)
     assert seen[0]["train/reward"] == pytest.approx(seen[0]["train/score"] + expected, abs=1e-6)
@@ -147,14 +166,25 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
             def spy(view):
                 calls.append((copy.deepcopy(module.policy.state_dict()), view.row_ids.clone(), view.stats))
                 return select(view)
+
             module.selector.select = spy
 
     recorder = Recorder()
-    module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=stapo", f"selector.stats_policy={stats_policy}",
-                             "algorithm.mini_batches=2", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
+    module, _ = fit(
+        tiny_cfg(
+            *LEARNABLE,
+            "total_steps=1",
+            "selector=stapo",
+            f"selector.stats_policy={stats_policy}",
+            "algorithm.mini_batches=2",
+            "samples.every_n_steps=0",
+        ),
+        SpyOnSelection(),
+        recorder,
+    )
     assert len(calls) == (2 if stats_policy == "current" else 1)
     if stats_policy == "old":
-        assert calls[0][1].tolist() == list(range(recorder.first.response_ids.shape[0]))   # every row of the step
+        assert calls[0][1].tolist() == list(range(recorder.first.response_ids.shape[0]))  # every row of the step
     policy = copy.deepcopy(module.policy)
 
     def stats_under(weights, rows):
@@ -168,7 +198,7 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
         assert torch.allclose(seen.logprobs, expected.logprobs, atol=1e-5)
     if stats_policy == "current":
         moved = stats_under(calls[1][0], calls[1][1]).entropy - stats_under(old_weights, calls[1][1]).entropy
-        assert moved.abs().max() > 1e-4                  # the first update really changed the second batch's entropy
+        assert moved.abs().max() > 1e-4  # the first update really changed the second batch's entropy
 
 
 def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
@@ -186,23 +216,37 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
             def spy(view):
                 seen.append((copy.deepcopy(module.policy.state_dict()), view.row_ids.clone(), view.stats.js.clone()))
                 return select(view)
+
             module.selector.select = spy
 
     recorder = Recorder()
-    module, _ = fit(tiny_cfg(*LEARNABLE, "total_steps=1", "selector=ict", "selector_warmup_steps=0",
-                             "selector.js_peers=others", "samples.every_n_steps=0"), SpyOnSelection(), recorder)
+    module, _ = fit(
+        tiny_cfg(
+            *LEARNABLE,
+            "total_steps=1",
+            "selector=ict",
+            "selector_warmup_steps=0",
+            "selector.js_peers=others",
+            "samples.every_n_steps=0",
+        ),
+        SpyOnSelection(),
+        recorder,
+    )
     # the fused path selects once per micro-batch of whole groups, all before the one optimizer step
     weights = seen[0][0]
-    assert all(state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in state)
-               for state, _, _ in seen)
+    assert all(
+        state.keys() == weights.keys() and all(torch.equal(state[k], weights[k]) for k in state) for state, _, _ in seen
+    )
     js = torch.zeros(recorder.first.response_ids.shape)
     for _, rows, part in seen:
         js[rows] = part
     assert sorted(torch.cat([rows for _, rows, _ in seen]).tolist()) == list(range(js.shape[0]))
     policy = copy.deepcopy(module.policy)
     policy.load_state_dict(weights)
-    expected = {peers: compute_token_stats(policy, recorder.first, 1.0, 4, 64, with_js=True, js_peers=peers).js
-                for peers in ("others", "all")}
+    expected = {
+        peers: compute_token_stats(policy, recorder.first, 1.0, 4, 64, with_js=True, js_peers=peers).js
+        for peers in ("others", "all")
+    }
     assert torch.allclose(js, expected["others"], atol=1e-6)
     assert not torch.allclose(js, expected["all"], atol=1e-3)
 
@@ -219,7 +263,7 @@ def test_current_policy_statistics_cannot_rank_within_groups():
 
     with pytest.raises(ValueError, match="stats_policy=current cannot be used with RanksByJS: it compares each row"):
         RanksByJS(stats_policy="current")
-    with pytest.raises(ValueError, match="stats_policy=current cannot be used with gtpo"):   # entropy shares of groups
+    with pytest.raises(ValueError, match="stats_policy=current cannot be used with gtpo"):  # entropy shares of groups
         GTPOSelector(stats_policy="current")
     with pytest.raises(ValueError, match="selector.stats_policy='newest': must be one of old, current"):
         RanksByJS(stats_policy="newest")
@@ -230,10 +274,14 @@ def test_negative_warmup_is_named(tiny_cfg):
         fit(tiny_cfg(*LEARNABLE, "algorithm.lr_warmup_steps=-1"))
 
 
-
-@pytest.mark.parametrize("extra", [[], pytest.param(["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"],
-                                                    marks=pytest.mark.slow),
-                                   pytest.param(["algorithm.lr_warmup_steps=4"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        pytest.param(["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"], marks=pytest.mark.slow),
+        pytest.param(["algorithm.lr_warmup_steps=4"], marks=pytest.mark.slow),
+    ],
+)
 def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, extra):
     overrides = LEARNABLE + ["checkpoint.enabled=true", "checkpoint.every_n_steps=1"] + extra
     straight = Recorder()
@@ -246,11 +294,10 @@ def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, ext
     assert last.is_file()
 
     resumed_rec = Recorder()
-    resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'resumed'}"), resumed_rec,
-                     ckpt_path=str(last))
+    resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'resumed'}"), resumed_rec, ckpt_path=str(last))
     assert resumed.rollout_step == 3 and len(resumed_rec.losses) == 1
     assert resumed_rec.losses[0] == pytest.approx(straight.losses[2], abs=1e-7)
-    assert resumed_rec.after_step[0] == straight.after_step[2]   # identical weights after step 3
+    assert resumed_rec.after_step[0] == straight.after_step[2]  # identical weights after step 3
 
 
 class CopyLastCheckpoint(L.Callback):
@@ -267,17 +314,36 @@ class CopyLastCheckpoint(L.Callback):
             shutil.copy(last, self.folder / f"after{module.rollout_step}.ckpt")
 
 
-@pytest.mark.parametrize("extra", [   # the plain run in the quick loop; its variants in the full suite
-    pytest.param([], id="plain"),
-    pytest.param(["task.verifier=tests.helpers.rewards:odd_answers_unsolvable", "algorithm.filter_groups=acc",
-                  "algorithm.gen_prompts_per_step=2"], id="dynamic_sampling", marks=pytest.mark.slow),
-    pytest.param(["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"],
-                 id="validation", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "extra",
+    [  # the plain run in the quick loop; its variants in the full suite
+        pytest.param([], id="plain"),
+        pytest.param(
+            [
+                "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
+                "algorithm.filter_groups=acc",
+                "algorithm.gen_prompts_per_step=2",
+            ],
+            id="dynamic_sampling",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"],
+            id="validation",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_resume_from_any_point_of_a_six_step_run_finishes_it_exactly(tiny_cfg, tmp_path, extra):
     """Resumed from a copy of last.ckpt after step 2 or 4, or from the best stepNNNN.ckpt, a 6-step run ends at
     step 6 with the uninterrupted run's rewards and weights (a resumed run used to stop after 6 − 2k steps)."""
-    overrides = ["task.verifier=tests.helpers.rewards:length_reward", "total_steps=6", "checkpoint.enabled=true",
-                 "checkpoint.every_n_steps=1", *extra]
+    overrides = [
+        "task.verifier=tests.helpers.rewards:length_reward",
+        "total_steps=6",
+        "checkpoint.enabled=true",
+        "checkpoint.every_n_steps=1",
+        *extra,
+    ]
     copies = tmp_path / "copies"
     straight, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'straight'}"), CopyLastCheckpoint(copies))
     assert straight.rollout_step == 6 and len(straight.reward_history) == 6
@@ -314,7 +380,7 @@ def test_run_writes_summary_and_logs(tiny_cfg, tmp_path):
     assert summary["rollout_steps"] == 2
     assert (tmp_path / "summary.json").is_file()
     assert (tmp_path / "csv" / "metrics.csv").is_file()
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)   # the final state is kept
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # the final state is kept
     assert ckpt["tokenrl"]["rollout_step"] == 2
     assert any((tmp_path / "tensorboard").iterdir())
 
@@ -326,8 +392,14 @@ def test_a_raising_verifier_scores_zero_and_the_run_goes_on(tiny_cfg, caplog):
 
 
 def test_lora_policy_trains_with_adapter_free_reference(tiny_cfg):
-    summary = run(tiny_cfg("total_steps=2", "model.lora={r:4,lora_alpha:8,target_modules:all-linear}",
-                           "algorithm.kl_coef=0.05", "task.verifier=tests.helpers.rewards:length_reward"))
+    summary = run(
+        tiny_cfg(
+            "total_steps=2",
+            "model.lora={r:4,lora_alpha:8,target_modules:all-linear}",
+            "algorithm.kl_coef=0.05",
+            "task.verifier=tests.helpers.rewards:length_reward",
+        )
+    )
     assert summary["optimizer_steps"] == 2 and summary["train/kl"] > 0.0
 
 
@@ -345,9 +417,14 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
 
     cfg = tiny_cfg()
     with pytest.raises(ValueError, match=r"needs statistics \['foo'\] that the statistics pass does not compute"):
-        GRPOModule(OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.algorithm, resolve=True),
-                   OmegaConf.to_container(cfg.rollout, resolve=True), NeedsFoo(), tokenizer=None,
-                   optimizer=torch.optim.SGD)
+        GRPOModule(
+            OmegaConf.to_container(cfg.model, resolve=True),
+            OmegaConf.to_container(cfg.algorithm, resolve=True),
+            OmegaConf.to_container(cfg.rollout, resolve=True),
+            NeedsFoo(),
+            tokenizer=None,
+            optimizer=torch.optim.SGD,
+        )
 
 
 def test_truncated_importance_sampling_is_plumbed_and_neutral_when_engines_agree(tiny_cfg):
@@ -364,10 +441,21 @@ def test_truncated_importance_sampling_is_plumbed_and_neutral_when_engines_agree
 def test_samples_record_tokens_statistics_and_each_selectors_choice(tiny_cfg, tmp_path):
     import json
 
-    run(tiny_cfg("total_steps=2", "selector=ict", "selector_warmup_steps=0", "samples.every_n_steps=1", "samples.rows=4",
-                 "rollout.max_new_tokens=30", "task.verifier=tests.helpers.rewards:length_reward"))
+    run(
+        tiny_cfg(
+            "total_steps=2",
+            "selector=ict",
+            "selector_warmup_steps=0",
+            "samples.every_n_steps=1",
+            "samples.rows=4",
+            "rollout.max_new_tokens=30",
+            "task.verifier=tests.helpers.rewards:length_reward",
+        )
+    )
     for step in (0, 1):
-        records = [json.loads(line) for line in (tmp_path / "samples" / f"step_{step:04d}.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (tmp_path / "samples" / f"step_{step:04d}.jsonl").read_text().splitlines()
+        ]
         assert [r["row"] for r in records] == [0, 1, 2, 3] and {r["step"] for r in records} == {step}
         for record in records:
             n = len(record["tokens"])
@@ -381,8 +469,17 @@ def test_samples_record_tokens_statistics_and_each_selectors_choice(tiny_cfg, tm
 def test_a_reference_selection_at_another_ratio_than_the_runs_is_named_by_it(tiny_cfg, tmp_path):
     import json
 
-    run(tiny_cfg("total_steps=1", "selector=ict", "selector_warmup_steps=0", "selector_ratio=0.3",
-                 "samples.every_n_steps=1", "samples.rows=2", "task.verifier=tests.helpers.rewards:length_reward"))
+    run(
+        tiny_cfg(
+            "total_steps=1",
+            "selector=ict",
+            "selector_warmup_steps=0",
+            "selector_ratio=0.3",
+            "samples.every_n_steps=1",
+            "samples.rows=2",
+            "task.verifier=tests.helpers.rewards:length_reward",
+        )
+    )
     record = json.loads((tmp_path / "samples" / "step_0000.jsonl").read_text().splitlines()[0])
-    assert set(record["would_select"]) == {"ict@0.1", "entropy20", "stapo"}   # the reference ICT, not the run's 0.3
+    assert set(record["would_select"]) == {"ict@0.1", "entropy20", "stapo"}  # the reference ICT, not the run's 0.3
     assert sum(record["would_select"]["ict@0.1"]) == math.ceil(0.1 * len(record["tokens"]))

@@ -1,5 +1,6 @@
 """`ppo_update` (step/update.py) runs without Lightning: on a tiny real model, a plain-PyTorch backend gives the
 same weights as `GRPOModule`'s update of the same `TrainBatch` under the real Trainer."""
+
 from __future__ import annotations
 
 import copy
@@ -11,13 +12,19 @@ from hydra.utils import instantiate
 from tokenrl.algorithms.token_stats import compute_token_stats
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
+from tokenrl.run.training import build_components
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.update import Backend, ppo_update
-from tokenrl.run.training import build_components
 from tokenrl.utils import derived_seed
 
-SETTING = ["selector=ict", "selector.warmup_steps=0", "algorithm.mini_batches=2", "algorithm.micro_batch_size=3",
-           "total_steps=1", "task.verifier=tests.helpers.rewards:length_reward"]
+SETTING = [
+    "selector=ict",
+    "selector.warmup_steps=0",
+    "algorithm.mini_batches=2",
+    "algorithm.micro_batch_size=3",
+    "total_steps=1",
+    "task.verifier=tests.helpers.rewards:length_reward",
+]
 
 
 class CaptureUpdate(L.Callback):
@@ -31,6 +38,7 @@ class CaptureUpdate(L.Callback):
             result = update(train)
             self.after = copy.deepcopy(module.policy.state_dict())
             return result
+
         module._update = spy
 
 
@@ -44,13 +52,18 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         for parameter in policy.parameters():
             parameter.grad.mul_(factor)
 
-    return Backend(forward=lambda rows, with_stats, with_entropy: UpdateForward(response_logprobs(policy, rows, temperature,
-                                                                                    share_prefix=True, trim=True)),
-                   backward=lambda loss, last: loss.backward(), scale_gradients=scale_gradients,
-                   optimizer_step=optimizer_step,
-                   current_stats=lambda rows: compute_token_stats(policy, rows, temperature, cfg.micro_batch_size,
-                                                                  chunk, with_js=False),
-                   reduce_normalizer=lambda local: local)
+    return Backend(
+        forward=lambda rows, with_stats, with_entropy: UpdateForward(
+            response_logprobs(policy, rows, temperature, share_prefix=True, trim=True)
+        ),
+        backward=lambda loss, last: loss.backward(),
+        scale_gradients=scale_gradients,
+        optimizer_step=optimizer_step,
+        current_stats=lambda rows: compute_token_stats(
+            policy, rows, temperature, cfg.micro_batch_size, chunk, with_js=False
+        ),
+        reduce_normalizer=lambda local: local,
+    )
 
 
 def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
@@ -66,13 +79,17 @@ def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
     policy.load_state_dict(capture.before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
-    backend = plain_backend(policy, module.cfg, module.sampling.temperature, optimizer,
-                            int(module.model_cfg["stats_chunk_size"]))
+    backend = plain_backend(
+        policy, module.cfg, module.sampling.temperature, optimizer, int(module.model_cfg["stats_chunk_size"])
+    )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
     result = ppo_update(capture.train, module.selector, module.cfg, backend, shuffle, by_length=True)
-    assert result.optimizer_steps == 2 and 0 < result.first_epoch_weights.sum() < capture.train.rollouts.response_mask.sum()
+    assert (
+        result.optimizer_steps == 2
+        and 0 < result.first_epoch_weights.sum() < capture.train.rollouts.response_mask.sum()
+    )
     moved = 0.0
     for name, weight in policy.state_dict().items():
         torch.testing.assert_close(weight, capture.after[name], rtol=1e-6, atol=1e-7, msg=name)
         moved = max(moved, float((weight - capture.before[name]).abs().max()))
-    assert moved > 1e-5                                        # the update really changed the weights
+    assert moved > 1e-5  # the update really changed the weights

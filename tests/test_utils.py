@@ -1,4 +1,5 @@
 """utils.py: derived seeds, RNG states that round-trip, and the global state kept across a library call."""
+
 import random
 
 import numpy as np
@@ -12,7 +13,7 @@ def test_global_state_kept_undoes_what_the_block_changes():
     expected = (torch.rand(3), np.random.rand(3), random.random())
     torch.manual_seed(7), np.random.seed(7), random.seed(7)
     precision, threads = torch.get_float32_matmul_precision(), torch.get_num_threads()
-    with global_state_kept():   # what vLLM's start does
+    with global_state_kept():  # what vLLM's start does
         torch.manual_seed(0), np.random.seed(0), random.seed(0)
         torch.set_float32_matmul_precision("medium" if precision != "medium" else "high")
         torch.set_num_threads(max(1, threads - 1) if threads > 1 else 2)

@@ -16,6 +16,7 @@ ace5a3b) -> now:
   choice           34 cases (16 OK,  8 WRONG, 10 BAD): FP  4 (2 WRONG,  2 BAD) -> 0, FN 5 -> 0
   all             238 cases: FP 47 -> 0, FN 18 -> 0 (the second graders: FP 49, FN 31, each one a RULES case).
 """
+
 from __future__ import annotations
 
 import re
@@ -29,67 +30,74 @@ import sympy
 
 from tokenrl.rewards import verifiers
 from tokenrl.rewards.normalize import math_forms
-from tokenrl.rewards.verifiers import (GOLD_FORMS, boxed_all, extract_choice, gsm8k_flexible, gsm8k_strict, last_boxed,
-                                       resolve)
+from tokenrl.rewards.verifiers import (
+    GOLD_FORMS,
+    boxed_all,
+    extract_choice,
+    gsm8k_flexible,
+    gsm8k_strict,
+    last_boxed,
+    resolve,
+)
 
 RULES = {
     # math
     "box": "math needs a boxed answer (the prompt asks for one); Qwen falls back to 'the answer is ...' or the "
-           "last number.",
+    "last number.",
     "one-answer": "A response commits to one answer: every non-empty box must hold it, so two boxes with different "
-                  "answers score 0 (Qwen reads the last box). An empty box (an echoed instruction) is ignored.",
+    "answers score 0 (Qwen reads the last box). An empty box (an echoed instruction) is ignored.",
     "unbalanced": "Unbalanced brackets or braces are malformed, an unclosed box included (Qwen deletes brackets "
-                  "before comparing and reads an unclosed box on to the end of the text).",
+    "before comparing and reads an unclosed box on to the end of the text).",
     "python": "Python syntax is not an answer: `**`, `//`, `%` between numbers and float literals like `1e0` score 0 "
-              "even when their value is right (Qwen's sympy parse_expr fallback reads them as Python).",
+    "even when their value is right (Qwen's sympy parse_expr fallback reads them as Python).",
     "side-by-side": "Numbers side by side, or apart only by what the parser drops (`3 4`, `5 \\quad 6`, "
-                    "`3 \\phantom{0} 4`, `5 \\text{ dollars and } 6`), are malformed, except thousands in groups of "
-                    "three digits (`1 000`); Qwen deletes spaces (`3 4` is 34) and cuts an answer ending in "
-                    "`\\text{}` from its first `\\text{`.",
+    "`3 \\phantom{0} 4`, `5 \\text{ dollars and } 6`), are malformed, except thousands in groups of "
+    "three digits (`1 000`); Qwen deletes spaces (`3 4` is 34) and cuts an answer ending in "
+    "`\\text{}` from its first `\\text{`.",
     "text-number": "Text holding a number beside other content is part of the answer, not a unit "
-                   "(`6 \\text{ or 7}`, `331\\text{1}`); Qwen drops a final `\\text{}` as a unit.",
+    "(`6 \\text{ or 7}`, `331\\text{1}`); Qwen drops a final `\\text{}` as a unit.",
     "equation": "Against a value, an equation counts only as `name = value` (x = 5, f(x) = 2x, AB = 5; likewise "
-                "`x \\in [1,3)` and a leading `\\approx`): `2x = 10` states an equation, not the value 10, and "
-                "`= 5` has no left side (Qwen drops any left side of at most two characters, `x\\in` only when "
-                "written without a space, and never `\\approx`).",
+    "`x \\in [1,3)` and a leading `\\approx`): `2x = 10` states an equation, not the value 10, and "
+    "`= 5` has no left side (Qwen drops any left side of at most two characters, `x\\in` only when "
+    "written without a space, and never `\\approx`).",
     "brackets": "Brackets carry meaning: the set \\{1,3\\} is not the interval or pair (1,3), and (1,3] is not "
-                "[1,3) (a bare list `1, 3` has no brackets to contradict); Qwen strips brackets or compares the "
-                "items only.",
+    "[1,3) (a bare list `1, 3` has no brackets to contradict); Qwen strips brackets or compares the "
+    "items only.",
     "unordered": "Sets and bare comma lists of solutions are unordered (`2, 1` = `1, 2`); Qwen compares them as "
-                 "strings.",
+    "strings.",
     "conjunction": "`\\text{ or }` / `\\text{ and }` between answers separates list items "
-                   "(`x = 1 \\text{ or } x = 2` is the list 1, 2); Qwen glues the words into the expression.",
+    "(`x = 1 \\text{ or } x = 2` is the list 1, 2); Qwen glues the words into the expression.",
     "mixed-number": "A whole number followed by a fraction is a mixed number, as MATH writes them "
-                    "(2\\frac{1}{2} = 5/2); Qwen's parser multiplies.",
+    "(2\\frac{1}{2} = 5/2); Qwen's parser multiplies.",
     "thousands": "Thousands may be grouped by `,`, `{,}`, `\\,` or a space, in groups of exactly three digits; "
-                 "Qwen reads only the plain comma.",
+    "Qwen reads only the plain comma.",
     "comma": "A comma groups thousands only before exactly three digits (1,000); otherwise it separates items "
-             "(`1,2` is the list 1, 2), which Qwen and verl read as 12.",
+    "(`1,2` is the list 1, 2), which Qwen and verl read as 12.",
     "percent": "A percent sign has two readings, N (MATH golds drop the sign) and N/100 (its value); a bare number is "
-               "never rescaled (Qwen accepts 0.1 and 1000 for 10).",
+    "never rescaled (Qwen accepts 0.1 and 1000 for 10).",
     "unit": "Units after a number are dropped, in `\\text{}` with a power (`12\\text{ cm}^2`) or as plain words "
-            "(`18 dollars`); Qwen drops only a `\\text{}` that ends the answer.",
+    "(`18 dollars`); Qwen drops only a `\\text{}` that ends the answer.",
     "tolerance": "Numbers are equal exactly or when the decimal rounds to the value at about six places "
-                 "(math-verify); Qwen's relative 1e-4 accepts 99.995 for 100 and 1.000001 for 1.",
+    "(math-verify); Qwen's relative 1e-4 accepts 99.995 for 100 and 1.000001 for 1.",
     "base": "A base subscript is part of the number: 2516_9 is not 2516_8 and 331_7 is not 331; it may be left out "
-            "where the gold has it (the question fixes the base). Qwen's float() reads 2516_9 as 25169, within its "
-            "tolerance of 25168, and its parser cannot read subscripts.",
+    "where the gold has it (the question fixes the base). Qwen's float() reads 2516_9 as 25169, within its "
+    "tolerance of 25168, and its parser cannot read subscripts.",
     "unicode-minus": "U+2212 (−) is a minus sign, in a box and in a GSM8K number; verl's and Qwen's number "
-                     "patterns do not know it and keep the digits without their sign.",
+    "patterns do not know it and keep the digits without their sign.",
     # GSM8K (both verifiers; `comma` and `unicode-minus` above apply to them too)
     "value": "GSM8K numbers compare by value: `$`, `\\$`, thousands commas, trailing zeros, a trailing period and no "
-             "space after #### are allowed; verl compares strings.",
+    "space after #### are allowed; verl compares strings.",
     "one-number": "The #### line holds one number: if anything after it contains a digit or starts with an operator "
-                  "(`#### 5-3`, `#### 2**3`, `#### 5 or 6`, `#### 3/4`) it scores 0; verl keeps the leading digits.",
+    "(`#### 5-3`, `#### 2**3`, `#### 5 or 6`, `#### 3/4`) it scores 0; verl keeps the leading digits.",
     "operand": "The last number must stand on its own: an operand (`2 + 3`, `5-3`, `x**2`, `2^3`, a \\frac "
-               "denominator) scores 0, and a minus between two numbers is not a sign; verl takes the digits.",
+    "denominator) scores 0, and a minus between two numbers is not a sign; verl takes the digits.",
     "name-digits": "Digits inside a name (H2O, x2) are not numbers; verl's last number would be that 2.",
     # multiple choice (`one-answer` and `unbalanced` above apply to it too)
     "box-decides": "With a box present the box is the commitment and prose letters are ignored (Qwen reads the "
-                   "first letter after the last 'answer is').",
+    "first letter after the last 'answer is').",
     "hedge": "Two letters in one commitment (`A or B`, `A/B`, `\\boxed{A and B}`) score 0; Qwen takes one of them.",
     "article": "A lower-case letter in prose counts only on its own (`Answer: c`, `(b)`); 'the answer is a "
-               "tricky one' names no option (Qwen upper-cases the text first).",
+    "tricky one' names no option (Qwen upper-cases the text first).",
 }
 
 OK, WRONG, BAD = "equivalent", "near-miss", "malformed"
@@ -97,7 +105,7 @@ OK, WRONG, BAD = "equivalent", "near-miss", "malformed"
 CASES = [
     # (verifier, response, reference answer, kind, rule deciding a disagreement with the second grader)
     # --- math: equivalent forms -------------------------------------------------------------------------------
-    ("math", r"\boxed{\frac{1}{2}}", "0.5", OK, None),                          # fractions and decimals
+    ("math", r"\boxed{\frac{1}{2}}", "0.5", OK, None),  # fractions and decimals
     ("math", r"so \boxed{\frac{1}{2}}", "0.5", OK, None),
     ("math", r"\boxed{0.5}", r"\frac{1}{2}", OK, None),
     ("math", r"\boxed{.5}", r"\frac12", OK, None),
@@ -108,7 +116,7 @@ CASES = [
     ("math", r"\boxed{3.0}", "3", OK, None),
     ("math", r"\boxed{3.00}", "3", OK, None),
     ("math", r"\boxed{12}", "012", OK, None),
-    ("math", r"\boxed{\dfrac{3}{4}}", r"\frac34", OK, None),                    # LaTeX variants
+    ("math", r"\boxed{\dfrac{3}{4}}", r"\frac34", OK, None),  # LaTeX variants
     ("math", r"\boxed{\tfrac{3}{4}}", "3/4", OK, None),
     ("math", r"\boxed{\frac34}", "0.75", OK, None),
     ("math", r"\boxed{\left(\frac{1}{2}\right)}", "0.5", OK, None),
@@ -128,42 +136,42 @@ CASES = [
     ("math", r"\boxed{3 \, \frac{1}{2}}", r"\frac72", OK, "mixed-number"),
     ("math", r"\boxed{2 \sqrt 3}", r"2\sqrt{3}", OK, None),
     ("math", r"\boxed{−15}", "-15", OK, "unicode-minus"),
-    ("math", r"\boxed{1,000}", "1000", OK, None),                                # thousands separators
+    ("math", r"\boxed{1,000}", "1000", OK, None),  # thousands separators
     ("math", r"\boxed{1{,}000}", "1000", OK, "thousands"),
     ("math", r"\boxed{1\,000}", "1000", OK, "thousands"),
     ("math", r"\boxed{1 000}", "1000", OK, None),
     ("math", r"\boxed{1,234.5}", "1234.5", OK, None),
     ("math", r"\boxed{29,\!322,\!216}", "29322216", OK, None),
     ("math", r"\boxed{1\,000\,000 \text{ dollars}}", "1000000", OK, "thousands"),
-    ("math", r"\boxed{10\%}", "10", OK, None),                                   # percent
+    ("math", r"\boxed{10\%}", "10", OK, None),  # percent
     ("math", r"\boxed{10\%}", "0.1", OK, None),
     ("math", r"\boxed{50}", r"50\%", OK, None),
     ("math", r"\boxed{0.5}", r"50\%", OK, None),
     ("math", r"\boxed{12.5\%}", r"\frac18", OK, "percent"),
-    ("math", r"\boxed{90^\circ}", "90", OK, None),                               # units
+    ("math", r"\boxed{90^\circ}", "90", OK, None),  # units
     ("math", r"\boxed{5 \text{ cm}}", "5", OK, None),
     ("math", r"\boxed{12\text{ cm}^2}", "12", OK, "unit"),
     ("math", r"\boxed{\$18.00}", "18", OK, None),
     ("math", r"\boxed{18 dollars}", "18", OK, "unit"),
-    ("math", r"\boxed{\text{(C)}}", r"\text{(C)}", OK, None),                   # \text{}
+    ("math", r"\boxed{\text{(C)}}", r"\text{(C)}", OK, None),  # \text{}
     ("math", r"\boxed{\text{Monday}}", r"\text{Monday}", OK, None),
-    ("math", r"\boxed{[1, 3)}", "[1,3)", OK, None),                              # intervals
+    ("math", r"\boxed{[1, 3)}", "[1,3)", OK, None),  # intervals
     ("math", r"\boxed{\left[1,3\right)}", "[1,3)", OK, None),
     ("math", r"\boxed{(-\infty, 2]}", r"(-\infty,2]", OK, None),
     ("math", r"\boxed{x \in [1,3)}", "[1,3)", OK, "equation"),
-    ("math", r"\boxed{(3, \frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", OK, None),   # tuples, sets
+    ("math", r"\boxed{(3, \frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", OK, None),  # tuples, sets
     ("math", r"\boxed{(1, 4.5)}", r"(1,\frac{9}{2})", OK, None),
     ("math", r"\boxed{2, 1}", "1, 2", OK, "unordered"),
     ("math", r"\boxed{\{1, 2\}}", r"\{2, 1\}", OK, "unordered"),
     ("math", r"\boxed{x = 1 \text{ or } x = 2}", "1, 2", OK, "conjunction"),
-    ("math", r"\boxed{x^2+2x+1}", "(x+1)^2", OK, None),                          # expressions, equations
+    ("math", r"\boxed{x^2+2x+1}", "(x+1)^2", OK, None),  # expressions, equations
     ("math", r"\boxed{x = 5}", "5", OK, None),
     ("math", r"\boxed{\approx 8.24}", "8.24", OK, "equation"),
     ("math", r"\boxed{2516}", "2516_8", OK, "base"),
     ("math", r"\boxed{f(x) = 2x}", "2x", OK, "equation"),
     ("math", r"\boxed{\emptyset}", r"\varnothing", OK, None),
     ("math", r"\boxed{-7}", "-7", OK, None),
-    ("math", r"$\boxed 2$", "2", OK, None),                                      # box forms
+    ("math", r"$\boxed 2$", "2", OK, None),  # box forms
     ("math", r"\fbox{7}", "7", OK, None),
     ("math", r"first \boxed{\frac12}, checked: \boxed{0.5}", "0.5", OK, None),
     ("math", r"I will put it in \boxed{}. ... \boxed{7}", "7", OK, None),
@@ -185,43 +193,43 @@ CASES = [
     ("math", r"\boxed{2x = 10}", "10", WRONG, "equation"),
     ("math", r"\boxed{1+1=6}", "6", WRONG, None),
     ("math", r"\boxed{6 \approx 7}", "6", WRONG, None),
-    ("math", r"\boxed{2516_9}", "2516_8", WRONG, "base"),                       # bases
+    ("math", r"\boxed{2516_9}", "2516_8", WRONG, "base"),  # bases
     ("math", r"\boxed{331_7}", "331", WRONG, None),
-    ("math", r"\boxed{1, 2}", "1", WRONG, None),                                # a list hedges
+    ("math", r"\boxed{1, 2}", "1", WRONG, None),  # a list hedges
     ("math", r"\boxed{1 \text{ or } 2}", "1", WRONG, None),
     ("math", r"\boxed{x = 5, 6}", "5", WRONG, None),
     ("math", r"\boxed{x > 5}", "5", WRONG, None),
     ("math", r"\boxed{5^2}", "5", WRONG, None),
     ("math", r"\boxed{5!}", "5", WRONG, None),
     ("math", r"\boxed{−15}", "15", WRONG, None),
-    ("math", r"\boxed{2x + 1}", "1", WRONG, None),                              # stray numbers in expressions
+    ("math", r"\boxed{2x + 1}", "1", WRONG, None),  # stray numbers in expressions
     ("math", r"\boxed{x - 1}", "-1", WRONG, None),
     ("math", r"\boxed{3(4)}", "7", WRONG, None),
-    ("math", r"so \boxed{1} wait, \boxed{2}", "1", WRONG, None),               # several boxes
+    ("math", r"so \boxed{1} wait, \boxed{2}", "1", WRONG, None),  # several boxes
     ("math", r"so \boxed{1} wait, \boxed{2}", "2", WRONG, "one-answer"),
-    ("math", r"The answer is 5. \boxed{6}", "5", WRONG, None),                 # reasoning vs box
+    ("math", r"The answer is 5. \boxed{6}", "5", WRONG, None),  # reasoning vs box
     # --- math: malformed --------------------------------------------------------------------------------------
-    ("math", r"\boxed{x**2 - 1}", "1", BAD, None),                              # Python operators
+    ("math", r"\boxed{x**2 - 1}", "1", BAD, None),  # Python operators
     ("math", r"\boxed{2**3 - 1}", "1", BAD, None),
     ("math", r"\boxed{2**3 - 1}", "7", BAD, "python"),
     ("math", r"\boxed{x**2 - 1}", "x^2 - 1", BAD, "python"),
     ("math", r"\boxed{7//2}", "7", BAD, None),
     ("math", r"\boxed{7 % 3}", "7", BAD, None),
     ("math", r"\boxed{1e0}", "0", BAD, "python"),
-    ("math", r"\boxed{3 4}", "7", BAD, None),                                   # numbers side by side
+    ("math", r"\boxed{3 4}", "7", BAD, None),  # numbers side by side
     ("math", r"\boxed{3 4}", "34", BAD, "side-by-side"),
     ("math", r"\boxed{5 \quad 6}", "11", BAD, None),
     ("math", r"\boxed{5\ 6}", "11", BAD, None),
     ("math", r"\boxed{3 \phantom{0} 4}", "7", BAD, None),
     ("math", r"\boxed{3 \displaystyle 4}", "7", BAD, None),
     ("math", r"\boxed{5 \text{ dollars and } 6 \text{ cents}}", "5", BAD, "side-by-side"),
-    ("math", r"\boxed{6 \text{ or 7}}", "6", BAD, "text-number"),            # numbers hidden in text
+    ("math", r"\boxed{6 \text{ or 7}}", "6", BAD, "text-number"),  # numbers hidden in text
     ("math", r"\boxed{331\text{1}}", "331", BAD, "text-number"),
     ("math", r"\boxed{5'7}", "5", BAD, None),
     ("math", r"\boxed{1,2}", "12", BAD, "comma"),
     ("math", r"\boxed{1,00}", "100", BAD, "comma"),
     ("math", r"\boxed{1.5.3}", "1.5", BAD, None),
-    ("math", r"\boxed{x+}", "x", BAD, None),                                    # partial expressions
+    ("math", r"\boxed{x+}", "x", BAD, None),  # partial expressions
     ("math", r"\boxed{2-}", "2", BAD, None),
     ("math", r"\boxed{= 5}", "5", BAD, "equation"),
     ("math", r"\boxed{5=}", "5", BAD, None),
@@ -229,12 +237,12 @@ CASES = [
     ("math", r"\boxed{\frac{1}{}}", "1", BAD, None),
     ("math", r"\boxed{\sqrt{}}", "0", BAD, None),
     ("math", r"\boxed{15 \mbox{ cm}^2\sqrt{}}", "15", BAD, None),
-    ("math", r"\boxed{(1,2}", "(1,2)", BAD, "unbalanced"),                      # unbalanced brackets
+    ("math", r"\boxed{(1,2}", "(1,2)", BAD, "unbalanced"),  # unbalanced brackets
     ("math", r"\boxed{\frac{1}{2}", "0.5", BAD, "unbalanced"),
     ("math", r"\boxed{5} so \boxed{5", "5", BAD, "unbalanced"),
     ("math", r"\boxed{5$ and $6}", "5", BAD, None),
     ("math", r"\boxed{5 \text{ (or } 6)}", "6", BAD, None),
-    ("math", r"\boxed{}", "2", BAD, None),                                      # empty or no answer
+    ("math", r"\boxed{}", "2", BAD, None),  # empty or no answer
     ("math", r"\boxed{ }", "2", BAD, None),
     ("math", r"\boxed{", "2", BAD, None),
     ("math", r"\boxed{%$#@!}", "2", BAD, None),
@@ -351,6 +359,7 @@ def test_verifier_decides_as_written(verifier, response, answer, kind, rule):
 
 
 # --- second graders -----------------------------------------------------------------------------------------------
+
 
 def _verl_gsm8k(response: str, answer: str, method: str) -> float:
     """verl's reward_score/gsm8k.py: the last `#### <digits>` (strict) or last digit run (flexible), as strings."""
@@ -489,7 +498,7 @@ class _Latex:
             self.take("}")
             return node
         token = self.peek()
-        if token is not None and token[0].isdigit() and len(token) > 1:   # \frac34, x^23: one digit
+        if token is not None and token[0].isdigit() and len(token) > 1:  # \frac34, x^23: one digit
             self.tokens[self.pos] = token[1:]
             return sympy.Integer(int(token[0]))
         return self.atom()
@@ -555,8 +564,9 @@ def _qwen_math_equal(pred: str, ref: str) -> bool:
     if not pred:
         return False
     ps, rs = pred, ref
-    if (ps[:1] + ps[-1:] == "[]" and rs[:1] + rs[-1:] != "()") or (ps[:1] + ps[-1:] == "()"
-                                                                    and rs[:1] + rs[-1:] != "[]"):
+    if (ps[:1] + ps[-1:] == "[]" and rs[:1] + rs[-1:] != "()") or (
+        ps[:1] + ps[-1:] == "()" and rs[:1] + rs[-1:] != "[]"
+    ):
         ps, rs = ps.strip("[]()"), rs.strip("[]()")
     if re.sub(r"[{}()]", "", ps).lower() == re.sub(r"[{}()]", "", rs).lower():
         return True
@@ -568,7 +578,7 @@ def _qwen_math_equal(pred: str, ref: str) -> bool:
         lp, rp = pred.split("=")
         lr, rr = ref.split("=")
         return _symbolic_equal(f"{lp}-({rp})", f"{lr}-({rr})")
-    if pred.count("=") == 1 and len(pred.split("=")[0].strip()) <= 2 and "=" not in ref:     # a simple equation
+    if pred.count("=") == 1 and len(pred.split("=")[0].strip()) <= 2 and "=" not in ref:  # a simple equation
         return _qwen_math_equal(pred.split("=")[1], ref)
     return _symbolic_equal(pred, ref)
 
@@ -609,16 +619,26 @@ def test_suite_covers_every_verifier_with_each_kind():
 
 def test_second_graders_reproduce_their_sources_on_known_cases():
     """The reimplementations keep their sources' behaviour, holes included (the reason rules exist)."""
-    assert _qwen_math(r"\boxed{10\%}", "0.1") and _qwen_math(r"\boxed{1000}", "10")       # include_percentage
-    assert _qwen_math(r"\boxed{x**2-1}", "x^2-1")                                         # parse_expr fallback
-    assert _qwen_math(r"\boxed{\frac{x}{7}+\frac{2}{7}}", r"\frac{x+2}{7}")               # symbolic
-    assert not _qwen_math(r"\boxed{\frac{1}{3}}", "0.33")                                 # rel 1e-4
+    assert _qwen_math(r"\boxed{10\%}", "0.1") and _qwen_math(r"\boxed{1000}", "10")  # include_percentage
+    assert _qwen_math(r"\boxed{x**2-1}", "x^2-1")  # parse_expr fallback
+    assert _qwen_math(r"\boxed{\frac{x}{7}+\frac{2}{7}}", r"\frac{x+2}{7}")  # symbolic
+    assert not _qwen_math(r"\boxed{\frac{1}{3}}", "0.33")  # rel 1e-4
     assert _verl_gsm8k("#### 5-3", "5", "strict") and not _verl_gsm8k("#### 18.00", "18", "strict")
     assert _qwen_choice("The answer is A or B", "A") and _qwen_choice("I think A or B", "B")
 
 
-@pytest.mark.parametrize("text", [" " * 20000 + "x", "1" + " " * 20000 + "x", "answer" + " " * 20000 + "x",
-                                  "1" * 20000, "." + "1" * 20000, "1 \\quad " * 4000, "#### " * 5000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        " " * 20000 + "x",
+        "1" + " " * 20000 + "x",
+        "answer" + " " * 20000 + "x",
+        "1" * 20000,
+        "." + "1" * 20000,
+        "1 \\quad " * 4000,
+        "#### " * 5000,
+    ],
+)
 def test_answer_checks_take_linear_time_on_pathological_text(text):
     """Regexes without nested or adjacent unbounded repeats: 20,000 characters take milliseconds, not minutes."""
     start = time.perf_counter()
@@ -643,13 +663,23 @@ def test_unknown_verifier_lists_valid_ones():
 
 # (verifier, gold answer, a response that scores 1 on it, or None where the gold is one no response can match)
 GOLDS = [
-    ("gsm8k_strict", "1,234", "#### 1234"), ("gsm8k_strict", "$18", "#### 18"), ("gsm8k_strict", "-3.50", "#### -3.5"),
-    ("gsm8k_strict", "many", None), ("gsm8k_strict", "5-3", None), ("gsm8k_strict", "1e3", None),
-    ("gsm8k_flexible", "72", "So 72."), ("gsm8k_flexible", "72 apples", None),
-    ("choice", " b ", r"\boxed{B}"), ("choice", "E", None), ("choice", "(A)", None),
-    ("math", r"\frac{1}{2}", r"\boxed{\frac12}"), ("math", "many", r"\boxed{many}"),
-    ("math", "3 4", r"\boxed{7}"),                    # math_forms rejects it, math-verify reads it (as 7)
-    ("math", r"\text{(E)},", None), ("math", r"\frac{1}{", None), ("math", "x+", None),
+    ("gsm8k_strict", "1,234", "#### 1234"),
+    ("gsm8k_strict", "$18", "#### 18"),
+    ("gsm8k_strict", "-3.50", "#### -3.5"),
+    ("gsm8k_strict", "many", None),
+    ("gsm8k_strict", "5-3", None),
+    ("gsm8k_strict", "1e3", None),
+    ("gsm8k_flexible", "72", "So 72."),
+    ("gsm8k_flexible", "72 apples", None),
+    ("choice", " b ", r"\boxed{B}"),
+    ("choice", "E", None),
+    ("choice", "(A)", None),
+    ("math", r"\frac{1}{2}", r"\boxed{\frac12}"),
+    ("math", "many", r"\boxed{many}"),
+    ("math", "3 4", r"\boxed{7}"),  # math_forms rejects it, math-verify reads it (as 7)
+    ("math", r"\text{(E)},", None),
+    ("math", r"\frac{1}{", None),
+    ("math", "x+", None),
 ]
 
 

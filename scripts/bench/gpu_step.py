@@ -14,17 +14,19 @@ engine in one process, and a process's peak memory would carry the previous vari
 architecture but only N decoder layers (a quick check of the script itself).
 
 The step is the real module under the real Lightning Trainer (`trainer=gpu`: bf16-mixed autocast over fp32 master
-weights, gradient checkpointing as the presets set it: off at 0.5B and 1.5B, on at 7B), `selector=ict` with `warmup_steps=0` (the statistics pass
-computes JS), KL to a frozen reference, one mini-batch. Prompts are the arithmetic task's questions behind a fixed
-GSM8K-length preamble (`--prompt-tokens` is approximate); a random model rarely stops, so responses run to
-`--max-new-tokens` — the worst case of the paper's shape. `--fast-path off on` runs each model with every
-`fast_path.*` shortcut off, then on (docs/algorithms.md §12); `--gradient-checkpointing on|off` overrides the preset
-(on, the update cannot share the prompt: transformers drops the KV cache there). The first `--steps − 1` steps warm
-up (CUDA context, kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt + response tokens of the
-batch) / update time / the GPU's dense bf16 peak (a table below; omitted for unknown GPUs); attention FLOPs and the
-gradient-checkpointing recompute are not counted, as MFU is usually quoted. Prints a table; writes
-benchmarks/gpu_step.json (GPU, driver, versions, date). `--device cpu --models tiny` is a smoke run of the script.
+weights, gradient checkpointing as the presets set it: off at 0.5B and 1.5B, on at 7B), `selector=ict` with
+`warmup_steps=0` (the statistics pass computes JS), KL to a frozen reference, one mini-batch. Prompts are the arithmetic
+task's questions behind a fixed GSM8K-length preamble (`--prompt-tokens` is approximate); a random model rarely stops,
+so responses run to `--max-new-tokens` — the worst case of the paper's shape. `--fast-path off on` runs each model with
+every `fast_path.*` shortcut off, then on (docs/algorithms.md §12); `--gradient-checkpointing on|off` overrides the
+preset (on, the update cannot share the prompt: transformers drops the KV cache there). The first `--steps − 1` steps
+warm up (CUDA context, kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt +
+response tokens of the batch) / update time / the GPU's dense bf16 peak (a table below; omitted for unknown GPUs);
+attention FLOPs and the gradient-checkpointing recompute are not counted, as MFU is usually quoted. Prints a table;
+writes benchmarks/gpu_step.json (GPU, driver, versions, date). `--device cpu --models tiny` is a smoke run of the
+script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +41,6 @@ from pathlib import Path
 
 import lightning as L
 import torch
-
 from machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,10 +59,15 @@ PREAMBLE_WORD = "Natalia sold clips to 48 of her friends in April, and then she 
 def gpu_record() -> dict:
     if not torch.cuda.is_available():
         return {}
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"gpu": torch.cuda.get_device_name(), "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory
-            / 2**30, "driver": driver, "cuda": torch.version.cuda}
+    driver = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30,
+        "driver": driver,
+        "cuda": torch.version.cuda,
+    }
 
 
 def peak_tflops(gpu: str) -> float | None:
@@ -80,20 +86,41 @@ class LastStep(L.Callback):
 
 def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str) -> dict:
     trainer = ["trainer=gpu"] if args.device == "cuda" else ["trainer=cpu"]
-    cfg = compose_config([
-        f"model={name}", "model.init=random", "task=arithmetic",
-        *([] if args.tokenizer == "hub" else ["model.tokenizer=char"]),
-        *([f"model.architecture.num_hidden_layers={args.layers}"] if args.layers else []),
-        f"task.max_new_tokens={args.max_new_tokens}", f"rollout={args.engine}", "rollout.max_prompt_length=4096",
-        "selector=ict", "selector.warmup_steps=0", f"algorithm.prompts_per_step={args.prompts}",
-        f"algorithm.group_size={args.group}", f"total_steps={args.steps}", "logger=none", "checkpoint.enabled=false",
-        "validation.every_n_steps=0", "samples.every_n_steps=0", "trainer.enable_progress_bar=false", *trainer,
-        *(f"fast_path.{switch}={'true' if fast_path == 'on' else 'false'}"
-          for switch in ("shared_prefix", "fused_statistics", "pack")),
-        *([f"model.gradient_checkpointing={args.gradient_checkpointing == 'on'}"] if args.gradient_checkpointing
-          else []),
-        *args.override, f"paths.output_dir={out_dir / f'{name}_{fast_path}'}"])
-    sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])   # in the tokenizer used
+    cfg = compose_config(
+        [
+            f"model={name}",
+            "model.init=random",
+            "task=arithmetic",
+            *([] if args.tokenizer == "hub" else ["model.tokenizer=char"]),
+            *([f"model.architecture.num_hidden_layers={args.layers}"] if args.layers else []),
+            f"task.max_new_tokens={args.max_new_tokens}",
+            f"rollout={args.engine}",
+            "rollout.max_prompt_length=4096",
+            "selector=ict",
+            "selector.warmup_steps=0",
+            f"algorithm.prompts_per_step={args.prompts}",
+            f"algorithm.group_size={args.group}",
+            f"total_steps={args.steps}",
+            "logger=none",
+            "checkpoint.enabled=false",
+            "validation.every_n_steps=0",
+            "samples.every_n_steps=0",
+            "trainer.enable_progress_bar=false",
+            *trainer,
+            *(
+                f"fast_path.{switch}={'true' if fast_path == 'on' else 'false'}"
+                for switch in ("shared_prefix", "fused_statistics", "pack")
+            ),
+            *(
+                [f"model.gradient_checkpointing={args.gradient_checkpointing == 'on'}"]
+                if args.gradient_checkpointing
+                else []
+            ),
+            *args.override,
+            f"paths.output_dir={out_dir / f'{name}_{fast_path}'}",
+        ]
+    )
+    sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])  # in the tokenizer used
     preamble = (PREAMBLE_WORD * max(1, args.prompt_tokens // sentence_tokens)).strip()
     with open_dict(cfg):
         cfg.task.instruction = f"{preamble} Answer with the number."
@@ -107,11 +134,17 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
     generated = last["train/response_len"] * rows
     trained = generated + rows * last["train/prompt_len"] if "train/prompt_len" in last else None
     params = sum(p.numel() for p in module.policy.parameters())
-    result = {"model": name, "fast_path": fast_path, "pid": os.getpid(), "parameters": params, "rows": rows,
-              "generated_tokens": generated,
-              "trained_tokens": trained,
-              **{key: value for key, value in last.items() if key.startswith(("time/", "memory/"))},
-              "generated_tokens_per_s": generated / last["time/generate"]}
+    result = {
+        "model": name,
+        "fast_path": fast_path,
+        "pid": os.getpid(),
+        "parameters": params,
+        "rows": rows,
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        **{key: value for key, value in last.items() if key.startswith(("time/", "memory/"))},
+        "generated_tokens_per_s": generated / last["time/generate"],
+    }
     if trained is not None:
         result["trained_tokens_per_s"] = trained / last["time/update"]
         peak = peak_tflops(gpu_record().get("gpu", ""))
@@ -124,8 +157,9 @@ def run_in_own_process(name: str, fast_path: str) -> dict:
     """This script with the same arguments, for one variant, in a fresh process; its result."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "variant.json"
-        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--variant", name, fast_path,
-                               "--variant-out", str(out)])
+        done = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--variant", name, fast_path, "--variant-out", str(out)]
+        )
         if done.returncode:
             sys.exit(f"variant {name} (fast path {fast_path}) failed with exit status {done.returncode}")
         return json.loads(out.read_text())
@@ -145,32 +179,52 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", choices=["on", "off"], help="default: the model preset's")
     parser.add_argument("--tokenizer", default="char", choices=["char", "hub"])
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
-    parser.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="Hydra overrides for every variant, after the script's own (e.g. fast_path.shared_prefix=false)")
+    parser.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Hydra overrides for every variant, after the script's own (e.g. fast_path.shared_prefix=false)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")
     parser.add_argument("--variant", nargs=2, metavar=("MODEL", "FAST_PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--variant-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA GPU here: run this on a GPU machine (or --device cpu --models tiny for a smoke run)")
-    if args.variant:   # a child process: one variant
+    if args.variant:  # a child process: one variant
         name, fast_path = args.variant
         args.variant_out.write_text(json.dumps(run_model(name, args, args.out.parent / "gpu_step_runs", fast_path)))
         return
     results = [run_in_own_process(name, fast_path) for name in args.models for fast_path in args.fast_path]
     phases = ("generate", "reward", "statistics", "update", "sync")
-    print(f"{'model':<10} {'fast':>4} " + " ".join(f"{p + ' s':>12}" for p in phases)
-          + f" {'gen tok/s':>10} {'train tok/s':>11} {'MFU':>6} " + " ".join(f"{p + ' GiB':>15}" for p in phases))
+    print(
+        f"{'model':<10} {'fast':>4} "
+        + " ".join(f"{p + ' s':>12}" for p in phases)
+        + f" {'gen tok/s':>10} {'train tok/s':>11} {'MFU':>6} "
+        + " ".join(f"{p + ' GiB':>15}" for p in phases)
+    )
     for r in results:
-        print(f"{r['model']:<10} {r['fast_path']:>4} " + " ".join(f"{r.get(f'time/{p}', 0.0):>12.2f}" for p in phases)
-              + f" {r['generated_tokens_per_s']:>10.0f} {r.get('trained_tokens_per_s', 0.0):>11.0f}"
-              + f" {r.get('update_mfu', 0.0):>6.1%} "
-              + " ".join(f"{r.get(f'memory/{p}_peak_gib', 0.0):>15.1f}" for p in phases))
-    record = {"benchmark": "gpu_step", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": {**machine_info(), **gpu_record()},
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": __import__("transformers").__version__, "lightning": L.__version__},
-              "settings": vars(args) | {"out": str(args.out), "variant_out": None}, "results": results}
+        print(
+            f"{r['model']:<10} {r['fast_path']:>4} "
+            + " ".join(f"{r.get(f'time/{p}', 0.0):>12.2f}" for p in phases)
+            + f" {r['generated_tokens_per_s']:>10.0f} {r.get('trained_tokens_per_s', 0.0):>11.0f}"
+            + f" {r.get('update_mfu', 0.0):>6.1%} "
+            + " ".join(f"{r.get(f'memory/{p}_peak_gib', 0.0):>15.1f}" for p in phases)
+        )
+    record = {
+        "benchmark": "gpu_step",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine_info(), **gpu_record()},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "lightning": L.__version__,
+        },
+        "settings": vars(args) | {"out": str(args.out), "variant_out": None},
+        "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")

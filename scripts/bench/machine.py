@@ -1,6 +1,7 @@
 """The machine a benchmark ran on: OS, logical CPUs, CPU model and the vector instruction sets that decide CPU
 kernel speed (oneDNN picks AVX2, AVX-512, AVX512-BF16 or AMX paths; the same benchmark differs by ~3x across them),
 and the allocator (tcmalloc or glibc malloc, from LD_PRELOAD)."""
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,10 @@ def cpu_model_and_flags(cpuinfo: str) -> tuple[str, list[str]]:
 def machine_info() -> dict:
     cpuinfo = Path("/proc/cpuinfo")
     model, flags = cpu_model_and_flags(cpuinfo.read_text() if cpuinfo.is_file() else "")
-    return {"platform": platform.platform(), "cpus": os.cpu_count(),
-            "cpu_model": model if model != "unknown" else (platform.processor() or platform.machine()),
-            "vector_isa": flags,
-            "allocator": "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc malloc"}
+    return {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "cpu_model": model if model != "unknown" else (platform.processor() or platform.machine()),
+        "vector_isa": flags,
+        "allocator": "tcmalloc" if "tcmalloc" in os.environ.get("LD_PRELOAD", "") else "glibc malloc",
+    }

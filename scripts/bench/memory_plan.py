@@ -1,5 +1,5 @@
-"""The start-up memory plan (src/tokenrl/run/memory_plan.py) against the measured peak: each configuration trains 2 rollout
-steps in a fresh `python train.py` process, whose summary.json holds both the plan's peak and the process's peak
+"""The start-up memory plan (src/tokenrl/run/memory_plan.py) against the measured peak: each configuration trains 2
+rollout steps in a fresh `python train.py` process, whose summary.json holds both the plan's peak and the process's peak
 resident memory (ru_maxrss). On CPU the plan's device is the host, so the two compare directly.
 
     python scripts/bench/memory_plan.py [--out benchmarks/memory_plan.json]
@@ -9,6 +9,7 @@ responses run to the budget like the plan's worst case) and a larger CPU-sized o
 random weights, gradient checkpointing as its preset). Prints a table; writes the results file (machine, date,
 versions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,27 +24,48 @@ from pathlib import Path
 from machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMON = ["total_steps=2", "validation.every_n_steps=0", "checkpoint.enabled=false", "samples.every_n_steps=0",
-          "logger=none", "trainer.enable_progress_bar=false"]
+COMMON = [
+    "total_steps=2",
+    "validation.every_n_steps=0",
+    "checkpoint.enabled=false",
+    "samples.every_n_steps=0",
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+]
 CONFIGS = {
     "smollm2_135m (default)": [],
     "smollm2_135m random": ["model.init=random", "model.tokenizer=char"],
-    "qwen0.5b random": ["model=qwen0.5b", "model.init=random", "model.tokenizer=char", "algorithm.prompts_per_step=2",
-                        "algorithm.group_size=4", "task.max_new_tokens=48"],
+    "qwen0.5b random": [
+        "model=qwen0.5b",
+        "model.init=random",
+        "model.tokenizer=char",
+        "algorithm.prompts_per_step=2",
+        "algorithm.group_size=4",
+        "task.max_new_tokens=48",
+    ],
 }
 
 
 def measure(overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
-        done = subprocess.run([sys.executable, str(ROOT / "train.py"), *COMMON, *overrides,
-                               f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *COMMON, *overrides, f"hydra.run.dir={run_dir}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             sys.exit(f"{' '.join(overrides)} failed:\n{done.stderr[-3000:]}")
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     planned, measured = summary["memory_plan_peak_gib"], summary["peak_host_memory_gib"]
-    return {"overrides": overrides, "planned_gib": planned, "measured_gib": measured,
-            "error": planned / measured - 1, "response_len": summary.get("train/response_len"),
-            "prompt_len": summary.get("train/prompt_len")}
+    return {
+        "overrides": overrides,
+        "planned_gib": planned,
+        "measured_gib": measured,
+        "error": planned / measured - 1,
+        "response_len": summary.get("train/response_len"),
+        "prompt_len": summary.get("train/prompt_len"),
+    }
 
 
 def main() -> None:
@@ -58,11 +80,19 @@ def main() -> None:
     import torch
     import transformers
 
-    record = {"benchmark": "memory_plan", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine_info(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                                                      "transformers": transformers.__version__,
-                                                      "lightning": lightning.__version__},
-              "common_overrides": COMMON, "results": results}
+    record = {
+        "benchmark": "memory_plan",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "lightning": lightning.__version__,
+        },
+        "common_overrides": COMMON,
+        "results": results,
+    }
     args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")
 

@@ -13,6 +13,7 @@ median of the per-round ratios, with their range. Sync = streaming the full stat
 layer-aligned buckets of each --bucket-mb size (one `reload_weights` call each time). Runs under tcmalloc, as
 train.py does. Prints a table; writes benchmarks/rollout.json (machine with CPU model and vector ISA, date, versions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,50 +85,72 @@ def main() -> None:
     model_cfg.source = str(ROOT / ".cache" / "models" / "smollm2-135m-instruct")
     model_cfg = OmegaConf.to_container(model_cfg)
     policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
-    task = ArithmeticTask(0, 9, ["+"], args.prompts, 1, seed=1234, instruction="Answer with just the number.",
-                          verifier="gsm8k_flexible")
+    task = ArithmeticTask(
+        0, 9, ["+"], args.prompts, 1, seed=1234, instruction="Answer with just the number.", verifier="gsm8k_flexible"
+    )
     formatter = PromptFormatter(tokenizer)
     prompts = [formatter.token_ids(with_instruction(p.question, task.instruction)) for p in task.problems("train")]
     params = SamplingParams(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
 
     def rollout_config(name: str, **overrides) -> dict:
-        """The composed `rollout=<name>` preset (the presets pull their sampling keys from configs/base/rollout.yaml)."""
+        """The composed `rollout=<name>` preset (the presets pull their sampling keys from
+        configs/base/rollout.yaml)."""
         from hydra import compose, initialize_config_dir
 
         from tokenrl.paths import CONFIG_DIR
 
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = OmegaConf.to_container(compose(config_name="train", overrides=[f"rollout={name}"]).rollout,
-                                         resolve=True)
+            cfg = OmegaConf.to_container(
+                compose(config_name="train", overrides=[f"rollout={name}"]).rollout, resolve=True
+            )
         return {**cfg, **overrides, "max_new_tokens": args.max_new_tokens}
 
     hf = build_engine(rollout_config("hf"), policy, tokenizer)
-    hf.generate(prompts, params, seed=0)                                # warm-up
+    hf.generate(prompts, params, seed=0)  # warm-up
     results = {}
     for name in args.variants:
         start = time.perf_counter()
         engine = build_engine(rollout_config("vllm", **VARIANTS[name]), policy, tokenizer)
         init = time.perf_counter() - start
-        engine.generate(prompts, params, seed=0)                        # warm-up
-        rounds = [{"hf": timed_generate(hf, prompts, params, seed), name: timed_generate(engine, prompts, params, seed)}
-                  for seed in range(1, args.rounds + 1)]
+        engine.generate(prompts, params, seed=0)  # warm-up
+        rounds = [
+            {"hf": timed_generate(hf, prompts, params, seed), name: timed_generate(engine, prompts, params, seed)}
+            for seed in range(1, args.rounds + 1)
+        ]
         ratios = [tokens_per_second([r[name]]) / tokens_per_second([r["hf"]]) for r in rounds]
-        results[name] = {"init_seconds": init, "tokens_per_second": tokens_per_second([r[name] for r in rounds]),
-                         "hf_tokens_per_second": tokens_per_second([r["hf"] for r in rounds]),
-                         "over_hf_median": statistics.median(ratios), "over_hf_range": [min(ratios), max(ratios)],
-                         "rounds": rounds}
+        results[name] = {
+            "init_seconds": init,
+            "tokens_per_second": tokens_per_second([r[name] for r in rounds]),
+            "hf_tokens_per_second": tokens_per_second([r["hf"] for r in rounds]),
+            "over_hf_median": statistics.median(ratios),
+            "over_hf_range": [min(ratios), max(ratios)],
+            "rounds": rounds,
+        }
         if name == "vllm":
             results[name]["sync"] = sync_seconds(engine, policy, args.bucket_mb, repeats=3)
         engine.close()
 
-    record = {"benchmark": "rollout", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine_info(),
-              "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__, "vllm": vllm.__version__},
-              "workload": {"model": "SmolLM2-135M-Instruct", "prompts": args.prompts, "n": args.n,
-                           "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "dtype": "float32",
-                           "rounds": args.rounds},
-              "results": results}
+    record = {
+        "benchmark": "rollout",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "vllm": vllm.__version__,
+        },
+        "workload": {
+            "model": "SmolLM2-135M-Instruct",
+            "prompts": args.prompts,
+            "n": args.n,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": 1.0,
+            "dtype": "float32",
+            "rounds": args.rounds,
+        },
+        "results": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2))
     machine = record["machine"]
@@ -135,8 +158,10 @@ def main() -> None:
     print(f"{'engine':<15}{'init s':>8}{'tokens/s':>10}{'hf tokens/s':>13}{'/ hf (median, range)':>24}")
     for name, row in results.items():
         low, high = row["over_hf_range"]
-        print(f"{name:<15}{row['init_seconds']:>8.1f}{row['tokens_per_second']:>10.1f}{row['hf_tokens_per_second']:>13.1f}"
-              f"{row['over_hf_median']:>11.2f}x ({low:.2f}-{high:.2f})")
+        print(
+            f"{name:<15}{row['init_seconds']:>8.1f}{row['tokens_per_second']:>10.1f}{row['hf_tokens_per_second']:>13.1f}"
+            f"{row['over_hf_median']:>11.2f}x ({low:.2f}-{high:.2f})"
+        )
     if "vllm" in results:
         print(f"\n{'bucket MiB':>10}{'buckets':>9}{'sync s (mean)':>15}")
         for bucket_mb, row in results["vllm"]["sync"].items():

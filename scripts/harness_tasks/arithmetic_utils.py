@@ -9,6 +9,7 @@
 - flexible_extract: lm-eval's stock GSM8K flexible scorer, from lm-eval itself: the `flexible-extract` regex filter
   (the last match of `(-?[$0-9.,]{2,})|(-?[0-9]+)`) and exact_match with gsm8k's regexes_to_ignore.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,8 +20,8 @@ OPERATOR_NEXT = re.compile(r"[ \t]*(?:[+*/^×÷=²³]|-(?![A-Za-z]))")
 NUMBER_BLOB = re.compile(r"\d[\d.,]*")
 SIGN = re.compile(r"(?:^|[^\w)\]}])-$")
 EMPHASIS = re.compile(r"(?<![\w)\]}*])\*{1,2}(?=[^\s*])|(?<=[^\s*])\*{1,2}(?![\w({*])")
-FLEXIBLE_PATTERN = "(-?[$0-9.,]{2,})|(-?[0-9]+)"               # lm-eval gsm8k's flexible-extract
-GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]               # lm-eval gsm8k exact_match's regexes_to_ignore
+FLEXIBLE_PATTERN = "(-?[$0-9.,]{2,})|(-?[0-9]+)"  # lm-eval gsm8k's flexible-extract
+GSM8K_IGNORE = [",", "\\$", "(?s).*#### ", "\\.$"]  # lm-eval gsm8k exact_match's regexes_to_ignore
 
 
 def last_number(text: str) -> str | None:
@@ -29,18 +30,18 @@ def last_number(text: str) -> str | None:
     for blob in reversed(list(NUMBER_BLOB.finditer(text))):
         start = blob.start()
         if start and (text[start - 1].isalpha() or text[start - 1] == "_"):
-            continue                                  # digits of a name
+            continue  # digits of a name
         token = blob.group(0).rstrip(".,")
         if not PLAIN_NUMBER.fullmatch(token):
-            return None                               # malformed: 1,2 or 1.5.3
+            return None  # malformed: 1,2 or 1.5.3
         before = text[:start]
         signed = SIGN.search(before) is not None
         lead = before[:-1] if signed else before
         opened = lead.rstrip("{")
         if (opened != lead and opened.endswith("}")) or opened.rstrip(" \t")[-1:] in tuple("+-*/^×÷"):
-            return None                               # a denominator, an exponent or the right operand
+            return None  # a denominator, an exponent or the right operand
         if token == blob.group(0) and OPERATOR_NEXT.match(text, blob.end()):
-            return None                               # the left operand
+            return None  # the left operand
         return ("-" if signed else "") + token
     return None
 
@@ -68,6 +69,11 @@ def process_results(doc: dict, results: list[str]) -> dict[str, int]:
     response, gold = results[0], str(doc["answer"])
     found, want = number(last_number(response)), number(gold)
     exact = int(found is not None and want is not None and found == want)
-    flexible = exact_match_hf_evaluate(predictions=[flexible_pick(response)], references=[gold], ignore_case=True,
-                                       ignore_punctuation=False, regexes_to_ignore=GSM8K_IGNORE)["exact_match"]
+    flexible = exact_match_hf_evaluate(
+        predictions=[flexible_pick(response)],
+        references=[gold],
+        ignore_case=True,
+        ignore_punctuation=False,
+        regexes_to_ignore=GSM8K_IGNORE,
+    )["exact_match"]
     return {"exact_match": exact, "flexible_extract": int(flexible)}

@@ -6,6 +6,7 @@
   (minerva_math's module itself asserts antlr4 4.11 at import, while tokenrl pins the 4.9.3 hydra needs, so the
   same two calls are made here.)
 """
+
 from __future__ import annotations
 
 from lm_eval.tasks.hendrycks_math.utils import is_equiv, last_boxed_only_string, remove_boxed
@@ -17,7 +18,7 @@ def boxed_answer(response: str) -> str | None:
         return None
     try:
         return remove_boxed(boxed)
-    except AssertionError:        # `\boxed{` never closed, or `\fbox{...}`, which remove_boxed does not read
+    except AssertionError:  # `\boxed{` never closed, or `\fbox{...}`, which remove_boxed does not read
         return None
 
 
@@ -28,6 +29,6 @@ def process_results(doc: dict, results: list[str]) -> dict[str, int]:
     exact = int(answer is not None and is_equiv(answer, doc["answer"]))
     try:
         mv = int(bool(verify(gold=parse(doc["solution"]), target=parse(results[0]))))
-    except Exception:             # noqa: BLE001 - the harness counts a parser failure as wrong
+    except Exception:  # noqa: BLE001 - the harness counts a parser failure as wrong
         mv = 0
     return {"exact_match": exact, "math_verify": mv}

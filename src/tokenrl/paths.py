@@ -2,6 +2,7 @@
 
 Importing it also sets `TOKENRL_ROOT` (unless set), which `configs/paths/default.yaml` reads as `paths.root_dir`.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,13 +1,15 @@
 """Small shared helpers: derived seeds, a step timer (with peak GPU memory per phase), the process's RNG states (what
 a checkpoint carries), and keeping the process's global torch state across a library call that changes it."""
+
 from __future__ import annotations
 
 import hashlib
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,8 +18,11 @@ import torch
 def rng_state() -> dict[str, Any]:
     """torch's, NumPy's and Python's RNG states in plain types (checkpoints load with torch.load(weights_only=True))."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+    }
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:

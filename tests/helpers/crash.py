@@ -1,5 +1,6 @@
 """A run stopped by an error right after a given rollout step, as a node failure would stop it (its checkpoint of
 that step written): the resume tests continue from there."""
+
 from __future__ import annotations
 
 import lightning as L

@@ -18,6 +18,7 @@ methods whose selection scope is this rank's mini-batch.
 Writes OUT_DIR/<method>[.per_rank]/rank<r>.pt per rank: the policy weights before and after the step, the first
 epoch's token weights and shaping fields of this rank's rows, and the rank's global row ids.
 """
+
 from __future__ import annotations
 
 import sys
@@ -29,18 +30,27 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.conftest import TINY, compose_config  # noqa: E402
+from tests.conftest import TINY, compose_config  # noqa: E402  (run as a script: after the sys.path set-up)
 from tests.helpers.ddp_step import full_weights  # noqa: E402
 from tests.helpers.varied import ACTS, DisagreeingEngine, InProcessScorer  # noqa: E402
-from tokenrl.records.selection import Selection, SelectionBatch
-from tokenrl.records.selection import single_process  # noqa: E402
+from tokenrl.records.selection import Selection, SelectionBatch, single_process  # noqa: E402
 from tokenrl.run.training import build_components  # noqa: E402
 
-SETTING = TINY + ["samples.every_n_steps=0", "task.verifier=tests.helpers.varied:share_reward", "task.train_size=64",
-                  "task.test_size=8", "total_steps=1", "selector_warmup_steps=0", "algorithm.kl_coef=0.01",
-                  "algorithm.micro_batch_size=3",
-                  "algorithm.optimizer._target_=torch.optim.SGD", "~algorithm.optimizer.betas",
-                  "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0", "trainer.precision=32-true"]
+SETTING = TINY + [
+    "samples.every_n_steps=0",
+    "task.verifier=tests.helpers.varied:share_reward",
+    "task.train_size=64",
+    "task.test_size=8",
+    "total_steps=1",
+    "selector_warmup_steps=0",
+    "algorithm.kl_coef=0.01",
+    "algorithm.micro_batch_size=3",
+    "algorithm.optimizer._target_=torch.optim.SGD",
+    "~algorithm.optimizer.betas",
+    "~algorithm.optimizer.weight_decay",
+    "algorithm.optimizer.lr=1.0",
+    "trainer.precision=32-true",
+]
 REGIME = ["algorithm.ppo_epochs=2", "algorithm.mini_batches=1"]
 FIELDS = ("clip_low", "clip_high", "kl_weights", "advantages", "drift_coef")
 
@@ -60,9 +70,23 @@ class PerRankSelector:
         parts = []
         for rank in torch.unique(slices).tolist():
             rows = (slices == rank).nonzero().squeeze(1)
-            parts.append((rows, self.inner.select(SelectionBatch(
-                batch.stats.rows(rows), batch.advantages[rows], batch.response_mask[rows], batch.group_ids[rows],
-                batch.row_ids[rows], batch.step, single_process, 0))))
+            parts.append(
+                (
+                    rows,
+                    self.inner.select(
+                        SelectionBatch(
+                            batch.stats.rows(rows),
+                            batch.advantages[rows],
+                            batch.response_mask[rows],
+                            batch.group_ids[rows],
+                            batch.row_ids[rows],
+                            batch.step,
+                            single_process,
+                            0,
+                        )
+                    ),
+                )
+            )
         weights = torch.zeros(batch.response_mask.shape)
         fields = {}
         for rows, selection in parts:
@@ -89,13 +113,15 @@ class Capture(L.Callback):
             self.rows = torch.arange(train.size) + train.row_offset
             self.selection = {"weights": result.first_epoch_weights, **result.first_epoch_shaping}
             return lr, result
+
         module._update = spy
 
 
 def one_step(out: Path, world: int, method: str, per_rank: int) -> None:
     trainer = ["trainer=cpu"] if world == 1 else ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={world}"]
-    cfg = compose_config(SETTING + [f"method={method}", *ACTS.get(method, [])] + REGIME + trainer
-                         + [f"paths.output_dir={out}"])
+    cfg = compose_config(
+        SETTING + [f"method={method}", *ACTS.get(method, [])] + REGIME + trainer + [f"paths.output_dir={out}"]
+    )
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)
     module.collector.scorer = InProcessScorer()
@@ -106,13 +132,20 @@ def one_step(out: Path, world: int, method: str, per_rank: int) -> None:
     trainer.callbacks.append(capture)
     trainer.fit(module, datamodule=datamodule)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save({"initial": capture.initial, "weights": full_weights(module.policy), "rows": capture.rows,
-                "selection": capture.selection, "optimizer_steps": module.optimizer_steps},
-               out / f"rank{trainer.global_rank}.pt")
+    torch.save(
+        {
+            "initial": capture.initial,
+            "weights": full_weights(module.policy),
+            "rows": capture.rows,
+            "selection": capture.selection,
+            "optimizer_steps": module.optimizer_steps,
+        },
+        out / f"rank{trainer.global_rank}.pt",
+    )
 
 
 def main(argv: list[str]) -> None:
-    torch.set_num_threads(1)   # as Lightning sets each DDP rank (a second thread only waits on a busy machine)
+    torch.set_num_threads(1)  # as Lightning sets each DDP rank (a second thread only waits on a busy machine)
     out, world, rest = Path(argv[0]), int(argv[1]), argv[2:]
     per_rank, local = 0, set()
     if rest[:1] == ["--per-rank"]:

@@ -9,6 +9,7 @@ of the module's state dict.
 
 DDP_STEP_ACCELERATOR=gpu runs the ranks on GPUs (NCCL) instead of CPU processes (gloo).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,18 +26,34 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.conftest import compose_config  # noqa: E402
-from tokenrl.run.checkpointing import AtomicFSDPStrategy  # noqa: E402
 from tokenrl.records.rollout_batch import concat_rollouts  # noqa: E402
 from tokenrl.rollout.hf import HFEngine  # noqa: E402
+from tokenrl.run.checkpointing import AtomicFSDPStrategy  # noqa: E402
 from tokenrl.run.training import build_components  # noqa: E402
 
-OVERRIDES = ["model=tiny", "logger=none", "checkpoint.enabled=false", "validation.every_n_steps=0",
-             "samples.every_n_steps=0", "trainer.enable_progress_bar=false", "rollout.max_new_tokens=10",
-             "task.verifier=tests.helpers.rewards:length_reward", "total_steps=1", "algorithm.prompts_per_step=4",
-             "algorithm.group_size=4", "algorithm.micro_batch_size=2", "algorithm.ppo_epochs=2",
-             "selector=ict", "selector.scope=global", "selector.warmup_steps=0",
-             "algorithm.optimizer._target_=torch.optim.SGD", "~algorithm.optimizer.betas",
-             "~algorithm.optimizer.weight_decay", "algorithm.optimizer.lr=1.0", "trainer.precision=32-true"]
+OVERRIDES = [
+    "model=tiny",
+    "logger=none",
+    "checkpoint.enabled=false",
+    "validation.every_n_steps=0",
+    "samples.every_n_steps=0",
+    "trainer.enable_progress_bar=false",
+    "rollout.max_new_tokens=10",
+    "task.verifier=tests.helpers.rewards:length_reward",
+    "total_steps=1",
+    "algorithm.prompts_per_step=4",
+    "algorithm.group_size=4",
+    "algorithm.micro_batch_size=2",
+    "algorithm.ppo_epochs=2",
+    "selector=ict",
+    "selector.scope=global",
+    "selector.warmup_steps=0",
+    "algorithm.optimizer._target_=torch.optim.SGD",
+    "~algorithm.optimizer.betas",
+    "~algorithm.optimizer.weight_decay",
+    "algorithm.optimizer.lr=1.0",
+    "trainer.precision=32-true",
+]
 
 
 def _full_state_dict_on_cpu(module, world_size, rank0_only=True):
@@ -46,9 +63,12 @@ def _full_state_dict_on_cpu(module, world_size, rank0_only=True):
     from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    return FSDP.state_dict_type(module, StateDictType.FULL_STATE_DICT,
-                                FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
-                                FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only))
+    return FSDP.state_dict_type(
+        module,
+        StateDictType.FULL_STATE_DICT,
+        FullStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+        FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=rank0_only),
+    )
 
 
 class CPUFSDPStrategy(AtomicFSDPStrategy):
@@ -67,8 +87,9 @@ class PerPromptEngine(HFEngine):
     """Samples each prompt alone, seeded by its token ids: rollouts do not depend on how prompts are split."""
 
     def _generate(self, prompt_ids, params, seed):
-        parts = [super(PerPromptEngine, self)._generate([ids], params, zlib.crc32(str(ids).encode()))
-                 for ids in prompt_ids]
+        parts = [
+            super(PerPromptEngine, self)._generate([ids], params, zlib.crc32(str(ids).encode())) for ids in prompt_ids
+        ]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
 
@@ -89,6 +110,7 @@ class Probe(L.Callback):
         module.engine = PerPromptEngine(module.policy, module.tokenizer)
         self.initial = full_weights(module.policy)
         if isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel):
+
             def counting(state, bucket):
                 self.synced_backwards += int(bucket.index() == 0)
                 return allreduce_hook(state, bucket)
@@ -114,7 +136,7 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
     trainer.fit(module, datamodule=datamodule)
     counts = torch.tensor([probe.synced_backwards, module.optimizer_steps], device=module.device)
     weights = full_weights(module.policy)
-    checkpoint_keys = list(module.state_dict())   # what a checkpoint's state_dict holds (FSDP: gathered, collective)
+    checkpoint_keys = list(module.state_dict())  # what a checkpoint's state_dict holds (FSDP: gathered, collective)
     if torch.distributed.is_initialized():
         everyone = [torch.zeros_like(counts) for _ in range(torch.distributed.get_world_size())]
         torch.distributed.all_gather(everyone, counts)
@@ -122,16 +144,24 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
         torch.distributed.destroy_process_group()
     if not trainer.is_global_zero:
         return None
-    result = {"weights": weights, "initial": probe.initial, "counts": counts.cpu().reshape(-1, 2),
-              "grad_norms": probe.grad_norms, "checkpoint_keys": checkpoint_keys}
+    result = {
+        "weights": weights,
+        "initial": probe.initial,
+        "counts": counts.cpu().reshape(-1, 2),
+        "grad_norms": probe.grad_norms,
+        "checkpoint_keys": checkpoint_keys,
+    }
     torch.save(result, out / "result.pt")
     return result
 
 
 def main(out: Path, world: int, strategy: str, overrides: list[str]) -> None:
-    accelerator = os.environ.get("DDP_STEP_ACCELERATOR", "cpu")   # gpu: the same check over NCCL (gpu_check.sh)
-    trainer = [f"trainer={'cpu' if accelerator == 'cpu' else 'gpu'}"] if world == 1 else [
-        f"trainer={strategy}", f"trainer.accelerator={accelerator}", f"trainer.devices={world}"]
+    accelerator = os.environ.get("DDP_STEP_ACCELERATOR", "cpu")  # gpu: the same check over NCCL (gpu_check.sh)
+    trainer = (
+        [f"trainer={'cpu' if accelerator == 'cpu' else 'gpu'}"]
+        if world == 1
+        else [f"trainer={strategy}", f"trainer.accelerator={accelerator}", f"trainer.devices={world}"]
+    )
     if strategy == "fsdp" and world > 1:
         trainer.append(f"trainer.strategy._target_={__name__}.{CPUFSDPStrategy.__name__}")
     one_step(out, trainer + overrides)

@@ -13,6 +13,7 @@ imports, a PYTHONPATH of its own) or a process read while it runs: those tests s
 
 Protocol (`python -m tests.helpers.forked_cli`): a JSON request per line on stdin {argv, env, cwd, stdout, stderr};
 per request two JSON lines back, {"pid": ...} when the child is forked and {"status": ...} when it has exited."""
+
 from __future__ import annotations
 
 import atexit
@@ -38,12 +39,18 @@ class _Server:
 
     def __init__(self) -> None:
         log, self.log = tempfile.mkstemp(prefix="forked-cli-server-", suffix=".log")
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.helpers.forked_cli"], cwd=ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.forked_cli"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            bufsize=0,
+        )
         os.close(log)
         self.pending = b""
         atexit.register(os.unlink, self.log)
-        atexit.register(self.process.stdin.close)   # first at exit: end of input, the server exits
+        atexit.register(self.process.stdin.close)  # first at exit: end of input, the server exits
 
     def request(self, request: dict) -> None:
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -65,8 +72,9 @@ class _Server:
 _server: _Server | None = None
 
 
-def forked_python(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = ROOT,
-                  timeout: float = 600) -> subprocess.CompletedProcess:
+def forked_python(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """`python *argv` forked from this worker's server (started on first use): what `subprocess.run(...,
     capture_output=True, text=True, timeout=timeout)` returns, and its `TimeoutExpired` (the child killed) past it."""
     global _server
@@ -74,8 +82,15 @@ def forked_python(argv: list[str], *, env: dict[str, str] | None = None, cwd: Pa
         _server = _Server()
     with tempfile.TemporaryDirectory(prefix="forked-cli-") as folder:
         out, err = Path(folder) / "stdout", Path(folder) / "stderr"
-        _server.request({"argv": [str(arg) for arg in argv], "env": dict(os.environ if env is None else env),
-                         "cwd": str(cwd), "stdout": str(out), "stderr": str(err)})
+        _server.request(
+            {
+                "argv": [str(arg) for arg in argv],
+                "env": dict(os.environ if env is None else env),
+                "cwd": str(cwd),
+                "stdout": str(out),
+                "stderr": str(err),
+            }
+        )
         pid = _server.reply(60)["pid"]
         try:
             status = _server.reply(timeout)["status"]
@@ -125,16 +140,16 @@ def _run_child(request: dict) -> None:
             sys.path.insert(0, str(Path(argv[0]).resolve().parent))
             runpy.run_path(argv[0], run_name="__main__")
         status = 0
-    except SystemExit as stop:   # sys.exit(message) prints it and exits 1, as python does
+    except SystemExit as stop:  # sys.exit(message) prints it and exits 1, as python does
         if stop.code is None or isinstance(stop.code, int):
             status = stop.code or 0
         else:
             print(stop.code, file=sys.stderr)
-    except BaseException:   # what a real start-up prints before exiting 1
+    except BaseException:  # what a real start-up prints before exiting 1
         import traceback
 
         traceback.print_exc()
-    finally:   # what the interpreter's exit does: the exit handlers, then the streams flushed (unless closed)
+    finally:  # what the interpreter's exit does: the exit handlers, then the streams flushed (unless closed)
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             if not stream.closed:
@@ -145,7 +160,7 @@ def _run_child(request: dict) -> None:
 def serve() -> None:
     """The server: preload the entry points, then fork a child per request and report its pid and exit status."""
     replies = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)   # stray prints of an import go to the log, not into the replies
+    os.dup2(2, 1)  # stray prints of an import go to the log, not into the replies
     for module in PRELOAD:
         importlib.import_module(module)
     for line in sys.stdin:

@@ -8,6 +8,7 @@ the same two ranks, each a trainer of its own (both resumes in one launch: two s
 
     python tests/helpers/fsdp_fit.py OUT_DIR [CKPT_PATH|-] [--snapshot] [OVERRIDE ...] [--then OUT_DIR CKPT_PATH ...]
 """
+
 from __future__ import annotations
 
 import sys
@@ -46,22 +47,39 @@ class SnapshotAfterStep1(L.Callback):
 def fit(out: Path, ckpt: str, overrides: list[str]) -> None:
     """One run: fit (from `ckpt` unless "-"), then rank 0 writes OUT_DIR/result.pt."""
     snapshot = SnapshotAfterStep1(out) if "--snapshot" in overrides else None
-    cfg = compose_config(OVERRIDES + ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
-                                      f"trainer.strategy._target_=tests.helpers.ddp_step.{CPUFSDPStrategy.__name__}",
-                                      "checkpoint.enabled=true", "checkpoint.every_n_steps=1",
-                                      "trainer.strategy.mixed_precision.param_dtype=null",
-                                      # an optimizer with state: Lightning's FSDP load indexes the first state entry
-                                      "algorithm.optimizer._target_=torch.optim.AdamW", "algorithm.optimizer.lr=1e-3",
-                                      f"paths.output_dir={out}", *(o for o in overrides if o != "--snapshot")])
+    cfg = compose_config(
+        OVERRIDES
+        + [
+            "trainer=fsdp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            f"trainer.strategy._target_=tests.helpers.ddp_step.{CPUFSDPStrategy.__name__}",
+            "checkpoint.enabled=true",
+            "checkpoint.every_n_steps=1",
+            "trainer.strategy.mixed_precision.param_dtype=null",
+            # an optimizer with state: Lightning's FSDP load indexes the first state entry
+            "algorithm.optimizer._target_=torch.optim.AdamW",
+            "algorithm.optimizer.lr=1e-3",
+            f"paths.output_dir={out}",
+            *(o for o in overrides if o != "--snapshot"),
+        ]
+    )
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)
     if snapshot:
         trainer.callbacks.append(snapshot)
     trainer.fit(module, datamodule=datamodule, ckpt_path=None if ckpt == "-" else ckpt)
-    weights = full_weights(module.policy)   # gathered: every rank takes part
+    weights = full_weights(module.policy)  # gathered: every rank takes part
     if trainer.is_global_zero:
-        torch.save({"reward_history": module.reward_history, "rollout_step": module.rollout_step, "weights": weights,
-                    "step1_weights": snapshot and snapshot.weights}, out / "result.pt")
+        torch.save(
+            {
+                "reward_history": module.reward_history,
+                "rollout_step": module.rollout_step,
+                "weights": weights,
+                "step1_weights": snapshot and snapshot.weights,
+            },
+            out / "result.pt",
+        )
     torch.distributed.barrier()
 
 

@@ -1,4 +1,5 @@
 """Float64 loop references shared by several test modules."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Verifiers for tests, referenced as `tests.helpers.rewards:<name>`."""
+
 import time
 
 

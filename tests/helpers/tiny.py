@@ -1,4 +1,5 @@
 """A tiny random Qwen2 + character tokenizer built from the real `model=tiny` config."""
+
 from __future__ import annotations
 
 from omegaconf import OmegaConf

@@ -13,6 +13,7 @@ a setting where every method of configs/method/ acts on the tiny random model.
   on a busy 2-core machine, more than a tiny fit); what the tests check does not depend on where a verifier runs.
 * `METHODS`: every preset of configs/method/, read from the folder (a new preset is covered without a code change).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,7 @@ def disagree(rollouts: RolloutBatch, seed: int) -> RolloutBatch:
     """`rollouts` with each response token's sampling log-prob moved by −1, 0 or +1 nat (seeded by `seed`)."""
     generator = torch.Generator().manual_seed(seed)
     shift = torch.randint(-1, 2, rollouts.sampling_logprobs.shape, generator=generator).float()
-    return dataclasses.replace(rollouts, sampling_logprobs=rollouts.sampling_logprobs
-                               + shift * rollouts.response_mask)
+    return dataclasses.replace(rollouts, sampling_logprobs=rollouts.sampling_logprobs + shift * rollouts.response_mask)
 
 
 class DisagreeingEngine(HFEngine):

@@ -11,6 +11,7 @@ Devices: with `gpus_per_job` = g > 0 and GPUs visible, the i-th of the `n_jobs` 
 i·g … i·g + g − 1 of the visible ones as its `CUDA_VISIBLE_DEVICES` (every job of that slot, one after another), so
 parallel jobs never share a GPU; without GPUs nothing is set.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,11 @@ import multiprocessing
 import os
 import queue
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import cloudpickle
 from hydra.core.hydra_config import HydraConfig
@@ -51,19 +53,30 @@ def _run_one_job(payload: bytes) -> bytes:
         sweep_config.hydra.run.dir = str(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
     sys.argv = [sys.argv[0], *overrides]
     HydraConfig.instance().set_config(sweep_config)
-    return cloudpickle.dumps(run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
-                                     job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"))
+    return cloudpickle.dumps(
+        run_job(
+            hydra_context=hydra_context,
+            config=sweep_config,
+            task_function=task_function,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    )
 
 
 def _set_environment(values: dict[str, str]) -> None:
-    os.environ.update(values)   # in the spawned process, before anything initialises CUDA
+    os.environ.update(values)  # in the spawned process, before anything initialises CUDA
 
 
 def _in_fresh_process(payload: bytes, environment: dict[str, str]) -> JobReturn:
     """One job in a newly spawned process that exits after it (spawn: never fork a parent holding CUDA state), with
     `environment` set in it first."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_set_environment, initargs=(environment,)) as process:
+    with ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_set_environment,
+        initargs=(environment,),
+    ) as process:
         return cloudpickle.loads(process.submit(_run_one_job, payload).result())
 
 
@@ -81,17 +94,22 @@ def slot_devices(n_jobs: int, gpus_per_job: int, visible: list[str]) -> list[dic
     if gpus_per_job < 1 or not visible:
         return [{} for _ in range(n_jobs)]
     if n_jobs * gpus_per_job > len(visible):
-        raise ValueError(f"hydra.launcher.n_jobs={n_jobs} × gpus_per_job={gpus_per_job} needs {n_jobs * gpus_per_job} "
-                         f"GPUs and {len(visible)} are visible ({','.join(visible)}); lower n_jobs")
-    return [{"CUDA_VISIBLE_DEVICES": ",".join(visible[slot * gpus_per_job:(slot + 1) * gpus_per_job])}
-            for slot in range(n_jobs)]
+        raise ValueError(
+            f"hydra.launcher.n_jobs={n_jobs} × gpus_per_job={gpus_per_job} needs {n_jobs * gpus_per_job} "
+            f"GPUs and {len(visible)} are visible ({','.join(visible)}); lower n_jobs"
+        )
+    return [
+        {"CUDA_VISIBLE_DEVICES": ",".join(visible[slot * gpus_per_job : (slot + 1) * gpus_per_job])}
+        for slot in range(n_jobs)
+    ]
 
 
 def _died(index: int, overrides: Sequence[str], error: BaseException) -> JobReturn:
     """The return of a job whose process died without reporting (killed for memory, a crash in native code)."""
     failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-    failed._return_value = RuntimeError(f"sweep job #{index} ({' '.join(overrides)}) died without finishing: "
-                                        f"{type(error).__name__}: {error}")
+    failed._return_value = RuntimeError(
+        f"sweep job #{index} ({' '.join(overrides)}) died without finishing: {type(error).__name__}: {error}"
+    )
     return failed
 
 
@@ -115,14 +133,28 @@ class FreshProcessLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        log.info("Launching %d jobs, %d at a time, each in a fresh process; sweep output dir: %s",
-                 len(job_overrides), self.n_jobs, sweep_dir)
+        log.info(
+            "Launching %d jobs, %d at a time, each in a fresh process; sweep output dir: %s",
+            len(job_overrides),
+            self.n_jobs,
+            sweep_dir,
+        )
         for offset, overrides in enumerate(job_overrides):
             log.info("\t#%d : %s", initial_job_idx + offset, " ".join(filter_overrides(overrides)))
         singleton_state = Singleton.get_state()
-        payloads = [cloudpickle.dumps((initial_job_idx + offset, list(overrides), self.hydra_context, self.config,
-                                       self.task_function, singleton_state))
-                    for offset, overrides in enumerate(job_overrides)]
+        payloads = [
+            cloudpickle.dumps(
+                (
+                    initial_job_idx + offset,
+                    list(overrides),
+                    self.hydra_context,
+                    self.config,
+                    self.task_function,
+                    singleton_state,
+                )
+            )
+            for offset, overrides in enumerate(job_overrides)
+        ]
         free: queue.Queue[dict[str, str]] = queue.Queue()
         for environment in slot_devices(self.n_jobs, self.gpus_per_job, visible_gpus()):
             free.put(environment)

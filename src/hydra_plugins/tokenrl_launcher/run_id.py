@@ -10,6 +10,7 @@ sweep's jobs share one folder, and a requeued SLURM job finds its own. Hydra imp
 `hydra_plugins` before it composes a config (its plugin scan), so importing this package registers the resolver in
 `train.py`, `eval.py`, the compose API and every launcher's job process.
 """
+
 from __future__ import annotations
 
 import os

@@ -6,11 +6,13 @@ The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces,
 engine's importance weights: truncated or masked, per token or per sequence), §11 (loss variants — GSPO, CISPO, DPPO,
 SAPO —, KL estimators, the entropy bonus and its adaptive coefficient).
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
@@ -18,8 +20,8 @@ POLICY_LOSSES = ("ppo", "gspo", "gspo_seq", "cispo", "dppo", "sapo")
 TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DPPO_DIVERGENCES = ("tv", "kl")
 FILTER_METRICS = ("acc", "reward")
-NOT_LOSS_SETTINGS = ("name", "optimizer")   # keys of the node that other code reads (the optimizer factory, a label)
-DERIVED = ("response_budget",)              # fields set from other nodes, not from `algorithm`
+NOT_LOSS_SETTINGS = ("name", "optimizer")  # keys of the node that other code reads (the optimizer factory, a label)
+DERIVED = ("response_budget",)  # fields set from other nodes, not from `algorithm`
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,10 @@ class AlgorithmConfig:
     entropy_target: float | None = None
     entropy_coef_delta: float = 1e-4
     entropy_coef_max: float = 5e-3
-    response_budget: int = 0   # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
+    response_budget: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
 
     @classmethod
-    def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> "AlgorithmConfig":
+    def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> AlgorithmConfig:
         """The record of a composed `algorithm` node; `max_new_tokens` (rollout.max_new_tokens) bounds the overlong
         buffer. Raises ValueError naming the key for an unknown, missing or invalid setting."""
         fields = {field.name: field for field in dataclasses.fields(cls) if field.name not in DERIVED}
@@ -87,49 +89,83 @@ class AlgorithmConfig:
         _one_of("tis_mode", self.tis_mode, TIS_MODES)
         _one_of("dppo_divergence", self.dppo_divergence, DPPO_DIVERGENCES)
         if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
-            raise ValueError("algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
-                             f"{self.response_budget}; build the config with the response budget")
+            raise ValueError(
+                "algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
+                f"{self.response_budget}; build the config with the response budget"
+            )
         if self.policy_loss == "cispo" and self.dual_clip is not None:
-            raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
-                             "IS weight is already clipped and detached); set algorithm.dual_clip=null")
+            raise ValueError(
+                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
+                "IS weight is already clipped and detached); set algorithm.dual_clip=null"
+            )
         if self.policy_loss == "sapo" and self.dual_clip is not None:
-            raise ValueError(f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=sapo (its "
-                             "soft gate is already bounded by 4/τ·|Â|); set algorithm.dual_clip=null")
+            raise ValueError(
+                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=sapo (its "
+                "soft gate is already bounded by 4/τ·|Â|); set algorithm.dual_clip=null"
+            )
         if self.filter_groups is not None:
             _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
         if self.group_size < 2:
-            raise ValueError(f"algorithm.group_size={self.group_size} must be >= 2: GRPO's advantage compares each "
-                             "response with the others of its group, so a group of one gives every advantage 0")
-        for name in ("prompts_per_step", "micro_batch_size", "ppo_epochs", "mini_batches",
-                     "gen_prompts_per_step", "max_gen_rounds"):
+            raise ValueError(
+                f"algorithm.group_size={self.group_size} must be >= 2: GRPO's advantage compares each "
+                "response with the others of its group, so a group of one gives every advantage 0"
+            )
+        for name in (
+            "prompts_per_step",
+            "micro_batch_size",
+            "ppo_epochs",
+            "mini_batches",
+            "gen_prompts_per_step",
+            "max_gen_rounds",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(f"algorithm.dual_clip={self.dual_clip} must be > 1 (verl's clip_ratio_c; 3 or 10 typical) "
-                             "or null for off")
+            raise ValueError(
+                f"algorithm.dual_clip={self.dual_clip} must be > 1 (verl's clip_ratio_c; 3 or 10 typical) "
+                "or null for off"
+            )
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} must be > 0 (or null to turn the correction off)")
         for name, off in (("tis_mode", "token_truncate"), ("tis_min", None)):
             if self.tis_cap is None and getattr(self, name) != off:
-                raise ValueError(f"algorithm.{name}={getattr(self, name)} has no effect while algorithm.tis_cap=null "
-                                 "(the engine's importance weights are off): set algorithm.tis_cap, the upper bound "
-                                 "(2.0 for TIS; 5.0 with tis_min=0.5 for IcePop)")
+                raise ValueError(
+                    f"algorithm.{name}={getattr(self, name)} has no effect while algorithm.tis_cap=null "
+                    "(the engine's importance weights are off): set algorithm.tis_cap, the upper bound "
+                    "(2.0 for TIS; 5.0 with tis_min=0.5 for IcePop)"
+                )
         if self.tis_min is not None and not 0 < self.tis_min < self.tis_cap:
-            raise ValueError(f"algorithm.tis_min={self.tis_min} must lie in (0, algorithm.tis_cap={self.tis_cap}) "
-                             "(or null for no lower bound)")
+            raise ValueError(
+                f"algorithm.tis_min={self.tis_min} must lie in (0, algorithm.tis_cap={self.tis_cap}) "
+                "(or null for no lower bound)"
+            )
         if not 0 <= self.overlong_buffer <= max_new_tokens:
-            raise ValueError(f"algorithm.overlong_buffer={self.overlong_buffer} must lie in [0, rollout.max_new_tokens="
-                             f"{max_new_tokens}] (0 turns the shaping off)")
+            raise ValueError(
+                f"algorithm.overlong_buffer={self.overlong_buffer} must lie in [0, rollout.max_new_tokens="
+                f"{max_new_tokens}] (0 turns the shaping off)"
+            )
         if self.lr_warmup_steps < 0:
             raise ValueError(f"algorithm.lr_warmup_steps={self.lr_warmup_steps} must be >= 0 (0 = constant lr)")
         if self.entropy_target is not None and not self.entropy_target > 0:
-            raise ValueError(f"algorithm.entropy_target={self.entropy_target} must be > 0 nats (or null for a fixed "
-                             "algorithm.entropy_coef)")
+            raise ValueError(
+                f"algorithm.entropy_target={self.entropy_target} must be > 0 nats (or null for a fixed "
+                "algorithm.entropy_coef)"
+            )
         if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
-            raise ValueError(f"algorithm.entropy_coef={self.entropy_coef} must be <= algorithm.entropy_coef_max="
-                             f"{self.entropy_coef_max} (the adaptive coefficient's start and cap)")
-        for name in ("clip_low", "clip_high", "kl_coef", "adv_eps", "overlong_penalty_factor", "entropy_coef",
-                     "entropy_coef_delta", "entropy_coef_max"):
+            raise ValueError(
+                f"algorithm.entropy_coef={self.entropy_coef} must be <= algorithm.entropy_coef_max="
+                f"{self.entropy_coef_max} (the adaptive coefficient's start and cap)"
+            )
+        for name in (
+            "clip_low",
+            "clip_high",
+            "kl_coef",
+            "adv_eps",
+            "overlong_penalty_factor",
+            "entropy_coef",
+            "entropy_coef_delta",
+            "entropy_coef_max",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
         for name in ("dppo_low", "dppo_high", "sapo_tau_pos", "sapo_tau_neg"):

@@ -10,10 +10,10 @@ L_cache = `algorithm.overlong_buffer` (0 = off) and factor = `algorithm.overlong
 Dynamic sampling keeps a group only if 0 < |{o_i correct}| < G (Eq. 11); verl's `filter_groups` generalises it to
 "the metric is not the same for every response" (`acc`: the verifier says correct; `reward`: the shaped reward).
 """
+
 from __future__ import annotations
 
 import torch
-
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

@@ -4,6 +4,7 @@ DPPO or SAPO) with its KL, entropy and drift terms, loss aggregation, and the en
 Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and
 token-mean; docs/algorithms.md §1.4 for the masked interface and §11 for the token-level terms implemented here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from tokenrl.algorithms.config import AGGREGATIONS, DPPO_DIVERGENCES, KL_ESTIMAT
 NORMALIZERS = ("selected", "all")
 
 
-def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6,
-                     std_normalize: bool = True) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6, std_normalize: bool = True
+) -> torch.Tensor:
     """Â_i = (R_i − mean_g R) / (std_g R + ε) over the rollouts of the same prompt (unbiased std).
 
     A group of one has mean 0 and std 1 (verl's rule); a group with equal rewards gets Â = 0, never NaN.
@@ -27,7 +29,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float 
         rows = group_ids == group
         values = rewards[rows]
         if values.numel() > 1 and bool((values == values[0]).all()):
-            continue   # exactly 0: the mean of equal non-dyadic rewards (0.1) is not exactly each of them
+            continue  # exactly 0: the mean of equal non-dyadic rewards (0.1) is not exactly each of them
         if values.numel() == 1:
             mean, std = torch.zeros((), dtype=values.dtype), torch.ones((), dtype=values.dtype)
         else:
@@ -49,23 +51,30 @@ def denominator_mask(response_mask: torch.Tensor, token_mask: torch.Tensor, norm
 class LossNormalizer:
     """Divisors of one optimizer step's loss, counted over its whole mini-batch (and all ranks).
 
-    token-mean: pg = Σ tokens of D, kl = Σ_t W_kl (KL-weighted), entropy = Σ tokens of W_H; seq-mean-token-mean: all three
-    = kept sequences (those with Σ_t D > 0); seq-mean-token-sum-norm (Dr. GRPO): all three = sequences × the response
-    budget, a constant whatever the selection (docs/algorithms.md §11.3).
+    token-mean: pg = Σ tokens of D, kl = Σ_t W_kl (KL-weighted), entropy = Σ tokens of W_H; seq-mean-token-mean: all
+    three = kept sequences (those with Σ_t D > 0); seq-mean-token-sum-norm (Dr. GRPO): all three = sequences × the
+    response budget, a constant whatever the selection (docs/algorithms.md §11.3).
     """
 
     pg: float
     kl: float
     entropy: float = 1.0
 
-    def __add__(self, other: "LossNormalizer") -> "LossNormalizer":
+    def __add__(self, other: LossNormalizer) -> LossNormalizer:
         """The divisors of two disjoint sets of rows together (each count is a sum over rows)."""
         return LossNormalizer(self.pg + other.pg, self.kl + other.kl, self.entropy + other.entropy)
 
     @staticmethod
-    def count(response_mask: torch.Tensor, token_mask: torch.Tensor, aggregation: str, norm: str,
-              kl_masked: bool, entropy_masked: bool = False, budget: int = 0,
-              kl_weights: torch.Tensor | None = None) -> "LossNormalizer":
+    def count(
+        response_mask: torch.Tensor,
+        token_mask: torch.Tensor,
+        aggregation: str,
+        norm: str,
+        kl_masked: bool,
+        entropy_masked: bool = False,
+        budget: int = 0,
+        kl_weights: torch.Tensor | None = None,
+    ) -> LossNormalizer:
         """The divisors of the rows given; `kl_weights` (a selection's per-token KL weights) weigh the KL count."""
         denominator = denominator_mask(response_mask, token_mask, norm)
         selected = response_mask * (token_mask != 0)
@@ -93,16 +102,33 @@ class LossOutput:
     dual_clipped_tokens: torch.Tensor
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                response_mask: torch.Tensor, token_mask: torch.Tensor, normalizer: LossNormalizer, *,
-                aggregation: str, norm: str, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor,
-                ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
-                kl_masked: bool = True, is_weights: torch.Tensor | None = None,
-                dual_clip: float | None = None, kl_estimator: str = "k3", kind: str = "ppo",
-                kl_weights: torch.Tensor | None = None, drift_coef: torch.Tensor | None = None,
-                entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                entropy_masked: bool = False, dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
-                sapo: tuple[float, float] = (1.0, 1.05)) -> LossOutput:
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    token_mask: torch.Tensor,
+    normalizer: LossNormalizer,
+    *,
+    aggregation: str,
+    norm: str,
+    clip_low: float | torch.Tensor,
+    clip_high: float | torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_masked: bool = True,
+    is_weights: torch.Tensor | None = None,
+    dual_clip: float | None = None,
+    kl_estimator: str = "k3",
+    kind: str = "ppo",
+    kl_weights: torch.Tensor | None = None,
+    drift_coef: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    entropy_masked: bool = False,
+    dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
+    sapo: tuple[float, float] = (1.0, 1.05),
+) -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
     Per token (docs/algorithms.md §1.2, §11): pg_t = −min(r_t Â_t, clip(r_t, 1−ε_low,t, 1+ε_high,t) Â_t) (`ppo`),
@@ -124,8 +150,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     w_entropy = selected if entropy_masked else resp
     denominator = denominator_mask(response_mask, token_mask, norm)
     adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
-    pg, is_clipped, dual_clipped = surrogate(logp, old_logp, adv, selected, kind, clip_low, clip_high, dual_clip, dppo,
-                                             sapo)
+    pg, is_clipped, dual_clipped = surrogate(
+        logp, old_logp, adv, selected, kind, clip_low, clip_high, dual_clip, dppo, sapo
+    )
     if drift_coef is not None:
         pg = pg + drift_coef.to(pg.dtype) * (logp - old_logp).abs()
     if is_weights is not None:
@@ -136,14 +163,23 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if entropy is not None and entropy_coef > 0:
         terms.append((-entropy_coef * entropy, w_entropy, w_entropy, normalizer.entropy))
     loss = aggregate(terms, denominator, aggregation)
-    return LossOutput(loss, (is_clipped * selected).sum().detach(), selected.sum().detach(),
-                      (dual_clipped * selected).sum().detach())
+    return LossOutput(
+        loss, (is_clipped * selected).sum().detach(), selected.sum().detach(), (dual_clipped * selected).sum().detach()
+    )
 
 
-def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, selected: torch.Tensor, kind: str,
-              clip_low: float | torch.Tensor, clip_high: float | torch.Tensor, dual_clip: float | None,
-              dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
-              sapo: tuple[float, float] = (1.0, 1.05)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def surrogate(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    selected: torch.Tensor,
+    kind: str,
+    clip_low: float | torch.Tensor,
+    clip_high: float | torch.Tensor,
+    dual_clip: float | None,
+    dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
+    sapo: tuple[float, float] = (1.0, 1.05),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pg_t, clipped?, dual-clipped?) of `policy_loss`'s policy-gradient term, before any weight; `clipped` is the
     clipped branch being the active minimum, for `dppo` the token being dropped, never for `sapo`."""
     if kind not in POLICY_LOSSES:
@@ -151,8 +187,9 @@ def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, sel
     log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
     if kind in ("gspo", "gspo_seq"):
         sequence = (log_ratio * selected).sum(1) / selected.sum(1).clamp_min(1.0)
-        log_ratio = (logp - logp.detach() + sequence.detach()[:, None] if kind == "gspo"
-                     else sequence[:, None].expand_as(logp))
+        log_ratio = (
+            logp - logp.detach() + sequence.detach()[:, None] if kind == "gspo" else sequence[:, None].expand_as(logp)
+        )
     ratio = torch.exp(log_ratio)
     none = torch.zeros_like(logp)
     if kind == "sapo":
@@ -167,7 +204,7 @@ def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, sel
             return -bounded.detach() * adv * logp, (bounded != ratio).to(logp.dtype), none
         unclipped, clipped = ratio * adv, bounded * adv
         pg = -torch.minimum(unclipped, clipped)
-        is_clipped = (clipped < unclipped).to(pg.dtype)   # the clipped branch is the active minimum
+        is_clipped = (clipped < unclipped).to(pg.dtype)  # the clipped branch is the active minimum
     dual_clipped = none
     if dual_clip is not None:
         bound = -adv * dual_clip
@@ -176,8 +213,9 @@ def surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, sel
     return pg, is_clipped, dual_clipped
 
 
-def dppo_dropped(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, divergence: str, low: float,
-                 high: float) -> torch.Tensor:
+def dppo_dropped(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, divergence: str, low: float, high: float
+) -> torch.Tensor:
     """DPPO's "drop rather than clip" (Qi et al., arXiv 2602.04879; prime-rl's default loss, verl's `dppo_tv` /
     `dppo_kl`): with p = π_θ(o_t), p_old = π_old(o_t) and D the binary TV |p − p_old| (`tv`) or the binary KL
     p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p + 1e-8)) (`kl`, verl's and TRL's form), a token
@@ -199,21 +237,25 @@ def clip_ratio(ratio: torch.Tensor, clip_low: float | torch.Tensor, clip_high: f
     """clip(r, 1 − ε_low, 1 + ε_high) with ε a float or a per-token tensor (ε_high = inf: no upper bound)."""
     if not isinstance(clip_low, torch.Tensor) and not isinstance(clip_high, torch.Tensor):
         return torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    low, high = (1.0 + sign * torch.as_tensor(eps, dtype=ratio.dtype, device=ratio.device)
-                 for sign, eps in ((-1.0, clip_low), (1.0, clip_high)))
+    low, high = (
+        1.0 + sign * torch.as_tensor(eps, dtype=ratio.dtype, device=ratio.device)
+        for sign, eps in ((-1.0, clip_low), (1.0, clip_high))
+    )
     return torch.minimum(torch.maximum(ratio, low), high)
 
 
-def aggregate(terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]], denominator: torch.Tensor,
-              aggregation: str) -> torch.Tensor:
+def aggregate(
+    terms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]], denominator: torch.Tensor, aggregation: str
+) -> torch.Tensor:
     """Σ over (per-token value, weight, per-row divisor mask, normaliser) terms of docs/algorithms.md §1.4: token-mean
     and seq-mean-token-sum-norm divide Σ_t value·weight by the normaliser; seq-mean-token-mean averages each row over
     its divisor mask first and sums the rows that have selected tokens."""
     if aggregation in ("token-mean", "seq-mean-token-sum-norm"):
         return sum((value * weight).sum() / (norm if norm > 0 else 1.0) for value, weight, _, norm in terms)
-    if aggregation == "seq-mean-token-mean":   # a row whose divisor is 0 has nothing to divide
-        per_seq = sum((value * weight).sum(1) / torch.where(rows.sum(1) > 0, rows.sum(1), 1.0)
-                      for value, weight, rows, _ in terms)
+    if aggregation == "seq-mean-token-mean":  # a row whose divisor is 0 has nothing to divide
+        per_seq = sum(
+            (value * weight).sum(1) / torch.where(rows.sum(1) > 0, rows.sum(1), 1.0) for value, weight, rows, _ in terms
+        )
         keep = denominator.sum(1) > 0
         return per_seq[keep].sum() / max(terms[0][3], 1.0)
     raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
@@ -236,8 +278,14 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
     raise ValueError(f"algorithm.kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
 
 
-def engine_is_weights(trainer_logp: torch.Tensor, engine_logp: torch.Tensor, response_mask: torch.Tensor, mode: str,
-                      cap: float, floor: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_is_weights(
+    trainer_logp: torch.Tensor,
+    engine_logp: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: str,
+    cap: float,
+    floor: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine→trainer importance weights of docs/algorithms.md §1.6/§11.13 and, per token, whether its ratio lies
     outside [floor, cap]. `token_*`: r_t = π_trainer(o_t)/π_engine(o_t); `sequence_*`: r_i = Π_t r_t = exp(Σ_t log r_t)
     over the row's response tokens, on every token of the row (TRL's `vllm_importance_sampling_mode`). `*_truncate`:

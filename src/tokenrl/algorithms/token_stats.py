@@ -9,9 +9,10 @@ With π = softmax(z / T), T the sampling temperature (docs/algorithms.md §1.5, 
   (`others`, j ≠ i: "the mean distribution of the same prompt's other rollouts"),
   JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one rollout of the group is active.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -29,8 +30,10 @@ def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool)
     with_js = "js" in requires or js_diagnostics
     computed = ALL_STATISTICS if with_js else ALL_STATISTICS - {"js"}
     if requires - computed:
-        raise ValueError(f"selector {selector_name} needs statistics {sorted(requires - computed)} that the statistics "
-                         f"pass does not compute (it computes {sorted(computed)})")
+        raise ValueError(
+            f"selector {selector_name} needs statistics {sorted(requires - computed)} that the statistics "
+            f"pass does not compute (it computes {sorted(computed)})"
+        )
     return with_js
 
 
@@ -38,23 +41,31 @@ def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool)
 LogitsAt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def group_statistics(logits_at: LogitsAt, rows: torch.Tensor, response_ids: torch.Tensor,
-                     response_mask: torch.Tensor, temperature: float, chunk_size: int, with_js: bool,
-                     out: dict[str, torch.Tensor], js_peers: str = "all") -> None:
+def group_statistics(
+    logits_at: LogitsAt,
+    rows: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_js: bool,
+    out: dict[str, torch.Tensor],
+    js_peers: str = "all",
+) -> None:
     """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk.
 
     A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
     at most G·C ≤ max(chunk_size, G) rows of V logits (plus C rows for the group mean).
     """
-    active = response_mask[rows].bool()                                    # (G, T)
+    active = response_mask[rows].bool()  # (G, T)
     width = max(1, chunk_size // max(len(rows), 1))
     for t0 in range(0, active.shape[1], width):
-        block = active[:, t0:t0 + width]
+        block = active[:, t0 : t0 + width]
         if not block.any():
-            break                                                         # masks are prefixes: nothing later
+            break  # masks are prefixes: nothing later
         local_row, offset = block.nonzero(as_tuple=True)
         row, pos = rows[local_row], offset + t0
-        logp = torch.log_softmax(logits_at(row, pos).float() / temperature, dim=-1)   # (N, V)
+        logp = torch.log_softmax(logits_at(row, pos).float() / temperature, dim=-1)  # (N, V)
         p = logp.exp()
         device = logp.device
         out["logprobs"][row, pos] = logp.gather(-1, response_ids[row, pos].to(device)[:, None]).squeeze(-1).cpu()
@@ -63,12 +74,12 @@ def group_statistics(logits_at: LogitsAt, rows: torch.Tensor, response_ids: torc
         if not with_js:
             continue
         offset = offset.to(device)
-        counts = block.sum(0).to(device)                                  # active rollouts per position
+        counts = block.sum(0).to(device)  # active rollouts per position
         total_at = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)[offset]  # (N, V)
         count_at = counts[offset][:, None]
         if js_peers == "all":
             mean_at = total_at / count_at
-        else:   # leave-one-out; clamped because the subtraction can leave −1e-8 where π_i holds all the mass
+        else:  # leave-one-out; clamped because the subtraction can leave −1e-8 where π_i holds all the mass
             mean_at = ((total_at - p) / (count_at - 1).clamp_min(1)).clamp_min(0.0)
         log_mid = torch.log((0.5 * (p + mean_at)).clamp_min(1e-30))
         kl_p = (p * (logp - log_mid)).sum(-1)
@@ -87,9 +98,17 @@ def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: float, micro_batch_size: int,
-                        chunk_size: int, with_js: bool = False, js_peers: str = "all", share_prefix: bool = False,
-                        trim: bool = False) -> TokenStats:
+def compute_token_stats(
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int,
+    chunk_size: int,
+    with_js: bool = False,
+    js_peers: str = "all",
+    share_prefix: bool = False,
+    trim: bool = False,
+) -> TokenStats:
     """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
     (layouts: models/response_forward.py)."""
     check_js_peers(js_peers)
@@ -103,9 +122,17 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
         local[rows] = torch.arange(len(rows))
         hidden, _ = response_hidden(model, batch.rows(rows), share_prefix, trim)
         for group_rows in pending:
-            group_statistics(lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]), group_rows,
-                             batch.response_ids, batch.response_mask, temperature, chunk_size, with_js, out,
-                             js_peers)
+            group_statistics(
+                lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
+                group_rows,
+                batch.response_ids,
+                batch.response_mask,
+                temperature,
+                chunk_size,
+                with_js,
+                out,
+                js_peers,
+            )
 
     pending: list[torch.Tensor] = []
     for group in _groups(batch.group_ids):
@@ -119,13 +146,29 @@ def compute_token_stats(model: nn.Module, batch: RolloutBatch, temperature: floa
 
 
 @torch.no_grad()
-def stats_from_logits(logits: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
-                      group_ids: torch.Tensor, temperature: float, chunk_size: int,
-                      with_js: bool = True, js_peers: str = "all") -> TokenStats:
+def stats_from_logits(
+    logits: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_js: bool = True,
+    js_peers: str = "all",
+) -> TokenStats:
     """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
     check_js_peers(js_peers)
     out = zero_statistics(response_ids.shape, with_js)
     for group in _groups(group_ids):
-        group_statistics(lambda row, pos: logits[row, pos], group, response_ids, response_mask, temperature,
-                         chunk_size, with_js, out, js_peers)
+        group_statistics(
+            lambda row, pos: logits[row, pos],
+            group,
+            response_ids,
+            response_mask,
+            temperature,
+            chunk_size,
+            with_js,
+            out,
+            js_peers,
+        )
     return TokenStats(**out)

@@ -1,5 +1,6 @@
 """The entry points' contract for a user's error (docs/errors.md): one line on stderr starting `error:`, exit status
 2, the traceback in the run's log file."""
+
 from __future__ import annotations
 
 import logging
@@ -7,7 +8,7 @@ import os
 import sys
 
 log = logging.getLogger(__name__)
-DEBUG_ENV = "TOKENRL_DEBUG"   # =1: the traceback of a user error on the console too
+DEBUG_ENV = "TOKENRL_DEBUG"  # =1: the traceback of a user error on the console too
 
 
 def report_user_error(err: BaseException) -> None:
@@ -23,4 +24,5 @@ def report_user_error(err: BaseException) -> None:
     print(f"error: {err}{hint}", file=sys.stderr)
     if debug:
         import traceback
+
         traceback.print_exception(err)

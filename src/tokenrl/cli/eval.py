@@ -9,6 +9,7 @@ sha256), the prompt (instruction, chat template on or off, the full template tex
 sampling (temperature, top-p, top-k, budgets, n, ks, seed and how each batch's seed derives from it), the engine,
 the verifier, the command line and the versions of tokenrl, torch, transformers, vLLM and the verifier's parser.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -26,8 +27,6 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from tokenrl.run.allocator import reexec_with_tcmalloc
-from tokenrl.run.checkpointing import load_policy
 from tokenrl.cli.errors import report_user_error
 from tokenrl.config.check import check_eval_config
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
@@ -37,6 +36,8 @@ from tokenrl.models import build_model, build_tokenizer
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import build_engine
+from tokenrl.run.allocator import reexec_with_tcmalloc
+from tokenrl.run.checkpointing import load_policy
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,13 @@ def source_commit() -> str | None:
     root = Path(CONFIG_DIR).parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     commit = head.stdout.strip()
@@ -93,41 +99,70 @@ def data_record(bench: Benchmark, data_dir: str | None) -> dict[str, Any]:
         path = Path(data_dir).expanduser().resolve() / LOCAL[bench.name]
         return {"route": "local", "file": str(path), "sha256": _sha256(path) if path.is_file() else None}
     hub = bench.hub
-    return {"route": "hub", "repo": hub.repo, "configs": [c for c in hub.configs if c] or None, "split": hub.split,
-            "revision": hub.revision or "main (no pinned revision)", "columns_renamed": hub.columns or None}
+    return {
+        "route": "hub",
+        "repo": hub.repo,
+        "configs": [c for c in hub.configs if c] or None,
+        "split": hub.split,
+        "revision": hub.revision or "main (no pinned revision)",
+        "columns_renamed": hub.columns or None,
+    }
 
 
-def reproduction_record(cfg: DictConfig, bench: Benchmark, settings: EvalSettings, formatter: PromptFormatter,
-                        verifiers: list[str]) -> dict[str, Any]:
+def reproduction_record(
+    cfg: DictConfig, bench: Benchmark, settings: EvalSettings, formatter: PromptFormatter, verifiers: list[str]
+) -> dict[str, Any]:
     """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    rollout = {key: value for key, value in OmegaConf.to_container(cfg.rollout, resolve=True).items()
-               if key not in TRAINING_SAMPLING}   # the evaluation samples by `eval.*` (recorded under "sampling")
+    rollout = {
+        key: value
+        for key, value in OmegaConf.to_container(cfg.rollout, resolve=True).items()
+        if key not in TRAINING_SAMPLING
+    }  # the evaluation samples by `eval.*` (recorded under "sampling")
     try:
         from hydra.core.hydra_config import HydraConfig
 
         overrides = list(HydraConfig.get().overrides.task)
-    except ValueError:          # run() called without Hydra's runtime (tests, scripts)
+    except ValueError:  # run() called without Hydra's runtime (tests, scripts)
         overrides = None
     return {
-        "model": {"name": model["name"], "source": _resolved(model["source"]), "init": model["init"],
-                  "ckpt_path": _resolved(cfg.ckpt_path), "dtype": model["dtype"],
-                  "tokenizer": _resolved(model.get("tokenizer")) or "the source's", "lora": model.get("lora")},
+        "model": {
+            "name": model["name"],
+            "source": _resolved(model["source"]),
+            "init": model["init"],
+            "ckpt_path": _resolved(cfg.ckpt_path),
+            "dtype": model["dtype"],
+            "tokenizer": _resolved(model.get("tokenizer")) or "the source's",
+            "lora": model.get("lora"),
+        },
         "benchmark": {"name": bench.name, **data_record(bench, cfg.paths.data_dir), "limit": cfg.eval.limit},
-        "prompt": {"instruction": bench.instruction, "chat_template": formatter.chat,
-                   "system_prompt": formatter.system_prompt, "max_prompt_length": settings.max_prompt_length,
-                   "template": formatter.text(with_instruction("{question}", bench.instruction))},
-        "sampling": {"n": settings.n_samples, "ks": list(settings.ks), "temperature": settings.temperature,
-                     "top_p": settings.top_p, "top_k": settings.top_k, "max_new_tokens": settings.max_new_tokens,
-                     "batch_prompts": settings.batch_prompts, "seed": settings.seed,
-                     "batch_seed": "derived_seed(seed, 'eval', benchmark, index of the batch's first prompt)",
-                     "stop": "the tokenizer's and generation config's EOS tokens"},
+        "prompt": {
+            "instruction": bench.instruction,
+            "chat_template": formatter.chat,
+            "system_prompt": formatter.system_prompt,
+            "max_prompt_length": settings.max_prompt_length,
+            "template": formatter.text(with_instruction("{question}", bench.instruction)),
+        },
+        "sampling": {
+            "n": settings.n_samples,
+            "ks": list(settings.ks),
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,
+            "max_new_tokens": settings.max_new_tokens,
+            "batch_prompts": settings.batch_prompts,
+            "seed": settings.seed,
+            "batch_seed": "derived_seed(seed, 'eval', benchmark, index of the batch's first prompt)",
+            "stop": "the tokenizer's and generation config's EOS tokens",
+        },
         "engine": rollout,
         "verifiers": verifiers,
         "reward_timeout_s": float(cfg.reward_timeout_s),
-        "versions": package_versions(), "tokenrl_commit": source_commit(),
+        "versions": package_versions(),
+        "tokenrl_commit": source_commit(),
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]] if overrides is None else overrides,
-        "host": socket.gethostname(), "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
@@ -135,8 +170,12 @@ def reproduction_record(cfg: DictConfig, bench: Benchmark, settings: EvalSetting
 def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     head = "| benchmark | problems | n | " + " | ".join(f"pass@{k}" for k in ks) + " | seconds |"
     rule = "|---|---|---|" + "---|" * len(ks) + "---|"
-    rows = [f"| {r['benchmark']} | {r['problems']} | {r['n_samples']} | "
-            + " | ".join(f"{100 * r[f'pass@{k}']:.2f}" for k in ks) + f" | {r['seconds']:.0f} |" for r in results]
+    rows = [
+        f"| {r['benchmark']} | {r['problems']} | {r['n_samples']} | "
+        + " | ".join(f"{100 * r[f'pass@{k}']:.2f}" for k in ks)
+        + f" | {r['seconds']:.0f} |"
+        for r in results
+    ]
     return "\n".join([head, rule, *rows])
 
 
@@ -161,17 +200,36 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
             problems = bench.load(cfg.paths.data_dir)
             if cfg.eval.limit:
                 problems = problems[: int(cfg.eval.limit)]
-            settings = EvalSettings(n_samples=int(cfg.eval.n_samples or bench.n_samples), ks=tuple(cfg.eval.ks),
-                                    temperature=float(cfg.eval.temperature), top_p=float(cfg.eval.top_p),
-                                    top_k=int(cfg.eval.get("top_k") or 0),     # 1: greedy
-                                    max_new_tokens=int(cfg.eval.max_new_tokens or bench.max_new_tokens),
-                                    max_prompt_length=int(cfg.eval.max_prompt_length),
-                                    batch_prompts=int(cfg.eval.batch_prompts), seed=int(cfg.seed))
-            result = evaluate(name, problems, bench.instruction, engine, formatter, scorer, settings,
-                              samples_path=out_dir / f"{name}.samples.jsonl")
-            result.update({"model": cfg.model.name, "ckpt_path": cfg.ckpt_path,
-                           "reproduce": reproduction_record(cfg, bench, settings, formatter,
-                                                            sorted({p.verifier for p in problems}))})
+            settings = EvalSettings(
+                n_samples=int(cfg.eval.n_samples or bench.n_samples),
+                ks=tuple(cfg.eval.ks),
+                temperature=float(cfg.eval.temperature),
+                top_p=float(cfg.eval.top_p),
+                top_k=int(cfg.eval.get("top_k") or 0),  # 1: greedy
+                max_new_tokens=int(cfg.eval.max_new_tokens or bench.max_new_tokens),
+                max_prompt_length=int(cfg.eval.max_prompt_length),
+                batch_prompts=int(cfg.eval.batch_prompts),
+                seed=int(cfg.seed),
+            )
+            result = evaluate(
+                name,
+                problems,
+                bench.instruction,
+                engine,
+                formatter,
+                scorer,
+                settings,
+                samples_path=out_dir / f"{name}.samples.jsonl",
+            )
+            result.update(
+                {
+                    "model": cfg.model.name,
+                    "ckpt_path": cfg.ckpt_path,
+                    "reproduce": reproduction_record(
+                        cfg, bench, settings, formatter, sorted({p.verifier for p in problems})
+                    ),
+                }
+            )
             (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
             results.append(result)
             log.info("%s: %s", name, {k: v for k, v in result.items() if k.startswith(("pass@", "avg@"))})
@@ -179,8 +237,9 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         scorer.close()
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     table = summary_table(results, list(cfg.eval.ks))
-    (out_dir / "summary.md").write_text(f"# {cfg.model.name} ({cfg.ckpt_path or 'initial weights'}), "
-                                        f"{time.strftime('%Y-%m-%d')}\n\n{table}\n")
+    (out_dir / "summary.md").write_text(
+        f"# {cfg.model.name} ({cfg.ckpt_path or 'initial weights'}), {time.strftime('%Y-%m-%d')}\n\n{table}\n"
+    )
     print(table)
     return results
 

@@ -1,6 +1,7 @@
 """`python train.py [overrides]` (also the `tokenrl-train` console script): complete the command line for the
 machine (`config/command_line.py`), let Hydra compose the config, and run it (`run/training.py`). The training stack is
 imported only once Hydra has a config to run, so `--help` and `--cfg job` answer without loading torch."""
+
 from __future__ import annotations
 
 import sys

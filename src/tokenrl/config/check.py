@@ -5,13 +5,15 @@ mini-batch that the batch cannot be split into), an unknown key (a `+key` overri
 `_target_` of its node does not take) with the nearest valid key — and raises one `ConfigError` that lists them,
 one line per key. It returns the warnings that do not stop a run (a selector warm-up over most of the run).
 """
+
 from __future__ import annotations
 
 import difflib
 import importlib.util
 import inspect
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_method, instantiate
@@ -22,19 +24,42 @@ from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RULES, TARGET_RULES, VLL
 from tokenrl.records.rules import Rule, is_int
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
-CLOSED_NODES = ("", "validation", "samples", "fast_path", "diagnostics", "checkpoint", "rollout", "model", "algorithm",
-                "paths", "export")
+CLOSED_NODES = (
+    "",
+    "validation",
+    "samples",
+    "fast_path",
+    "diagnostics",
+    "checkpoint",
+    "rollout",
+    "model",
+    "algorithm",
+    "paths",
+    "export",
+)
 # Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
 OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing", "paper_task")}
 # Nodes built by `hydra.utils.instantiate` (and each logger): each key must be a keyword of their `_target_`.
-TARGET_NODES = ("selector", "task", "trainer", "trainer.strategy", "trainer.strategy.mixed_precision",
-                "algorithm.optimizer")
+TARGET_NODES = (
+    "selector",
+    "task",
+    "trainer",
+    "trainer.strategy",
+    "trainer.strategy.mixed_precision",
+    "algorithm.optimizer",
+)
 # Built before the model loads, so their relations between keywords are checked here too.
 COMPONENTS = ("selector", "task")
 # Trainer keys tokenrl sets itself: the training length is `total_steps` rollout steps.
-TRAINER_OWNED = {"max_epochs": "total_steps", "max_steps": "total_steps", "min_epochs": "total_steps",
-                 "min_steps": "total_steps", "max_time": "total_steps", "limit_train_batches": "total_steps",
-                 "callbacks": "checkpoint.* (tokenrl adds its callbacks)"}
+TRAINER_OWNED = {
+    "max_epochs": "total_steps",
+    "max_steps": "total_steps",
+    "min_epochs": "total_steps",
+    "min_steps": "total_steps",
+    "max_time": "total_steps",
+    "limit_train_batches": "total_steps",
+    "callbacks": "checkpoint.* (tokenrl adds its callbacks)",
+}
 INTERPOLATION = re.compile(r"\$\{([\w.]+)\}")
 
 
@@ -76,7 +101,7 @@ def target_rules(target: str) -> dict[str, Rule] | None:
         return TARGET_RULES[target]
     try:
         return dict(getattr(get_method(target), "config_rules", {}))
-    except Exception:   # noqa: BLE001 — hydra raises several kinds; reported as "cannot be imported"
+    except Exception:  # noqa: BLE001 — hydra raises several kinds; reported as "cannot be imported"
         return None
 
 
@@ -93,14 +118,14 @@ def _checked(cfg: DictConfig, path: str, rule: Rule, problems: list[str]) -> Non
     """Check the value at `path` against `rule`, naming the key as typed; a `???` value is reported as missing."""
     parent, _, leaf = path.rpartition(".")
     node = _select(cfg, parent)
-    if not isinstance(node, DictConfig) or leaf not in node.keys():   # `in node` is False for a `???` value
-        return   # a node a config does not have (an eval config, a run without validation)
+    if not isinstance(node, DictConfig) or leaf not in node.keys():  # `in node` is False for a `???` value
+        return  # a node a config does not have (an eval config, a run without validation)
     key = typed_key(cfg, path)
     if OmegaConf.is_missing(node, leaf):
         problems.append(f"{key}: must be set: {rule.allowed}")
         return
     if key != path and key in RULES:
-        return   # a copy of another key (validation.top_p: ${rollout.top_p}): checked there
+        return  # a copy of another key (validation.top_p: ${rollout.top_p}): checked there
     value = OmegaConf.select(cfg, path)
     if isinstance(value, (DictConfig, ListConfig)):
         value = OmegaConf.to_container(value, resolve=True)
@@ -124,12 +149,15 @@ def _dependency_problems(cfg: DictConfig) -> list[str]:
     for path in target_nodes(cfg):
         needed = OPTIONAL_DEPENDENCIES.get(_select(cfg, path)._target_)
         if needed and importlib.util.find_spec(needed[0]) is None:
-            problems.append(f"{path}: needs the {needed[0]} package, which is not installed: {needed[1]} "
-                            f"(or leave it out: logger=default)")
+            problems.append(
+                f"{path}: needs the {needed[0]} package, which is not installed: {needed[1]} "
+                f"(or leave it out: logger=default)"
+            )
     rollout = _select(cfg, "rollout")
     if isinstance(rollout, DictConfig) and rollout.get("engine") == "vllm" and importlib.util.find_spec("vllm") is None:
-        problems.append(f"rollout.engine=vllm: needs the {VLLM_INSTALL[0]} package, which is not installed: "
-                        f"{VLLM_INSTALL[1]}")
+        problems.append(
+            f"rollout.engine=vllm: needs the {VLLM_INSTALL[0]} package, which is not installed: {VLLM_INSTALL[1]}"
+        )
     return problems
 
 
@@ -160,32 +188,42 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
     n, ks = cfg.validation.n_samples, cfg.validation.ks
     bad_ks = [k for k in ks if not (is_int(k) and k >= 1 and (not is_int(n) or k <= n))]
     if bad_ks:
-        problems.append(f"validation.ks={list(ks)}: each k must be an integer in [1, validation.n_samples={n}] "
-                        f"(unbiased pass@k needs k <= n); bad: {bad_ks}")
+        problems.append(
+            f"validation.ks={list(ks)}: each k must be an integer in [1, validation.n_samples={n}] "
+            f"(unbiased pass@k needs k <= n); bad: {bad_ks}"
+        )
     try:
-        AlgorithmConfig.from_node(OmegaConf.to_container(cfg.algorithm, resolve=True),
-                                  int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1)
+        AlgorithmConfig.from_node(
+            OmegaConf.to_container(cfg.algorithm, resolve=True),
+            int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1,
+        )
     except ValueError as err:
         problems.append(str(err))
         return problems
     algorithm = cfg.algorithm
     rows = algorithm.prompts_per_step * algorithm.group_size
     if rows % algorithm.mini_batches:
-        problems.append(f"algorithm.mini_batches={algorithm.mini_batches}: the {rows} responses of a step "
-                        f"(algorithm.prompts_per_step={algorithm.prompts_per_step} × algorithm.group_size="
-                        f"{algorithm.group_size}) must split into equal mini-batches")
+        problems.append(
+            f"algorithm.mini_batches={algorithm.mini_batches}: the {rows} responses of a step "
+            f"(algorithm.prompts_per_step={algorithm.prompts_per_step} × algorithm.group_size="
+            f"{algorithm.group_size}) must split into equal mini-batches"
+        )
     rollout = cfg.rollout
     batched = rollout.get("max_num_batched_tokens")
     if batched and not rollout.get("enable_chunked_prefill") and batched < rollout.get("max_model_len", 0):
-        problems.append(f"rollout.max_num_batched_tokens={batched}: below rollout.max_model_len="
-                        f"{rollout.max_model_len} without chunked prefill, vLLM refuses to start; raise it or set "
-                        "rollout.enable_chunked_prefill=true")
+        problems.append(
+            f"rollout.max_num_batched_tokens={batched}: below rollout.max_model_len="
+            f"{rollout.max_model_len} without chunked prefill, vLLM refuses to start; raise it or set "
+            "rollout.enable_chunked_prefill=true"
+        )
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
     if is_int(warmup) and is_int(cfg.total_steps) and warmup >= cfg.total_steps:
-        problems.append(f"selector_warmup_steps={warmup}: selector {cfg.selector._target_.rsplit('.', 1)[-1]} "
-                        f"updates every token for its first {warmup} steps, so a run of total_steps="
-                        f"{cfg.total_steps} never selects; set selector_warmup_steps below total_steps "
-                        f"(the paper's Θ = 20 is for runs of hundreds of steps)")
+        problems.append(
+            f"selector_warmup_steps={warmup}: selector {cfg.selector._target_.rsplit('.', 1)[-1]} "
+            f"updates every token for its first {warmup} steps, so a run of total_steps="
+            f"{cfg.total_steps} never selects; set selector_warmup_steps below total_steps "
+            f"(the paper's Θ = 20 is for runs of hundreds of steps)"
+        )
     return problems
 
 
@@ -211,8 +249,8 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
         node = _select(cfg, path)
         target = node._target_
         try:
-            factory = get_method(target)   # any callable: a class or a function (`_partial_`)
-        except Exception:   # noqa: BLE001 — hydra raises several kinds; the message is what matters
+            factory = get_method(target)  # any callable: a class or a function (`_partial_`)
+        except Exception:  # noqa: BLE001 — hydra raises several kinds; the message is what matters
             problems.append(f"{path}._target_={target!r}: cannot be imported")
             continue
         parameters = inspect.signature(factory).parameters
@@ -236,7 +274,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     `overrides`: the command line's overrides (Hydra's `overrides.task`), to find keys that `+` added."""
     problems = _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
-    if not problems:   # relations read values whose types are now known to be right
+    if not problems:  # relations read values whose types are now known to be right
         problems += _relation_problems(cfg) + _component_problems(cfg)
     problems += _dependency_problems(cfg)
     if problems:
@@ -244,8 +282,10 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     warnings = []
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
     if is_int(warmup) and warmup > cfg.total_steps // 2:
-        warnings.append(f"selector_warmup_steps={warmup} covers most of total_steps={cfg.total_steps}: the selector "
-                        f"acts on only the last {cfg.total_steps - warmup} steps")
+        warnings.append(
+            f"selector_warmup_steps={warmup} covers most of total_steps={cfg.total_steps}: the selector "
+            f"acts on only the last {cfg.total_steps - warmup} steps"
+        )
     return warnings
 
 

@@ -10,6 +10,7 @@ is installed (`rollout=hf` where it is not); with a model preset that names its 
 Qwen2.5's GSM8K), `task=<that task>`. Whatever the command names itself (`trainer=`, `rollout=`, `task=`), an
 experiment (which states all three) and sweeps (`-m`: their jobs may run on other machines) are left as they are.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,7 +23,7 @@ import yaml
 
 from tokenrl.paths import CONFIG_DIR
 
-AUTO = "auto"   # ckpt_path=auto: the run folder's own last.ckpt, when there is one (run/resume.py)
+AUTO = "auto"  # ckpt_path=auto: the run folder's own last.ckpt, when there is one (run/resume.py)
 CHOICE = re.compile(r"^(trainer|rollout|task|experiment|model)=([^\s]+)$")
 
 
@@ -70,8 +71,10 @@ def with_machine_defaults(argv: list[str]) -> list[str]:
     added = machine_overrides(argv, gpu, importlib.util.find_spec("vllm") is not None)
     if added:
         where = "this machine has a GPU" if gpu else "this machine has no GPU (trainer=cpu, rollout=hf)"
-        print(f"tokenrl: {where}; added {' '.join(added)} (name trainer=, rollout= or task= to choose otherwise)",
-              file=sys.stderr)
+        print(
+            f"tokenrl: {where}; added {' '.join(added)} (name trainer=, rollout= or task= to choose otherwise)",
+            file=sys.stderr,
+        )
     return [*argv, *added]
 
 
@@ -85,5 +88,5 @@ def run_dir_override(argv: list[str]) -> list[str]:
         return argv
     folder = Path(paths[-1]).expanduser().resolve().parent
     if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
-        return argv   # a checkpoint outside a run folder: a new run folder
+        return argv  # a checkpoint outside a run folder: a new run folder
     return [*argv, f"hydra.run.dir={folder.parent}"]

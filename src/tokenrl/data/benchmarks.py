@@ -8,6 +8,7 @@ Instructions follow docs/algorithms.md §6: GSM8K with verl's "####" prompt, mat
 with a boxed letter. GPQA is read from its password zip (locally) or its gated Hub dataset, in memory; this module
 never writes its questions out.
 """
+
 from __future__ import annotations
 
 import csv
@@ -19,9 +20,10 @@ import random
 import re
 import tarfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tokenrl.data.hub import DataUnavailableError, HubSource, load_source
 from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl
@@ -34,25 +36,44 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 CHOICE_INSTRUCTION = "Think step by step, then give the letter of the correct option within \\boxed{}."
 LETTERS = "ABCD"
-GPQA_PASSWORD = b"deserted-untie-orchid"   # published by the GPQA authors for their own release
-MMLU_STEM = ("college_biology", "astronomy", "electrical_engineering", "high_school_biology", "machine_learning",
-             "abstract_algebra", "high_school_mathematics", "high_school_computer_science", "college_chemistry",
-             "high_school_chemistry", "computer_security", "conceptual_physics", "high_school_physics",
-             "college_physics", "high_school_statistics", "elementary_mathematics", "college_mathematics",
-             "college_computer_science")   # the 18 subjects of Qwen2.5-Math's mmlu_stem, in its order
+GPQA_PASSWORD = b"deserted-untie-orchid"  # published by the GPQA authors for their own release
+MMLU_STEM = (
+    "college_biology",
+    "astronomy",
+    "electrical_engineering",
+    "high_school_biology",
+    "machine_learning",
+    "abstract_algebra",
+    "high_school_mathematics",
+    "high_school_computer_science",
+    "college_chemistry",
+    "high_school_chemistry",
+    "computer_security",
+    "conceptual_physics",
+    "high_school_physics",
+    "college_physics",
+    "high_school_statistics",
+    "elementary_mathematics",
+    "college_mathematics",
+    "college_computer_science",
+)  # the 18 subjects of Qwen2.5-Math's mmlu_stem, in its order
 
-# The Hub route: the datasets the field's evaluation code loads (docs/data-and-evaluation.md "Where the data comes from"). Revisions are
-# commits seen pinned or cached in public code; None where none could be found (the branch head is used).
+# The Hub route: the datasets the field's evaluation code loads (docs/data-and-evaluation.md "Where the data comes
+# from"). Revisions are commits seen pinned or cached in public code; None where none could be found (the branch head is
+# used).
 HUB: dict[str, HubSource] = {
     "gsm8k": HubSource("openai/gsm8k", "test", ("main",), "cc7b047b6e5bb11b4f1af84efc572db110a51b3c"),
     "gsm8k_train": HubSource("openai/gsm8k", "train", ("main",), "cc7b047b6e5bb11b4f1af84efc572db110a51b3c"),
     "math500": HubSource("HuggingFaceH4/MATH-500", "test", revision="6e4ed1a2a79af7d8630a6b768ec859cb5af4d3be"),
-    "math_train": HubSource("DigitalLearningGmbH/MATH-lighteval", "train", ("default",),
-                            "0530c78699ea5e8eb5530600900e1f328b48acad"),
-    "mmlu_stem": HubSource("cais/mmlu", "test", MMLU_STEM, "c30699e8356da336a370243923dbaf21066bb9fe",
-                           columns={"subject": "type"}),
-    "gpqa": HubSource("Idavidrein/gpqa", "train", ("gpqa_diamond",), "633f5ee89ab8ad4522a9f850766b73f62147ffdd",
-                      gated=True),
+    "math_train": HubSource(
+        "DigitalLearningGmbH/MATH-lighteval", "train", ("default",), "0530c78699ea5e8eb5530600900e1f328b48acad"
+    ),
+    "mmlu_stem": HubSource(
+        "cais/mmlu", "test", MMLU_STEM, "c30699e8356da336a370243923dbaf21066bb9fe", columns={"subject": "type"}
+    ),
+    "gpqa": HubSource(
+        "Idavidrein/gpqa", "train", ("gpqa_diamond",), "633f5ee89ab8ad4522a9f850766b73f62147ffdd", gated=True
+    ),
     "aime23": HubSource("AI-MO/aimo-validation-aime", "train", revision="13f9e12f613e720c2a2b2f345dd04b998a29494d"),
     "aime24": HubSource("HuggingFaceH4/aime_2024", "train", revision="2fe88a2f1091d5048c0f36abc874fb997b3dd99a"),
     "aime25": HubSource("math-ai/aime25", "test", revision="563bb8404243c5f09de6ec262f2db674fe5bce9b"),
@@ -61,19 +82,28 @@ HUB: dict[str, HubSource] = {
 }
 # The local route: the file of each benchmark under data_dir.
 LOCAL: dict[str, str] = {
-    "gsm8k": "gsm8k/test.jsonl", "gsm8k_train": "gsm8k/train.jsonl", "math500": "math500/test.jsonl",
-    "math_train": "math_train/MATH_train.tar.gz", "mmlu_stem": "mmlu_stem/test.jsonl",
-    "gpqa": "gpqa/gpqa_diamond.zip", "aime23": "aime23/aime.json", "aime24": "aime24/test.jsonl",
-    "aime25": "aime25/test.jsonl", "amc23": "amc23/test.jsonl", "olympiadbench": "olympiadbench/test.jsonl",
+    "gsm8k": "gsm8k/test.jsonl",
+    "gsm8k_train": "gsm8k/train.jsonl",
+    "math500": "math500/test.jsonl",
+    "math_train": "math_train/MATH_train.tar.gz",
+    "mmlu_stem": "mmlu_stem/test.jsonl",
+    "gpqa": "gpqa/gpqa_diamond.zip",
+    "aime23": "aime23/aime.json",
+    "aime24": "aime24/test.jsonl",
+    "aime25": "aime25/test.jsonl",
+    "amc23": "amc23/test.jsonl",
+    "olympiadbench": "olympiadbench/test.jsonl",
 }
 
-Row = tuple[str, dict[str, Any]]   # (where: "file:line" or "repo row n", the row)
+Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "repo row n", the row)
 
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        raise FileNotFoundError(f"benchmark file {path} does not exist: set paths.data_dir (or TOKENRL_DATA_DIR) to "
-                                f"the folder that holds the benchmark data, or leave it unset to use the Hub")
+        raise FileNotFoundError(
+            f"benchmark file {path} does not exist: set paths.data_dir (or TOKENRL_DATA_DIR) to "
+            f"the folder that holds the benchmark data, or leave it unset to use the Hub"
+        )
     return path
 
 
@@ -110,9 +140,11 @@ def _math_tar(path: Path) -> list[Row]:
     _require(path)
     try:
         with tarfile.open(path) as archive:
-            return [(f"{path}:{member.name}", _archive_member(archive, path, member))
-                    for member in sorted(archive.getmembers(), key=lambda m: m.name)
-                    if member.isfile() and member.name.endswith(".json") and "/train/" in member.name]
+            return [
+                (f"{path}:{member.name}", _archive_member(archive, path, member))
+                for member in sorted(archive.getmembers(), key=lambda m: m.name)
+                if member.isfile() and member.name.endswith(".json") and "/train/" in member.name
+            ]
     except (tarfile.TarError, EOFError) as err:
         raise DataFormatError(f"{path}: not a readable tar archive ({err})") from None
 
@@ -120,8 +152,10 @@ def _math_tar(path: Path) -> list[Row]:
 def _gpqa_zip(path: Path) -> list[Row]:
     with zipfile.ZipFile(_require(path)) as archive:
         text = archive.read("gpqa_diamond.csv", pwd=GPQA_PASSWORD).decode("utf-8")
-    return [(f"{path}:gpqa_diamond.csv:{lineno}", row)
-            for lineno, row in enumerate(csv.DictReader(io.StringIO(text)), start=2)]
+    return [
+        (f"{path}:gpqa_diamond.csv:{lineno}", row)
+        for lineno, row in enumerate(csv.DictReader(io.StringIO(text)), start=2)
+    ]
 
 
 def _field(where: str, row: dict[str, Any], key: str) -> Any:
@@ -149,12 +183,20 @@ def gsm8k_problems(split: str) -> Callable[[list[Row]], list[Problem]]:
                 raise DataFormatError(f"{where}: field 'answer' has no '#### <number>' final answer")
             out.append(Problem(f"gsm8k-{split}-{index}", question, final, "gsm8k_strict"))
         return out
+
     return convert
 
 
 def math500_problems(rows: list[Row]) -> list[Problem]:
-    return [Problem(row.get("unique_id") or f"math500-{index}", _field(where, row, "problem"),
-                    str(_field(where, row, "answer")), "math") for index, (where, row) in enumerate(rows, start=1)]
+    return [
+        Problem(
+            row.get("unique_id") or f"math500-{index}",
+            _field(where, row, "problem"),
+            str(_field(where, row, "answer")),
+            "math",
+        )
+        for index, (where, row) in enumerate(rows, start=1)
+    ]
 
 
 def math_train_problems(rows: list[Row]) -> list[Problem]:
@@ -188,8 +230,14 @@ def mmlu_stem_problems(rows: list[Row]) -> list[Problem]:
         choices = list(_field(where, row, "choices"))
         if len(choices) != 4 or row.get("answer") not in range(4):
             raise DataFormatError(f"{where}: expected 4 choices and an answer index 0-3")
-        out.append(Problem(f"mmlu_stem-{index}", _choice_question(_field(where, row, "question"), choices),
-                           LETTERS[row["answer"]], "choice"))
+        out.append(
+            Problem(
+                f"mmlu_stem-{index}",
+                _choice_question(_field(where, row, "question"), choices),
+                LETTERS[row["answer"]],
+                "choice",
+            )
+        )
     return out
 
 
@@ -197,15 +245,20 @@ def gpqa_problems(rows: list[Row], seed: int = 0) -> list[Problem]:
     """GPQA-Diamond; the four options are shuffled with a per-record seed."""
     out = []
     for where, row in rows:
-        options = [row.get("Correct Answer"), row.get("Incorrect Answer 1"), row.get("Incorrect Answer 2"),
-                   row.get("Incorrect Answer 3")]
+        options = [
+            row.get("Correct Answer"),
+            row.get("Incorrect Answer 1"),
+            row.get("Incorrect Answer 2"),
+            row.get("Incorrect Answer 3"),
+        ]
         if not row.get("Question") or not all(isinstance(o, str) and o.strip() for o in options):
             raise DataFormatError(f"{where}: empty question or option")
         order = list(range(4))
         random.Random(f"{seed}-{row['Record ID']}").shuffle(order)
         choices = [options[i].strip() for i in order]
-        out.append(Problem(row["Record ID"], _choice_question(row["Question"], choices), LETTERS[order.index(0)],
-                           "choice"))
+        out.append(
+            Problem(row["Record ID"], _choice_question(row["Question"], choices), LETTERS[order.index(0)], "choice")
+        )
     return out
 
 
@@ -225,13 +278,25 @@ def _aime_key(where: str, row: dict[str, Any]) -> tuple[int, int, int]:
 
 def aime23_problems(rows: list[Row]) -> list[Problem]:
     keyed = sorted((_aime_key(where, row), where, row) for where, row in rows)
-    return [Problem(f"aime23-{part}-{number}", _field(where, row, "problem"), _number_text(_field(where, row, "answer")),
-                    "math") for (year, part, number), where, row in keyed if year == 2023]
+    return [
+        Problem(
+            f"aime23-{part}-{number}", _field(where, row, "problem"), _number_text(_field(where, row, "answer")), "math"
+        )
+        for (year, part, number), where, row in keyed
+        if year == 2023
+    ]
 
 
 def aime24_problems(rows: list[Row]) -> list[Problem]:
-    return [Problem(f"aime24-{row.get('id', index)}", _field(where, row, "problem"),
-                    _number_text(_field(where, row, "answer")), "math") for index, (where, row) in enumerate(rows, 1)]
+    return [
+        Problem(
+            f"aime24-{row.get('id', index)}",
+            _field(where, row, "problem"),
+            _number_text(_field(where, row, "answer")),
+            "math",
+        )
+        for index, (where, row) in enumerate(rows, 1)
+    ]
 
 
 def repair_control_characters(text: str) -> str:
@@ -240,21 +305,36 @@ def repair_control_characters(text: str) -> str:
 
 
 def aime25_problems(rows: list[Row]) -> list[Problem]:
-    return [Problem(f"aime25-{index}", repair_control_characters(_field(where, row, "problem")),
-                    _number_text(_field(where, row, "answer")), "math") for index, (where, row) in enumerate(rows, 1)]
+    return [
+        Problem(
+            f"aime25-{index}",
+            repair_control_characters(_field(where, row, "problem")),
+            _number_text(_field(where, row, "answer")),
+            "math",
+        )
+        for index, (where, row) in enumerate(rows, 1)
+    ]
 
 
 def amc23_problems(rows: list[Row]) -> list[Problem]:
-    return [Problem(f"amc23-{row.get('id', index)}", row.get("problem") or _field(where, row, "question"),
-                    _number_text(_field(where, row, "answer")), "math") for index, (where, row) in enumerate(rows, 1)]
+    return [
+        Problem(
+            f"amc23-{row.get('id', index)}",
+            row.get("problem") or _field(where, row, "question"),
+            _number_text(_field(where, row, "answer")),
+            "math",
+        )
+        for index, (where, row) in enumerate(rows, 1)
+    ]
 
 
 def olympiadbench_problems(rows: list[Row]) -> list[Problem]:
     out = []
     for index, (where, row) in enumerate(rows, start=1):
         answers = [a.strip().strip("$") for a in _field(where, row, "final_answer")]
-        out.append(Problem(f"olympiadbench-{row.get('id', index)}", _field(where, row, "question"), ", ".join(answers),
-                           "math"))
+        out.append(
+            Problem(f"olympiadbench-{row.get('id', index)}", _field(where, row, "question"), ", ".join(answers), "math")
+        )
     return out
 
 
@@ -266,7 +346,7 @@ class Benchmark:
     read_local: Callable[[Path], list[Row]]
     convert: Callable[[list[Row]], list[Problem]]
     instruction: str
-    n_samples: int = 8            # docs/algorithms.md §6: 8 per problem, 32 for the 30-problem AIME sets
+    n_samples: int = 8  # docs/algorithms.md §6: 8 per problem, 32 for the 30-problem AIME sets
     max_new_tokens: int = 1024
 
     @property
@@ -285,12 +365,19 @@ class Benchmark:
             except DataUnavailableError as err:
                 raise DataUnavailableError(
                     f"benchmark {self.name!r} is not available. Hub route: {self.hub.describe()}: {err} Local route: "
-                    f"set TOKENRL_DATA_DIR (or paths.data_dir=...) to a folder holding {LOCAL[self.name]}.") from None
+                    f"set TOKENRL_DATA_DIR (or paths.data_dir=...) to a folder holding {LOCAL[self.name]}."
+                ) from None
         if verifier:
             problems = [replace(p, verifier=verifier) for p in problems]
-        check_golds(problems, f"{self.name} ({source})",
-                    fix=("Set task.verifier to one that reads these answers (null: the benchmark's own)."
-                         if verifier else "Check that the data is this benchmark's."))
+        check_golds(
+            problems,
+            f"{self.name} ({source})",
+            fix=(
+                "Set task.verifier to one that reads these answers (null: the benchmark's own)."
+                if verifier
+                else "Check that the data is this benchmark's."
+            ),
+        )
         return problems
 
     def load_hub(self, path: str | None = None, cache_dir: str | None = None) -> list[Problem]:
@@ -299,20 +386,23 @@ class Benchmark:
         return self.convert([(f"{path or self.hub.repo} row {i}", row) for i, row in enumerate(rows, start=1)])
 
 
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("gsm8k", _jsonl, gsm8k_problems("test"), GSM8K_INSTRUCTION),
-    Benchmark("gsm8k_train", _jsonl, gsm8k_problems("train"), GSM8K_INSTRUCTION),
-    Benchmark("math500", _jsonl, math500_problems, BOXED_INSTRUCTION),
-    Benchmark("math_train", _math_tar, math_train_problems, BOXED_INSTRUCTION),
-    Benchmark("mmlu_stem", _jsonl, mmlu_stem_problems, CHOICE_INSTRUCTION),
-    Benchmark("gpqa", _gpqa_zip, gpqa_problems, CHOICE_INSTRUCTION),
-    Benchmark("aime23", _json_array, aime23_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-    Benchmark("aime24", _jsonl, aime24_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-    Benchmark("aime25", _jsonl, aime25_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-    Benchmark("amc23", _jsonl, amc23_problems, BOXED_INSTRUCTION),
-    Benchmark("olympiadbench", _jsonl, olympiadbench_problems, BOXED_INSTRUCTION),
-]}
-PAPER = ("gsm8k", "math500", "mmlu_stem", "gpqa", "aime23", "aime24", "aime25")   # the ICT paper's seven
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in [
+        Benchmark("gsm8k", _jsonl, gsm8k_problems("test"), GSM8K_INSTRUCTION),
+        Benchmark("gsm8k_train", _jsonl, gsm8k_problems("train"), GSM8K_INSTRUCTION),
+        Benchmark("math500", _jsonl, math500_problems, BOXED_INSTRUCTION),
+        Benchmark("math_train", _math_tar, math_train_problems, BOXED_INSTRUCTION),
+        Benchmark("mmlu_stem", _jsonl, mmlu_stem_problems, CHOICE_INSTRUCTION),
+        Benchmark("gpqa", _gpqa_zip, gpqa_problems, CHOICE_INSTRUCTION),
+        Benchmark("aime23", _json_array, aime23_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
+        Benchmark("aime24", _jsonl, aime24_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
+        Benchmark("aime25", _jsonl, aime25_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
+        Benchmark("amc23", _jsonl, amc23_problems, BOXED_INSTRUCTION),
+        Benchmark("olympiadbench", _jsonl, olympiadbench_problems, BOXED_INSTRUCTION),
+    ]
+}
+PAPER = ("gsm8k", "math500", "mmlu_stem", "gpqa", "aime23", "aime24", "aime25")  # the ICT paper's seven
 
 
 def benchmark(name: str) -> Benchmark:
@@ -326,7 +416,7 @@ def expand(names: str | list[str]) -> list[str]:
     items = names.split(",") if isinstance(names, str) else list(names)
     out: list[str] = []
     for item in (i.strip() for i in items):
-        for name in (PAPER if item == "paper" else (item,)):
+        for name in PAPER if item == "paper" else (item,):
             benchmark(name)
             if name not in out:
                 out.append(name)

@@ -4,12 +4,13 @@ Generating inside the dataloader would let Lightning's one-batch prefetch sample
 old; this module hands out prompts only, and batch k is a pure function of (seed, k), so a resumed run
 sees exactly the prompts an uninterrupted run would.
 """
+
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from functools import lru_cache
-from typing import Iterator
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
@@ -46,8 +47,9 @@ def _epoch_order(n: int, label: str, epoch: int) -> tuple[int, ...]:
 def stream_indices(n: int, label: str, start: int, count: int) -> list[int]:
     """Problem indices at positions start..start+count-1 of an endless stream that visits all n problems once per
     epoch, epoch e in the permutation seeded by `{label}-epoch-{e}`."""
-    return [_epoch_order(n, label, epoch)[pos]
-            for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))]
+    return [
+        _epoch_order(n, label, epoch)[pos] for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))
+    ]
 
 
 def rank_shard(count: int, rank: int, world_size: int, field: str) -> slice:
@@ -65,9 +67,18 @@ class PromptSchedule(IterableDataset):
     of N ran N − 2k steps); the schedule ends by itself after step stop − 1.
     """
 
-    def __init__(self, problems: list[Problem], prompt_ids: list[list[int]], batch_size: int, seed: int,
-                 start: int, stop: int, rank: int = 0, world_size: int = 1,
-                 size_field: str = "algorithm.prompts_per_step") -> None:
+    def __init__(
+        self,
+        problems: list[Problem],
+        prompt_ids: list[list[int]],
+        batch_size: int,
+        seed: int,
+        start: int,
+        stop: int,
+        rank: int = 0,
+        world_size: int = 1,
+        size_field: str = "algorithm.prompts_per_step",
+    ) -> None:
         self.shard = rank_shard(batch_size, rank, world_size, size_field)
         self.problems, self.prompt_ids = problems, prompt_ids
         self.batch_size, self.seed, self.start, self.stop = batch_size, seed, start, stop
@@ -85,8 +96,15 @@ class RolloutDataModule(L.LightningDataModule):
     """Prompts of `task` for `total_steps` rollout steps of `prompts_per_step` prompts each (`size_field` names
     the option that set it), and `refill_prompts` for generation rounds beyond a step's batch."""
 
-    def __init__(self, task: Task, prompts_per_step: int, total_steps: int, seed: int,
-                 max_prompt_length: int, size_field: str = "algorithm.prompts_per_step") -> None:
+    def __init__(
+        self,
+        task: Task,
+        prompts_per_step: int,
+        total_steps: int,
+        seed: int,
+        max_prompt_length: int,
+        size_field: str = "algorithm.prompts_per_step",
+    ) -> None:
         super().__init__()
         if prompts_per_step < 1:
             raise ValueError(f"{size_field}={prompts_per_step} must be >= 1")
@@ -119,20 +137,29 @@ class RolloutDataModule(L.LightningDataModule):
             kept.append(problem)
             ids.append(tokens)
         if dropped:
-            log.warning("dropped %d train prompts longer than rollout.max_prompt_length=%d tokens",
-                        dropped, self.max_prompt_length)
+            log.warning(
+                "dropped %d train prompts longer than rollout.max_prompt_length=%d tokens",
+                dropped,
+                self.max_prompt_length,
+            )
         if not kept:
             raise ValueError("no train problem fits rollout.max_prompt_length; raise it")
         for name in sorted({problem.verifier for problem in kept}):
-            resolve(name)   # an unknown verifier fails here, at start-up, listing the valid ones
+            resolve(name)  # an unknown verifier fails here, at start-up, listing the valid ones
         self.train_problems, self.train_prompt_ids = kept, ids
 
     def train_dataloader(self) -> DataLoader:
-        schedule = PromptSchedule(self.train_problems, self.train_prompt_ids, self.prompts_per_step,
-                                  self.seed, self.next_step, self.total_steps,
-                                  rank=self.trainer.global_rank if self.trainer else 0,
-                                  world_size=self.trainer.world_size if self.trainer else 1,
-                                  size_field=self.size_field)
+        schedule = PromptSchedule(
+            self.train_problems,
+            self.train_prompt_ids,
+            self.prompts_per_step,
+            self.seed,
+            self.next_step,
+            self.total_steps,
+            rank=self.trainer.global_rank if self.trainer else 0,
+            world_size=self.trainer.world_size if self.trainer else 1,
+            size_field=self.size_field,
+        )
         return DataLoader(schedule, batch_size=None, collate_fn=lambda batch: batch, num_workers=0)
 
     def refill_prompts(self, step: int, start: int, count: int, rank: int, world_size: int) -> PromptBatch:

@@ -5,6 +5,7 @@ An embedded answer is cut out by `answer_pattern` (a regex; its first group, els
 or a named `answer_extractor`; rows without an answer are skipped and counted in one warning. The test split is a
 named split (Hub), a second file (local), or a seeded held-out fraction of the train rows.
 """
+
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,9 @@ import json
 import logging
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tokenrl.data.hub import DataUnavailableError, load_rows
 from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl, require_data
@@ -25,14 +27,14 @@ from tokenrl.rewards.verifiers import check_golds, last_boxed
 log = logging.getLogger(__name__)
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-Row = tuple[str, dict[str, Any]]   # (where: "file:line" or "source split row n", the row)
+Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "source split row n", the row)
 
 
 EXTRACTORS: dict[str, Callable[[str], str | None]] = {
-    "gsm8k": gsm8k_final_answer,   # the number after the last "####", thousands separators dropped
-    "boxed": last_boxed,           # the content of the last \boxed{...}
+    "gsm8k": gsm8k_final_answer,  # the number after the last "####", thousands separators dropped
+    "boxed": last_boxed,  # the content of the last \boxed{...}
 }
-LOOKS_FOR = {"gsm8k": "a '####' followed by the answer", "boxed": "a \\boxed{...}"}   # what each extractor needs
+LOOKS_FOR = {"gsm8k": "a '####' followed by the answer", "boxed": "a \\boxed{...}"}  # what each extractor needs
 
 
 GLOB_CHARACTERS = ("*", "?", "[")
@@ -54,10 +56,14 @@ def local_files(source: str) -> list[Path]:
     return files
 
 
-SOURCE = Rule(lambda v: isinstance(v, str) and (is_local(v) or Path(v).expanduser().is_dir()
-                                               or re.fullmatch(r"[\w.-]+/[\w.-]+", v) is not None),
-              f"a local file ({', '.join(FILE_SUFFIXES)}), a glob of them (data/*.jsonl), a folder laid out as a Hub "
-              "dataset, or a Hub dataset id (org/name)")
+SOURCE = Rule(
+    lambda v: (
+        isinstance(v, str)
+        and (is_local(v) or Path(v).expanduser().is_dir() or re.fullmatch(r"[\w.-]+/[\w.-]+", v) is not None)
+    ),
+    f"a local file ({', '.join(FILE_SUFFIXES)}), a glob of them (data/*.jsonl), a folder laid out as a Hub "
+    "dataset, or a Hub dataset id (org/name)",
+)
 
 
 def read_file(path: Path) -> list[Row]:
@@ -110,18 +116,41 @@ def _answer_text(value: Any) -> str:
 class DatasetTask(Task):
     """Problems from `source` (see the module docstring); ids are `<split>-<row number>`."""
 
-    config_rules = {**Task.config_rules, "source": SOURCE, "question_field": FREE_TEXT, "answer_field": FREE_TEXT,
-                    "answer_pattern": FREE_TEXT, "answer_extractor": optional(one_of(*EXTRACTORS), "none"),
-                    "config": FREE_TEXT, "revision": FREE_TEXT, "train_split": TEXT, "test_split": FREE_TEXT,
-                    "test_fraction": number(0, 1, low_open=True, high_open=True), "split_seed": integer(0),
-                    "limit": optional(integer(1), "all")}
+    config_rules = {
+        **Task.config_rules,
+        "source": SOURCE,
+        "question_field": FREE_TEXT,
+        "answer_field": FREE_TEXT,
+        "answer_pattern": FREE_TEXT,
+        "answer_extractor": optional(one_of(*EXTRACTORS), "none"),
+        "config": FREE_TEXT,
+        "revision": FREE_TEXT,
+        "train_split": TEXT,
+        "test_split": FREE_TEXT,
+        "test_fraction": number(0, 1, low_open=True, high_open=True),
+        "split_seed": integer(0),
+        "limit": optional(integer(1), "all"),
+    }
 
-    def __init__(self, source: str, question_field: str = "question", answer_field: str = "answer",
-                 answer_pattern: str | None = None, answer_extractor: str | None = None, instruction: str = "",
-                 verifier: str = "math", system_prompt: str | None = None, config: str | None = None,
-                 revision: str | None = None, train_split: str = "train", test_split: str | None = None,
-                 test_fraction: float = 0.1, split_seed: int = 0, max_new_tokens: int = 1024,
-                 limit: int | None = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        question_field: str = "question",
+        answer_field: str = "answer",
+        answer_pattern: str | None = None,
+        answer_extractor: str | None = None,
+        instruction: str = "",
+        verifier: str = "math",
+        system_prompt: str | None = None,
+        config: str | None = None,
+        revision: str | None = None,
+        train_split: str = "train",
+        test_split: str | None = None,
+        test_fraction: float = 0.1,
+        split_seed: int = 0,
+        max_new_tokens: int = 1024,
+        limit: int | None = None,
+    ) -> None:
         super().__init__(instruction or "", verifier, max_new_tokens, system_prompt or None)
         if answer_pattern and answer_extractor:
             raise ValueError("set one of task.answer_pattern and task.answer_extractor, not both")
@@ -131,11 +160,15 @@ class DatasetTask(Task):
             raise ValueError(f"task.answer_pattern={answer_pattern!r} is not a valid regex ({err})") from None
         self.local = is_local(source)
         if self.local and train_split != "train":
-            raise ValueError(f"task.train_split={train_split!r} names a split of a Hub dataset; a local file is one "
-                             f"split (give the test rows as task.test_split=<file> or hold out task.test_fraction)")
+            raise ValueError(
+                f"task.train_split={train_split!r} names a split of a Hub dataset; a local file is one "
+                f"split (give the test rows as task.test_split=<file> or hold out task.test_fraction)"
+            )
         if self.local and test_split and not test_split.lower().endswith(FILE_SUFFIXES):
-            raise ValueError(f"task.test_split={test_split!r}: with a local task.source the test split is a second "
-                             f"file ({', '.join(FILE_SUFFIXES)}), or null to hold out task.test_fraction")
+            raise ValueError(
+                f"task.test_split={test_split!r}: with a local task.source the test split is a second "
+                f"file ({', '.join(FILE_SUFFIXES)}), or null to hold out task.test_fraction"
+            )
         self.source = str(Path(source).expanduser().resolve()) if self.local else source
         self.fields = {"question": question_field, "answer": answer_field}
         self.extractor = answer_extractor
@@ -154,15 +187,19 @@ class DatasetTask(Task):
         train = self._problems(self._rows(self.source, self.train_split), "train", self.source)
         if self.test_split:
             test_source = str(Path(self.test_split).expanduser().resolve()) if self.local else self.source
-            return {"train": train,
-                    "test": self._problems(self._rows(test_source, self.test_split), "test", test_source)}
+            return {
+                "train": train,
+                "test": self._problems(self._rows(test_source, self.test_split), "test", test_source),
+            }
         if len(train) < 2:
             raise ValueError(f"task.source={self.source}: {len(train)} usable row(s), too few to hold out a test split")
         order = list(range(len(train)))
         random.Random(f"{self.split_seed}-held-out").shuffle(order)
         held = set(order[: min(max(1, round(self.test_fraction * len(train))), len(train) - 1)])
-        return {"train": [p for i, p in enumerate(train) if i not in held],
-                "test": [p for i, p in enumerate(train) if i in held]}
+        return {
+            "train": [p for i, p in enumerate(train) if i not in held],
+            "test": [p for i, p in enumerate(train) if i in held],
+        }
 
     def _rows(self, source: str, split: str) -> list[Row]:
         if self.local:
@@ -170,16 +207,19 @@ class DatasetTask(Task):
         folder = Path(source).expanduser()
         try:
             rows = load_rows(str(folder) if folder.is_dir() else source, self.config, split, self.revision)
-        except Exception as err:   # noqa: BLE001 — `datasets` raises many kinds on a folder it cannot read
+        except Exception as err:  # noqa: BLE001 — `datasets` raises many kinds on a folder it cannot read
             if folder.is_dir():
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                raise DataFormatError(f"task.source={source} is a folder that `datasets` cannot read as split "
-                                      f"{split!r} ({reason}); name a file in it ({', '.join(FILE_SUFFIXES)}) or a glob "
-                                      f"of its files, e.g. task.source='{folder / '*.jsonl'}'") from None
+                raise DataFormatError(
+                    f"task.source={source} is a folder that `datasets` cannot read as split "
+                    f"{split!r} ({reason}); name a file in it ({', '.join(FILE_SUFFIXES)}) or a glob "
+                    f"of its files, e.g. task.source='{folder / '*.jsonl'}'"
+                ) from None
             if isinstance(err, DataUnavailableError):
-                raise DataUnavailableError(f"task.source={source!r} (split {split}) is not available from the Hub: "
-                                           f"{err} A local .jsonl/.json/.parquet/.csv file also works as task.source."
-                                           ) from None
+                raise DataUnavailableError(
+                    f"task.source={source!r} (split {split}) is not available from the Hub: "
+                    f"{err} A local .jsonl/.json/.parquet/.csv file also works as task.source."
+                ) from None
             raise
         return [(f"{source} {split} row {i}", row) for i, row in enumerate(rows, start=1)]
 
@@ -200,8 +240,9 @@ class DatasetTask(Task):
         for index, (place, row) in enumerate(rows, start=1):
             for role, key in self.fields.items():
                 if key not in row:
-                    raise DataFormatError(f"{place}: no field {key!r} (task.{role}_field); the fields are "
-                                          f"{sorted(row)}")
+                    raise DataFormatError(
+                        f"{place}: no field {key!r} (task.{role}_field); the fields are {sorted(row)}"
+                    )
             question = row[self.fields["question"]]
             if not isinstance(question, str) or not question.strip():
                 raise DataFormatError(f"{place}: field {self.fields['question']!r} is empty or not text")
@@ -212,18 +253,38 @@ class DatasetTask(Task):
             out.append(Problem(f"{label}-{index}", question, answer, self.verifier))
             where.append(place)
         if skipped:
-            how = " or no match of task.answer_pattern" if self.pattern else (
-                " or nothing to extract" if self.extract else "")
-            log.warning("%s (%s): skipped %d of %d rows without an answer (field %r empty%s)", source, label,
-                        skipped, len(rows), self.fields["answer"], how)
+            how = (
+                " or no match of task.answer_pattern"
+                if self.pattern
+                else (" or nothing to extract" if self.extract else "")
+            )
+            log.warning(
+                "%s (%s): skipped %d of %d rows without an answer (field %r empty%s)",
+                source,
+                label,
+                skipped,
+                len(rows),
+                self.fields["answer"],
+                how,
+            )
         if not out:
-            how = (f"task.answer_pattern={self.pattern.pattern!r} matched nothing" if self.pattern else
-                   f"task.answer_extractor={self.extractor} found nothing (it looks for {LOOKS_FOR[self.extractor]})"
-                   if self.extractor else "it is empty everywhere")
-            raise ValueError(f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}: {how}; "
-                             "check task.answer_field and how the answer is cut out of it")
-        check_golds(out, f"{source} ({label})", where,
-                    fix=f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final "
-                        f"answer out of it with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or "
-                        f"task.answer_pattern, or set task.verifier to one that reads them.")
+            how = (
+                f"task.answer_pattern={self.pattern.pattern!r} matched nothing"
+                if self.pattern
+                else f"task.answer_extractor={self.extractor} found nothing (it looks for {LOOKS_FOR[self.extractor]})"
+                if self.extractor
+                else "it is empty everywhere"
+            )
+            raise ValueError(
+                f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}: {how}; "
+                "check task.answer_field and how the answer is cut out of it"
+            )
+        check_golds(
+            out,
+            f"{source} ({label})",
+            where,
+            fix=f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final "
+            f"answer out of it with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or "
+            f"task.answer_pattern, or set task.verifier to one that reads them.",
+        )
         return out

@@ -5,13 +5,16 @@ A problem names a start and a goal (`B..X`); the answer is a path along the grap
 held-out test routes are (start, goal) pairs no training problem asks for. With `layout: per_problem` every problem
 has its own graph, listed in the prompt (a model must read it: harder). The reward is 1 for a path to the goal; the
 fork positions of every sampled response are computed from the problem and the response (`Task.forks_of`), so a
-selector's choice is scored against the truth (observe/diagnostics.py, `forks/*`). A model trained from scratch first learns
-the format from random valid walks (`warmup`, models/warmup.py), so that RL has to learn which branch reaches the goal.
+selector's choice is scored against the truth (observe/diagnostics.py, `forks/*`). A model trained from scratch first
+learns the format from random valid walks (`warmup`, models/warmup.py), so that RL has to learn which branch reaches the
+goal.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, layered_graph, random_walk, reachable_goal
 from tokenrl.data.tasks import Task
@@ -26,21 +29,44 @@ class ForksTask(Task):
     """Train and test problems from disjoint routes (`shared`) or seeds (`per_problem`); `warmup` (steps, batch_size,
     lr, seed) configures the supervised warm-up of a randomly initialised policy (None: none)."""
 
-    config_rules = {**Task.config_rules, "layout": one_of(*LAYOUTS), "width": integer(1), "layers": integer(2),
-                    "branching": integer(1), "distractors": integer(0), "train_size": integer(1),
-                    "test_size": integer(1), "seed": integer(0),
-                    "warmup": mapping_of({"steps": integer(1), "batch_size": integer(1),
-                                          "lr": number(0, low_open=True), "seed": integer(0)})}
+    config_rules = {
+        **Task.config_rules,
+        "layout": one_of(*LAYOUTS),
+        "width": integer(1),
+        "layers": integer(2),
+        "branching": integer(1),
+        "distractors": integer(0),
+        "train_size": integer(1),
+        "test_size": integer(1),
+        "seed": integer(0),
+        "warmup": mapping_of(
+            {"steps": integer(1), "batch_size": integer(1), "lr": number(0, low_open=True), "seed": integer(0)}
+        ),
+    }
 
-    def __init__(self, layout: str, width: int, layers: int, branching: int, distractors: int, train_size: int,
-                 test_size: int, seed: int, max_new_tokens: int, warmup: Mapping[str, Any] | None = None,
-                 instruction: str = "", verifier: str = VERIFIER) -> None:
+    def __init__(
+        self,
+        layout: str,
+        width: int,
+        layers: int,
+        branching: int,
+        distractors: int,
+        train_size: int,
+        test_size: int,
+        seed: int,
+        max_new_tokens: int,
+        warmup: Mapping[str, Any] | None = None,
+        instruction: str = "",
+        verifier: str = VERIFIER,
+    ) -> None:
         super().__init__(instruction, verifier, max_new_tokens)
         self.shape = GraphShape(width, layers, branching, distractors)
         self.shape.check()
         if max_new_tokens < layers + 1:
-            raise ValueError(f"task.max_new_tokens={max_new_tokens} cannot hold a path through {layers} layers and "
-                             f"its end token: set it to at least {layers + 1}")
+            raise ValueError(
+                f"task.max_new_tokens={max_new_tokens} cannot hold a path through {layers} layers and "
+                f"its end token: set it to at least {layers + 1}"
+            )
         self.layout, self.seed = layout, seed
         self.sizes = {"train": train_size, "test": test_size}
         self.warmup = dict(warmup) if warmup else None
@@ -53,12 +79,19 @@ class ForksTask(Task):
         """Every (start, goal) of the shared graph with a start at least two layers before the goals and a path
         between them, shuffled by the seed: the first `test_size` are held out."""
         goals = self.layers[-1]
-        routes = [(start, goal) for layer in self.layers[:-2] for start in layer for goal in goals
-                  if start in Graph(self.graph, start, frozenset({goal})).reaching()]
+        routes = [
+            (start, goal)
+            for layer in self.layers[:-2]
+            for start in layer
+            for goal in goals
+            if start in Graph(self.graph, start, frozenset({goal})).reaching()
+        ]
         random.Random(f"{self.seed}-routes").shuffle(routes)
         if not 0 < test_size < len(routes):
-            raise ValueError(f"task.test_size={test_size} must be in [1, {len(routes) - 1}]: the shared graph has "
-                             f"{len(routes)} routes and the rest train")
+            raise ValueError(
+                f"task.test_size={test_size} must be in [1, {len(routes) - 1}]: the shared graph has "
+                f"{len(routes)} routes and the rest train"
+            )
         return {"test": routes[:test_size], "train": routes[test_size:]}
 
     def problems(self, split: str) -> list[Problem]:
@@ -80,8 +113,9 @@ class ForksTask(Task):
 
     def _problem(self, problem_id: str, route: tuple[str, str] | Graph) -> Problem:
         graph = route if isinstance(route, Graph) else Graph(self.graph, route[0], frozenset({route[1]}))
-        return Problem(problem_id, graph.question(with_edges=self.layout == "per_problem"), graph.encode(),
-                       self.verifier)
+        return Problem(
+            problem_id, graph.question(with_edges=self.layout == "per_problem"), graph.encode(), self.verifier
+        )
 
     def forks_of(self, problem: Problem, response: str) -> list[bool]:
         return fork_positions(Graph.decode(problem.answer), response)
@@ -94,5 +128,10 @@ class ForksTask(Task):
 
     def description(self) -> dict[str, Any]:
         """What determines the problems (the warm-up's cache key)."""
-        return {"layout": self.layout, "shape": vars(self.shape), "seed": self.seed,
-                "max_new_tokens": self.max_new_tokens, "instruction": self.instruction}
+        return {
+            "layout": self.layout,
+            "shape": vars(self.shape),
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "instruction": self.instruction,
+        }

@@ -7,6 +7,7 @@ which some still reach a goal and some cannot: the outcome is decided there. The
 (one option) or **free** (every option succeeds, or none does). Reward 1: the response is exactly a path that
 follows edges from the start and ends at a goal.
 """
+
 from __future__ import annotations
 
 import random
@@ -14,7 +15,7 @@ import string
 from dataclasses import dataclass
 
 LABELS = string.ascii_uppercase + string.ascii_lowercase
-STOP = ""   # the option of ending the path (the response's end-of-sequence token)
+STOP = ""  # the option of ending the path (the response's end-of-sequence token)
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Graph:
         return f"{edges}|{self.start}|{''.join(sorted(self.goals))}"
 
     @staticmethod
-    def decode(text: str) -> "Graph":
+    def decode(text: str) -> Graph:
         try:
             edges, start, goals = text.split("|")
             successors = {}
@@ -94,7 +95,7 @@ def fork_positions(graph: Graph, response: str) -> list[bool]:
         node = response[t - 1]
         marks[t] = is_fork(graph, node, reaching)
         if t < len(response) and response[t] not in graph.successors.get(node, ()):
-            break   # the path leaves the graph at character t: nothing after it decides anything
+            break  # the path leaves the graph at character t: nothing after it decides anything
     return marks
 
 
@@ -123,21 +124,26 @@ class GraphShape:
 
     def check(self) -> None:
         if self.width < 1 or self.layers < 2 or self.distractors < 0:
-            raise ValueError(f"task.width={self.width} must be >= 1, task.layers={self.layers} >= 2 and "
-                             f"task.distractors={self.distractors} >= 0")
+            raise ValueError(
+                f"task.width={self.width} must be >= 1, task.layers={self.layers} >= 2 and "
+                f"task.distractors={self.distractors} >= 0"
+            )
         if not 1 <= self.branching <= self.width:
             raise ValueError(f"task.branching={self.branching} must be in [1, task.width={self.width}]")
         if self.node_count() > len(LABELS):
-            raise ValueError(f"task.width × task.layers + task.distractors = {self.node_count()} nodes, more than the "
-                             f"{len(LABELS)} labels A–Z, a–z: lower task.width, layers or distractors")
+            raise ValueError(
+                f"task.width × task.layers + task.distractors = {self.node_count()} nodes, more than the "
+                f"{len(LABELS)} labels A–Z, a–z: lower task.width, layers or distractors"
+            )
 
 
 def layered_graph(shape: GraphShape, rng: random.Random) -> tuple[dict[str, tuple[str, ...]], list[list[str]]]:
     """(successors, layers) of a random graph of `shape`, labels and successor orders shuffled."""
     labels = iter(rng.sample(LABELS, len(LABELS)))
     layers = [[next(labels) for _ in range(shape.width)] for _ in range(shape.layers)]
-    successors = {node: rng.sample(layers[i + 1], shape.branching) for i, layer in enumerate(layers[:-1])
-                  for node in layer}
+    successors = {
+        node: rng.sample(layers[i + 1], shape.branching) for i, layer in enumerate(layers[:-1]) for node in layer
+    }
     successors.update({node: [] for node in layers[-1]})
     for _ in range(shape.distractors):
         dead_end = next(labels)
@@ -150,8 +156,9 @@ def layered_graph(shape: GraphShape, rng: random.Random) -> tuple[dict[str, tupl
     return {node: tuple(successors[node]) for node in order}, layers
 
 
-def reachable_goal(successors: dict[str, tuple[str, ...]], start: str, goals: list[str],
-                   rng: random.Random) -> str | None:
+def reachable_goal(
+    successors: dict[str, tuple[str, ...]], start: str, goals: list[str], rng: random.Random
+) -> str | None:
     """A random one of `goals` that some path from `start` reaches (None if none does)."""
     reachable = [goal for goal in goals if start in Graph(successors, start, frozenset({goal})).reaching()]
     return rng.choice(reachable) if reachable else None

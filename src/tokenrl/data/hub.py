@@ -1,14 +1,16 @@
 """The Hugging Face Hub route: a connect check that makes offline runs fail in seconds, and `datasets` loading
 whose failures say what to do (log in for a gated set, or use the local route)."""
+
 from __future__ import annotations
 
 import socket
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 HUB_CONNECT_TIMEOUT_S = 3.0
@@ -65,8 +67,9 @@ def _datasets_offline(offline: bool) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE = saved
 
 
-def load_rows(path: str, config: str | None, split: str, revision: str | None = None,
-              cache_dir: str | None = None) -> list[dict[str, Any]]:
+def load_rows(
+    path: str, config: str | None, split: str, revision: str | None = None, cache_dir: str | None = None
+) -> list[dict[str, Any]]:
     """Rows of one split through `datasets.load_dataset` (a Hub id, or a local folder laid out as a Hub repository),
     cached as `datasets` caches. Without a reachable Hub, `datasets` goes straight to its cache instead of retrying
     for a minute; DataUnavailableError when that has no copy."""
@@ -97,8 +100,14 @@ def load_source(source: HubSource, path: str | None = None, cache_dir: str | Non
         try:
             part = load_rows(path or source.repo, config, source.split, source.revision, cache_dir)
         except DataUnavailableError as err:
-            access = (f" {source.repo} is gated: accept its terms at https://huggingface.co/datasets/{source.repo}, "
-                      f"then `huggingface-cli login` (or set HF_TOKEN).") if source.gated else ""
+            access = (
+                (
+                    f" {source.repo} is gated: accept its terms at https://huggingface.co/datasets/{source.repo}, "
+                    f"then `huggingface-cli login` (or set HF_TOKEN)."
+                )
+                if source.gated
+                else ""
+            )
             raise DataUnavailableError(f"{err}{access}") from None
         rows.extend({source.columns.get(key, key): value for key, value in row.items()} for row in part)
     return rows

@@ -1,9 +1,11 @@
 """GSM8K's final-answer rule and a JSONL reader whose errors name file, line and column."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def gsm8k_final_answer(text: str) -> str | None:
@@ -18,7 +20,7 @@ class DataFormatError(ValueError):
 def json_error(path: Path, err: json.JSONDecodeError, lineno: int | None = None) -> DataFormatError:
     """The error naming file, line and column of a JSON decoding error; `lineno` is the file's line of a JSONL row
     (the decoder saw that line alone)."""
-    reason = err.msg.removesuffix(" at")      # "Invalid control character at" and the like
+    reason = err.msg.removesuffix(" at")  # "Invalid control character at" and the like
     return DataFormatError(f"{path}:{lineno or err.lineno}: not valid JSON ({reason} at column {err.colno})")
 
 
@@ -47,7 +49,7 @@ def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dic
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw.decode("utf-8").rstrip("\r\n"))   # columns count on this line
+                row = json.loads(raw.decode("utf-8").rstrip("\r\n"))  # columns count on this line
             except UnicodeDecodeError:
                 raise DataFormatError(f"{path}:{lineno}: not UTF-8 text") from None
             except json.JSONDecodeError as err:

@@ -1,4 +1,5 @@
 """Turn a question into model input: the chat template where the model has one (and it is wanted), else plain text."""
+
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
@@ -13,8 +14,12 @@ class PromptFormatter:
     """`use_chat_template`: 'auto' (if the tokenizer has one), True or False; plain prompts end with a newline.
     `system_prompt` is the chat's system turn, or leads a plain prompt followed by a blank line."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool | str = "auto",
-                 system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        use_chat_template: bool | str = "auto",
+        system_prompt: str | None = None,
+    ) -> None:
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if use_chat_template is True and not has_template:
             raise ValueError("model.chat_template=true but the tokenizer has no chat template; set it to auto or false")

@@ -3,6 +3,7 @@
 `arithmetic` is the offline default (procedural, seeded); `BenchmarkTask` trains on a benchmark split
 (GSM8K, MATH) from the Hub or the local data folder; `DatasetTask` (data/dataset_task.py) on any dataset.
 """
+
 from __future__ import annotations
 
 import random
@@ -24,8 +25,10 @@ def _resolves(name: Any) -> bool:
     return True
 
 
-VERIFIER = Rule(lambda v: isinstance(v, str) and _resolves(v),
-                f"a verifier: one of {', '.join(sorted(VERIFIERS))}, or an importable package.module:function")
+VERIFIER = Rule(
+    lambda v: isinstance(v, str) and _resolves(v),
+    f"a verifier: one of {', '.join(sorted(VERIFIERS))}, or an importable package.module:function",
+)
 BENCHMARK = one_of(*BENCHMARKS)
 
 
@@ -33,16 +36,21 @@ class Task(Configurable, ABC):
     """A source of train/test problems with one answer format."""
 
     config_node = "task"
-    config_rules: ClassVar[dict[str, Rule]] = {"instruction": FREE_TEXT, "system_prompt": FREE_TEXT,
-                                               "verifier": VERIFIER, "max_new_tokens": integer(1)}
+    config_rules: ClassVar[dict[str, Rule]] = {
+        "instruction": FREE_TEXT,
+        "system_prompt": FREE_TEXT,
+        "verifier": VERIFIER,
+        "max_new_tokens": integer(1),
+    }
 
-    def __init__(self, instruction: str, verifier: str | None, max_new_tokens: int,
-                 system_prompt: str | None = None) -> None:
+    def __init__(
+        self, instruction: str, verifier: str | None, max_new_tokens: int, system_prompt: str | None = None
+    ) -> None:
         self.instruction = instruction
         self.verifier = verifier
         self.max_new_tokens = max_new_tokens
-        self.system_prompt = system_prompt   # training and validation prompts start with it (data/prompts.py)
-        self.warmup: dict | None = None      # a supervised warm-up of a random policy (models/warmup.py); None: none
+        self.system_prompt = system_prompt  # training and validation prompts start with it (data/prompts.py)
+        self.warmup: dict | None = None  # a supervised warm-up of a random policy (models/warmup.py); None: none
 
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:
@@ -60,11 +68,28 @@ class Task(Configurable, ABC):
 class ArithmeticTask(Task):
     """Procedural `a op b` problems with operands in [low, high]; train and test drawn from disjoint seeds."""
 
-    config_rules = {**Task.config_rules, "low": integer(), "high": integer(), "ops": list_of(one_of("+", "-", "*")),
-                    "train_size": integer(1), "test_size": integer(1), "seed": integer(0)}
+    config_rules = {
+        **Task.config_rules,
+        "low": integer(),
+        "high": integer(),
+        "ops": list_of(one_of("+", "-", "*")),
+        "train_size": integer(1),
+        "test_size": integer(1),
+        "seed": integer(0),
+    }
 
-    def __init__(self, low: int, high: int, ops: list[str], train_size: int, test_size: int, seed: int,
-                 instruction: str, verifier: str, max_new_tokens: int = 32) -> None:
+    def __init__(
+        self,
+        low: int,
+        high: int,
+        ops: list[str],
+        train_size: int,
+        test_size: int,
+        seed: int,
+        instruction: str,
+        verifier: str,
+        max_new_tokens: int = 32,
+    ) -> None:
         super().__init__(instruction, verifier, max_new_tokens)
         if low > high:
             raise ValueError(f"task.low={low} > task.high={high}")
@@ -88,11 +113,25 @@ class BenchmarkTask(Task):
     files (see data/benchmarks.py): gsm8k = gsm8k_train / gsm8k, math = math_train / math500.
     `instruction`/`verifier` null keep the benchmark's."""
 
-    config_rules = {**Task.config_rules, "data_dir": FREE_TEXT, "train": BENCHMARK, "test": BENCHMARK,
-                    "verifier": optional(VERIFIER, "the benchmark's"), "limit": optional(integer(1), "all")}
+    config_rules = {
+        **Task.config_rules,
+        "data_dir": FREE_TEXT,
+        "train": BENCHMARK,
+        "test": BENCHMARK,
+        "verifier": optional(VERIFIER, "the benchmark's"),
+        "limit": optional(integer(1), "all"),
+    }
 
-    def __init__(self, data_dir: str | None, train: str, test: str, instruction: str | None = None,
-                 verifier: str | None = None, max_new_tokens: int = 1024, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | None,
+        train: str,
+        test: str,
+        instruction: str | None = None,
+        verifier: str | None = None,
+        max_new_tokens: int = 1024,
+        limit: int | None = None,
+    ) -> None:
         self.splits = {"train": benchmark(train), "test": benchmark(test)}
         super().__init__(instruction or self.splits["train"].instruction, verifier, max_new_tokens)
         self.data_dir = data_dir

@@ -1,4 +1,5 @@
 """Validation during training: held-out pass@k before rollout steps 0, N, 2N, … and after the last one."""
+
 from __future__ import annotations
 
 import logging
@@ -28,23 +29,28 @@ class PeriodicValidation(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if module.rollout_step == self.total_steps:
-            self.validate(trainer, module)   # after the last update
+            self.validate(trainer, module)  # after the last update
 
     @staticmethod
     def line(metrics: dict[str, float]) -> str:
         """`validation at step 10 | pass@1 0.945 | pass@4 0.969 | 12.3 s` (every set's pass@k, held out)."""
-        scores = " | ".join(f"{key.removeprefix('val/')} {value:.3f}" for key, value in metrics.items()
-                            if "pass@" in key)
+        scores = " | ".join(
+            f"{key.removeprefix('val/')} {value:.3f}" for key, value in metrics.items() if "pass@" in key
+        )
         return f"validation at step {int(metrics['val/at_step'])} | {scores} | {metrics['time/validate']:.1f} s"
 
     def validate(self, trainer: L.Trainer, module: Any) -> None:
         start = time.perf_counter()
         with module.engine_context():
-            metrics = {f"val/{key}": value for key, value in self.validator(module.engine, module.collector.scorer).items()}
-        module.check_preempted()   # a signal cut its generation short: its numbers are not a validation
+            metrics = {
+                f"val/{key}": value for key, value in self.validator(module.engine, module.collector.scorer).items()
+            }
+        module.check_preempted()  # a signal cut its generation short: its numbers are not a validation
         if trainer.world_size > 1:
-            metrics = {key: float(module.all_gather(torch.tensor(value, device=module.device)).mean())
-                       for key, value in metrics.items()}
+            metrics = {
+                key: float(module.all_gather(torch.tensor(value, device=module.device)).mean())
+                for key, value in metrics.items()
+            }
         metrics.update({"val/at_step": float(module.rollout_step), "time/validate": time.perf_counter() - start})
         module.last_validation = metrics
         if trainer.is_global_zero:

@@ -4,6 +4,7 @@
 
 averaged over problems. pass@1 = c/n (= avg@n). k ≤ n is required.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Sample n completions per problem with a rollout engine, score them (time-limited) and compute pass@k."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.utils import derived_seed
 
 log = logging.getLogger(__name__)
-PROGRESS_AFTER_S = 5.0   # an evaluation shorter than this stays quiet
+PROGRESS_AFTER_S = 5.0  # an evaluation shorter than this stays quiet
 
 
 @dataclass(frozen=True)
@@ -33,16 +34,24 @@ class EvalSettings:
     seed: int = 0
 
 
-def evaluate(name: str, problems: list[Problem], instruction: str, engine: RolloutEngine,
-             formatter: PromptFormatter, scorer: SafeScorer, settings: EvalSettings,
-             samples_path: Path | None = None) -> dict:
+def evaluate(
+    name: str,
+    problems: list[Problem],
+    instruction: str,
+    engine: RolloutEngine,
+    formatter: PromptFormatter,
+    scorer: SafeScorer,
+    settings: EvalSettings,
+    samples_path: Path | None = None,
+) -> dict:
     """pass@k for k in settings.ks, avg@n and counts; one JSON line per sample in `samples_path` (no question text).
     Once it has run `PROGRESS_AFTER_S`, a line per batch of prompts says how far it is and about how long is left.
 
     Prompts longer than `max_prompt_length` tokens are skipped (counted in `skipped_long_prompts`)."""
     if any(k > settings.n_samples for k in settings.ks):
-        raise ValueError(f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} "
-                         f"(got {settings.n_samples})")
+        raise ValueError(
+            f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} (got {settings.n_samples})"
+        )
     prompts, kept = [], []
     for problem in problems:
         ids = formatter.token_ids(with_instruction(problem.question, instruction))
@@ -52,17 +61,25 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
     skipped = len(problems) - len(kept)
     if skipped:
         log.warning("%s: skipped %d prompts longer than %d tokens", name, skipped, settings.max_prompt_length)
-    params = SamplingParams(n=settings.n_samples, temperature=settings.temperature, top_p=settings.top_p,
-                            top_k=settings.top_k, max_new_tokens=settings.max_new_tokens)
+    params = SamplingParams(
+        n=settings.n_samples,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        max_new_tokens=settings.max_new_tokens,
+    )
     metrics = {k: PassAtK(k) for k in settings.ks}
     correct_total, tokens, start = 0.0, 0, time.perf_counter()
     handle = samples_path.open("w") if samples_path else None
     try:
         batches = range(0, len(kept), settings.batch_prompts)
         for done, first in enumerate(batches, start=1):
-            chunk = kept[first:first + settings.batch_prompts]
-            rollouts = engine.generate(prompts[first:first + settings.batch_prompts], params,
-                                       seed=derived_seed(settings.seed, "eval", name, first))
+            chunk = kept[first : first + settings.batch_prompts]
+            rollouts = engine.generate(
+                prompts[first : first + settings.batch_prompts],
+                params,
+                seed=derived_seed(settings.seed, "eval", name, first),
+            )
             answers = [p for p in chunk for _ in range(settings.n_samples)]
             scores = scorer.score([(p.verifier, text, p.answer) for p, text in zip(answers, rollouts.texts)])
             per_problem = torch.tensor(scores).reshape(len(chunk), settings.n_samples)
@@ -73,26 +90,51 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
             tokens += int(rollouts.response_mask.sum())
             elapsed = time.perf_counter() - start
             if elapsed > PROGRESS_AFTER_S:
-                log.info("%s: %d/%d batches of %d prompts × %d samples, %.0f s, about %.0f s left", name, done,
-                         len(batches), settings.batch_prompts, settings.n_samples, elapsed,
-                         elapsed / done * (len(batches) - done))
+                log.info(
+                    "%s: %d/%d batches of %d prompts × %d samples, %.0f s, about %.0f s left",
+                    name,
+                    done,
+                    len(batches),
+                    settings.batch_prompts,
+                    settings.n_samples,
+                    elapsed,
+                    elapsed / done * (len(batches) - done),
+                )
             if handle:
                 for row, (problem, text, score, reason) in enumerate(
-                        zip(answers, rollouts.texts, scores, rollouts.finish_reasons)):
-                    handle.write(json.dumps({"id": problem.id, "sample": row % settings.n_samples, "score": score,
-                                             "answer": problem.answer, "finish_reason": reason,
-                                             "response": text}) + "\n")
+                    zip(answers, rollouts.texts, scores, rollouts.finish_reasons)
+                ):
+                    handle.write(
+                        json.dumps(
+                            {
+                                "id": problem.id,
+                                "sample": row % settings.n_samples,
+                                "score": score,
+                                "answer": problem.answer,
+                                "finish_reason": reason,
+                                "response": text,
+                            }
+                        )
+                        + "\n"
+                    )
     finally:
         if handle:
             handle.close()
     seconds = time.perf_counter() - start
     n_problems = len(kept)
-    result = {"benchmark": name, "problems": n_problems, "skipped_long_prompts": skipped,
-              "n_samples": settings.n_samples, "temperature": settings.temperature, "top_p": settings.top_p,
-              "max_new_tokens": settings.max_new_tokens,
-              f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
-              **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
-              "generated_tokens": tokens, "seconds": seconds}
+    result = {
+        "benchmark": name,
+        "problems": n_problems,
+        "skipped_long_prompts": skipped,
+        "n_samples": settings.n_samples,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_new_tokens": settings.max_new_tokens,
+        f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
+        **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
+        "generated_tokens": tokens,
+        "seconds": seconds,
+    }
     return result
 
 
@@ -100,7 +142,7 @@ def evaluate(name: str, problems: list[Problem], instruction: str, engine: Rollo
 class ValidationSet:
     """Held-out problems validated during training; metrics are logged as `val/<prefix>pass@k`."""
 
-    prefix: str            # "" for the task's test split, "<benchmark>/" for an extra benchmark
+    prefix: str  # "" for the task's test split, "<benchmark>/" for an extra benchmark
     problems: list[Problem]
     instruction: str
 
@@ -111,15 +153,29 @@ class Validator:
     def __init__(self, sets: list[ValidationSet], formatter: PromptFormatter, settings: EvalSettings) -> None:
         for validation_set in sets:
             if not validation_set.problems:
-                raise ValueError(f"validation set {validation_set.prefix or 'of the task'!r} has no problems: raise "
-                                 "validation.limit or set validation.every_n_steps=0")
+                raise ValueError(
+                    f"validation set {validation_set.prefix or 'of the task'!r} has no problems: raise "
+                    "validation.limit or set validation.every_n_steps=0"
+                )
         self.sets, self.formatter, self.settings = sets, formatter, settings
 
     def __call__(self, engine: RolloutEngine, scorer: SafeScorer) -> dict[str, float]:
         out = {}
         for validation_set in self.sets:
-            result = evaluate(f"val/{validation_set.prefix}".rstrip("/"), validation_set.problems,
-                              validation_set.instruction, engine, self.formatter, scorer, self.settings)
-            out.update({f"{validation_set.prefix}{key}": float(value) for key, value in result.items()
-                        if key.startswith(("pass@", "avg@"))})
+            result = evaluate(
+                f"val/{validation_set.prefix}".rstrip("/"),
+                validation_set.problems,
+                validation_set.instruction,
+                engine,
+                self.formatter,
+                scorer,
+                self.settings,
+            )
+            out.update(
+                {
+                    f"{validation_set.prefix}{key}": float(value)
+                    for key, value in result.items()
+                    if key.startswith(("pass@", "avg@"))
+                }
+            )
         return out

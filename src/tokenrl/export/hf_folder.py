@@ -7,6 +7,7 @@ data and metrics. Written into a temporary folder beside the target that replace
 checkpoint. The weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the
 exporting rank holds at most one safetensors file of copies, never a second full model.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,9 +17,10 @@ import os
 import shutil
 import tempfile
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import lightning as L
 import torch
@@ -32,7 +34,7 @@ from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
 
 log = logging.getLogger(__name__)
-SHARD_BYTES = 5 * 2**30   # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
+SHARD_BYTES = 5 * 2**30  # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
 INDEX = "model.safetensors.index.json"
 CARD_METRICS = ("reward_first5", "reward_last5", "train/reward", "train/accuracy", "train/entropy")
 
@@ -59,8 +61,9 @@ def tied_copies(config: PretrainedConfig) -> set[str]:
     return set(getattr(causal_lm_class(config), "_tied_weights_keys", None) or ())
 
 
-def _shards(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
-            skip: set[str]) -> Iterator[dict[str, torch.Tensor]]:
+def _shards(
+    weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, skip: set[str]
+) -> Iterator[dict[str, torch.Tensor]]:
     """The weights on the host in `dtype`, in groups of at most SHARD_BYTES (a larger tensor alone)."""
     shard: dict[str, torch.Tensor] = {}
     size = 0
@@ -99,9 +102,15 @@ def write_weights(weights: Iterable[tuple[str, torch.Tensor]], folder: Path, dty
     return total
 
 
-def write_model_folder(out: str | Path, weights: Iterable[tuple[str, torch.Tensor]], config: PretrainedConfig,
-                       generation_config: GenerationConfig, tokenizer: PreTrainedTokenizerBase, dtype: str,
-                       card: str) -> Path:
+def write_model_folder(
+    out: str | Path,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    config: PretrainedConfig,
+    generation_config: GenerationConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    dtype: str,
+    card: str,
+) -> Path:
     """A Hugging Face model folder at `out` (replacing what is there) from the policy's plain-named weights."""
     config = copy.deepcopy(config)
     config.architectures = [causal_lm_class(config).__name__]
@@ -149,14 +158,20 @@ def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, model_cfg: Mapping[str, 
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    symbol = bytes_to_unicode()   # byte → the character byte-level BPE writes it as (" " → "Ġ")
-    vocab = {(symbol[ord(token)] if len(token) == 1 else token): index
-             for token, index in tokenizer.get_vocab().items()}
+    symbol = bytes_to_unicode()  # byte → the character byte-level BPE writes it as (" " → "Ġ")
+    vocab = {
+        (symbol[ord(token)] if len(token) == 1 else token): index for token, index in tokenizer.get_vocab().items()
+    }
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=tokenizer.unk_token))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=tokenizer.pad_token, eos_token=tokenizer.eos_token,
-                                   unk_token=tokenizer.unk_token, padding_side=tokenizer.padding_side)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=tokenizer.pad_token,
+        eos_token=tokenizer.eos_token,
+        unk_token=tokenizer.unk_token,
+        padding_side=tokenizer.padding_side,
+    )
 
 
 def _settings(node: Any) -> str:
@@ -174,8 +189,15 @@ def _target(node: Any) -> str:
     return str(node.get("_target_", "?")) if isinstance(node, Mapping) else "?"
 
 
-def model_card(cfg: DictConfig, model_cfg: Mapping[str, Any], choices: Mapping[str, Any],
-               summary: Mapping[str, Any], origin: str, dtype: str, adapter_only: bool = False) -> str:
+def model_card(
+    cfg: DictConfig,
+    model_cfg: Mapping[str, Any],
+    choices: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    origin: str,
+    dtype: str,
+    adapter_only: bool = False,
+) -> str:
     """README.md of an exported folder: how the weights were made (base model, method, selector, steps, data,
     weights) and the run's key metrics at that point; `adapter_only`: a LoRA adapter's folder (peft)."""
     resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("selector", "task", "algorithm")}
@@ -183,63 +205,91 @@ def model_card(cfg: DictConfig, model_cfg: Mapping[str, Any], choices: Mapping[s
     hub_id = source and not Path(str(source)).expanduser().exists() and str(source).count("/") == 1
     selector = choices.get("selector") or get_class(_target(resolved["selector"])).name
     if model_cfg["init"] == "random":
-        base = (f"`model={model_cfg['name']}`: random weights (seed {cfg.seed}) of its "
-                f"`{model_cfg['architecture']['model_type']}` architecture")
+        base = (
+            f"`model={model_cfg['name']}`: random weights (seed {cfg.seed}) of its "
+            f"`{model_cfg['architecture']['model_type']}` architecture"
+        )
     else:
         base = f"`model={model_cfg['name']}`: `{source}`"
     trainer = f", `trainer={choices['trainer']}`" if choices.get("trainer") else ""
     algorithm = resolved["algorithm"]
-    method = (f"`algorithm={choices.get('algorithm') or algorithm['name']}` (group size {algorithm['group_size']}, "
-              f"policy loss `{algorithm['policy_loss']}`, aggregation `{algorithm['aggregation']}`, KL β "
-              f"{algorithm['kl_coef']} `{algorithm['kl_estimator']}`)")
+    method = (
+        f"`algorithm={choices.get('algorithm') or algorithm['name']}` (group size {algorithm['group_size']}, "
+        f"policy loss `{algorithm['policy_loss']}`, aggregation `{algorithm['aggregation']}`, KL β "
+        f"{algorithm['kl_coef']} `{algorithm['kl_estimator']}`)"
+    )
     method += "".join(f", `{group}={choices[group]}`" for group in ("method", "experiment") if choices.get(group))
     task = resolved["task"]
     data = f"`task={choices.get('task') or _target(task).rsplit('.', 1)[-1]}` (`{_target(task)}`"
     data += f", source `{task['source']}`" if task.get("source") else ""
-    data += f", instruction \"{task['instruction']}\")" if task.get("instruction") else ")"
+    data += f', instruction "{task["instruction"]}")' if task.get("instruction") else ")"
     if adapter_only:
         weights = f"the LoRA adapter alone ({_settings(lora)}), as trained"
     else:
         weights = f"LoRA ({_settings(lora)}) merged into the base weights; {dtype}" if lora else f"full; {dtype}"
-    metrics = {key: value for key, value in summary.items()
-               if key in CARD_METRICS or key.startswith("val/")}
+    metrics = {key: value for key, value in summary.items() if key in CARD_METRICS or key.startswith("val/")}
     rows = "\n".join(f"| `{key}` | {value:.4f} |" for key, value in metrics.items())
     tags = ", ".join(["tokenrl", "grpo", "reinforcement-learning", selector])
     front = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"tags: [{tags}]"]
     front += [f"base_model: {source}"] if hub_id else []
-    return "\n".join([
-        *front, "---", "",
-        f"# {model_cfg['name']} trained with tokenrl ({selector})", "",
-        f"A plain Hugging Face causal LM exported by tokenrl from {origin}.", "",
-        "| | |", "|---|---|",
-        f"| base model | {base} |",
-        f"| method | {method} |",
-        f"| selector | `selector={selector}` (`{_target(resolved['selector'])}`: "
-        f"{_settings(resolved['selector'])}) |",
-        f"| steps | {_count(summary['rollout_steps'], 'rollout step')} "
-        f"({_count(summary['optimizer_steps'], 'optimizer step')}) of `total_steps={cfg.total_steps}`, seed "
-        f"{cfg.seed}{trainer} |",
-        f"| data | {data} |",
-        f"| weights | {weights} |", "",
-        "## Metrics", "",
-        "Training reward: mean of the first and the last 5 rollout steps, and of the last step; `val/*`: held-out "
-        "pass@k at the last validation." if rows else "No metrics were recorded.", "",
-        *(["| metric | value |", "|---|---|", rows, ""] if rows else []),
-        "## Use", "", *(_adapter_use(source) if adapter_only else _folder_use(model_cfg["name"]))])
+    return "\n".join(
+        [
+            *front,
+            "---",
+            "",
+            f"# {model_cfg['name']} trained with tokenrl ({selector})",
+            "",
+            f"A plain Hugging Face causal LM exported by tokenrl from {origin}.",
+            "",
+            "| | |",
+            "|---|---|",
+            f"| base model | {base} |",
+            f"| method | {method} |",
+            f"| selector | `selector={selector}` (`{_target(resolved['selector'])}`: "
+            f"{_settings(resolved['selector'])}) |",
+            f"| steps | {_count(summary['rollout_steps'], 'rollout step')} "
+            f"({_count(summary['optimizer_steps'], 'optimizer step')}) of `total_steps={cfg.total_steps}`, seed "
+            f"{cfg.seed}{trainer} |",
+            f"| data | {data} |",
+            f"| weights | {weights} |",
+            "",
+            "## Metrics",
+            "",
+            "Training reward: mean of the first and the last 5 rollout steps, and of the last step; `val/*`: held-out "
+            "pass@k at the last validation."
+            if rows
+            else "No metrics were recorded.",
+            "",
+            *(["| metric | value |", "|---|---|", rows, ""] if rows else []),
+            "## Use",
+            "",
+            *(_adapter_use(source) if adapter_only else _folder_use(model_cfg["name"])),
+        ]
+    )
 
 
 def _folder_use(name: str) -> list[str]:
-    return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "model = AutoModelForCausalLM.from_pretrained(\"<this folder>\")",
-            "tokenizer = AutoTokenizer.from_pretrained(\"<this folder>\")", "```", "",
-            f"tokenrl: `python eval.py model={name} model.source=<this folder> model.init=pretrained "
-            "model.tokenizer=null model.lora=null`; vLLM: `vllm serve <this folder>` (docs/export.md).", ""]
+    return [
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("<this folder>")',
+        'tokenizer = AutoTokenizer.from_pretrained("<this folder>")',
+        "```",
+        "",
+        f"tokenrl: `python eval.py model={name} model.source=<this folder> model.init=pretrained "
+        "model.tokenizer=null model.lora=null`; vLLM: `vllm serve <this folder>` (docs/export.md).",
+        "",
+    ]
 
 
 def _adapter_use(source: Any) -> list[str]:
-    return ["```python", "from peft import AutoPeftModelForCausalLM",
-            f"model = AutoPeftModelForCausalLM.from_pretrained(\"<this folder>\")   # loads the base, {source}",
-            "```", ""]
+    return [
+        "```python",
+        "from peft import AutoPeftModelForCausalLM",
+        f'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")   # loads the base, {source}',
+        "```",
+        "",
+    ]
 
 
 def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mapping[str, Any]) -> Path | None:
@@ -254,9 +304,16 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
     dtype = export_dtype(cfg)
     with served_weights(module.policy) as weights:
         if not trainer.is_global_zero:
-            deque(weights, maxlen=0)   # the gathers of the other ranks need this one's part
+            deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
             return None
         policy = module.policy
         card = model_card(cfg, module.model_cfg, choices, summary, "the end of its training run", dtype)
-        return write_model_folder(out, weights, policy.config, policy.generation_config,
-                                  saved_tokenizer(module.tokenizer, module.model_cfg), dtype, card)
+        return write_model_folder(
+            out,
+            weights,
+            policy.config,
+            policy.generation_config,
+            saved_tokenizer(module.tokenizer, module.model_cfg),
+            dtype,
+            card,
+        )

@@ -1,9 +1,11 @@
 """Policy construction: pretrained (hub id or local folder) or random weights from real architecture numbers."""
+
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -27,24 +29,27 @@ def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kw
     if local.exists():
         try:
             return loader.from_pretrained(str(local), **kwargs)
-        except (OSError, ValueError) as err:   # the folder is there: say what failed in it, not that it is missing
-            raise ValueError(f"{field}={source!r} is a folder that does not load ({type(err).__name__}: {err}). "
-                             f"A model folder holds config.json, the weights and the tokenizer files: re-run "
-                             f"`bash scripts/setup.sh` for the offline default, or point {field} at a complete "
-                             f"Hugging Face folder.") from err
+        except (OSError, ValueError) as err:  # the folder is there: say what failed in it, not that it is missing
+            raise ValueError(
+                f"{field}={source!r} is a folder that does not load ({type(err).__name__}: {err}). "
+                f"A model folder holds config.json, the weights and the tokenizer files: re-run "
+                f"`bash scripts/setup.sh` for the offline default, or point {field} at a complete "
+                f"Hugging Face folder."
+            ) from err
     try:
         if not hub_reachable():
             kwargs["local_files_only"] = True
-            if loader is AutoModelForCausalLM:   # its PEFT-adapter lookup ignores local_files_only otherwise
+            if loader is AutoModelForCausalLM:  # its PEFT-adapter lookup ignores local_files_only otherwise
                 kwargs["adapter_kwargs"] = {"local_files_only": True}
         return loader.from_pretrained(source, **kwargs)
-    except (OSError, ValueError):   # ValueError: huggingface_hub's HFValidationError for a path that is no repo id
+    except (OSError, ValueError):  # ValueError: huggingface_hub's HFValidationError for a path that is no repo id
         raise FileNotFoundError(
             f"{field}={source!r} is neither a prepared local folder nor reachable on the hub. Offline: download it "
             f"where the Hub answers (`huggingface-cli download {source} --local-dir DIR`), copy DIR to this machine "
             f"and set {field}=DIR (`bash scripts/setup.sh` prepares only the offline default, SmolLM2-135M-Instruct); "
             f"for tests and throughput runs on a machine that holds the model, random weights with a character "
-            f"tokenizer need no files: add `model.init=random model.tokenizer=char`.") from None
+            f"tokenizer need no files: add `model.init=random model.tokenizer=char`."
+        ) from None
 
 
 def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
@@ -95,7 +100,7 @@ def build_reference(policy: PreTrainedModel, dtype: str | None) -> PreTrainedMod
     target = torch_dtype(dtype) if dtype is not None else None
     with torch.device("meta"):
         reference = AutoModelForCausalLM.from_config(copy.deepcopy(policy.config))
-    for name, param in policy.named_parameters():   # tied weights appear once
+    for name, param in policy.named_parameters():  # tied weights appear once
         owner, _, leaf = name.rpartition(".")
         value = param.detach().to(target) if target is not None else param.detach().clone()
         setattr(reference.get_submodule(owner), leaf, torch.nn.Parameter(value, requires_grad=False))

@@ -2,19 +2,21 @@
 weights it was built on (`base_reference`: where they came from and a fingerprint of their values). Resume, export
 and eval rebuild the base from `model.*` and refuse one whose fingerprint differs (`check_base`), then put the
 checkpoint's adapters on it (`with_base`)."""
+
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from tokenrl.models.engine_weights import PEFT_PREFIX
 
-SAMPLES = 1024   # values of each base tensor the fingerprint reads, evenly spaced over it
-DESCRIBED = {"source": "model.source", "init": "model.init", "dtype": "model.dtype", "seed": "seed"}   # key: option
+SAMPLES = 1024  # values of each base tensor the fingerprint reads, evenly spaced over it
+DESCRIBED = {"source": "model.source", "init": "model.init", "dtype": "model.dtype", "seed": "seed"}  # key: option
 
 
 def trained_names(model: nn.Module) -> set[str]:
@@ -42,8 +44,13 @@ def fingerprint(model: nn.Module) -> str:
 def base_reference(model: nn.Module, model_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """What a LoRA checkpoint records of the base it was built on: `model.source`, `init`, `dtype`, the seed of random
     weights, and the fingerprint of the weights themselves."""
-    return {"source": model_cfg.get("source"), "init": model_cfg["init"], "dtype": model_cfg["dtype"],
-            "seed": seed if model_cfg["init"] == "random" else None, "fingerprint": fingerprint(model)}
+    return {
+        "source": model_cfg.get("source"),
+        "init": model_cfg["init"],
+        "dtype": model_cfg["dtype"],
+        "seed": seed if model_cfg["init"] == "random" else None,
+        "fingerprint": fingerprint(model),
+    }
 
 
 def check_base(saved: Mapping[str, Any] | None, current: Mapping[str, Any] | None, ckpt_path: str | Path) -> None:
@@ -52,22 +59,34 @@ def check_base(saved: Mapping[str, Any] | None, current: Mapping[str, Any] | Non
     if saved is None:
         return
     if current is None:
-        raise ValueError(f"ckpt_path={ckpt_path} holds a LoRA adapter without its base weights, and this run has no "
-                         "LoRA (model.lora=null): use the model.lora of the run that wrote it")
+        raise ValueError(
+            f"ckpt_path={ckpt_path} holds a LoRA adapter without its base weights, and this run has no "
+            "LoRA (model.lora=null): use the model.lora of the run that wrote it"
+        )
     if saved["fingerprint"] == current["fingerprint"]:
         return
-    changed = [f"{option} {saved.get(key)!r} there, {current.get(key)!r} here" for key, option in DESCRIBED.items()
-               if saved.get(key) != current.get(key)]
+    changed = [
+        f"{option} {saved.get(key)!r} there, {current.get(key)!r} here"
+        for key, option in DESCRIBED.items()
+        if saved.get(key) != current.get(key)
+    ]
     wanted = ", ".join(f"{option}={saved[key]}" for key, option in DESCRIBED.items() if saved.get(key) is not None)
     raise ValueError(
         f"ckpt_path={ckpt_path} holds a LoRA adapter trained on other base weights than this run's "
         f"({'; '.join(changed) or 'the same settings, but the weights at model.source changed'}; base fingerprint "
         f"{saved['fingerprint'][:12]} there, {current['fingerprint'][:12]} here): an adapter fits only the base it "
-        f"was trained on; use that base ({wanted})")
+        f"was trained on; use that base ({wanted})"
+    )
 
 
-def with_base(model: nn.Module, weights: Mapping[str, torch.Tensor], saved: Mapping[str, Any] | None,
-              model_cfg: Mapping[str, Any], seed: int, ckpt_path: str | Path) -> Mapping[str, torch.Tensor]:
+def with_base(
+    model: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    saved: Mapping[str, Any] | None,
+    model_cfg: Mapping[str, Any],
+    seed: int,
+    ckpt_path: str | Path,
+) -> Mapping[str, torch.Tensor]:
     """A checkpoint's policy `weights` to load into `model` (built from the run's `model.*` and `seed`): as they are
     when they are all the weights (`saved` None), else the LoRA adapters completed with `model`'s own frozen base
     entries, once `check_base` found that base to be the one they were trained on."""

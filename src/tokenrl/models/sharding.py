@@ -14,6 +14,7 @@ The root wraps the model object itself, so its full state dict has the plain mod
 unwrapped model) and `generate` sees an FSDP-managed module (transformers then keeps the ranks' decoding steps in
 lockstep, `synced_gpus`).
 """
+
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
@@ -36,24 +37,32 @@ def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
     names = set(getattr(base, "_no_split_modules", None) or ())
     classes = {type(module) for module in model.modules() if type(module).__name__ in names}
     if not classes:
-        raise ValueError(f"{type(base).__name__} names no decoder layer class in `_no_split_modules` "
-                         f"({sorted(names)}): cannot wrap it per layer for FSDP")
+        raise ValueError(
+            f"{type(base).__name__} names no decoder layer class in `_no_split_modules` "
+            f"({sorted(names)}): cannot wrap it per layer for FSDP"
+        )
     return classes
 
 
-def mixed_precision(param_dtype: str | None = "bf16", reduce_dtype: str | None = "fp32",
-                    buffer_dtype: str | None = "fp32") -> MixedPrecision:
-    """FSDP's mixed precision from dtype names (fp32 | bf16 | fp16 | None: the model's own), for configs/trainer/fsdp.yaml:
-    verl's choice is bf16 all-gathers, fp32 gradient reduction, fp32 buffers. Every unit casts its floating inputs to
-    `param_dtype` (`cast_forward_inputs`): the passes inside `gathered_root` enter the decoder layers from the root's
-    full-precision embeddings, and the hf engine's `generate` runs there without autocast (FSDP casts only the root's
-    inputs by default, so a bf16 layer met fp32 hidden states)."""
+def mixed_precision(
+    param_dtype: str | None = "bf16", reduce_dtype: str | None = "fp32", buffer_dtype: str | None = "fp32"
+) -> MixedPrecision:
+    """FSDP's mixed precision from dtype names (fp32 | bf16 | fp16 | None: the model's own), for
+    configs/trainer/fsdp.yaml: verl's choice is bf16 all-gathers, fp32 gradient reduction, fp32 buffers. Every unit
+    casts its floating inputs to `param_dtype` (`cast_forward_inputs`): the passes inside `gathered_root` enter the
+    decoder layers from the root's full-precision embeddings, and the hf engine's `generate` runs there without autocast
+    (FSDP casts only the root's inputs by default, so a bf16 layer met fp32 hidden states)."""
     from tokenrl.models import torch_dtype
 
     def dtype(name: str | None) -> torch.dtype | None:
         return None if name is None else torch_dtype(name)
-    return MixedPrecision(param_dtype=dtype(param_dtype), reduce_dtype=dtype(reduce_dtype),
-                          buffer_dtype=dtype(buffer_dtype), cast_forward_inputs=param_dtype is not None)
+
+    return MixedPrecision(
+        param_dtype=dtype(param_dtype),
+        reduce_dtype=dtype(reduce_dtype),
+        buffer_dtype=dtype(buffer_dtype),
+        cast_forward_inputs=param_dtype is not None,
+    )
 
 
 def shard(model: nn.Module, strategy: Any) -> FullyShardedDataParallel:
@@ -61,10 +70,15 @@ def shard(model: nn.Module, strategy: Any) -> FullyShardedDataParallel:
     strategy, mixed precision, CPU offload, `use_orig_params`, device mesh, …) on its device. The strategy's own
     `auto_wrap_policy`, if any, is replaced by the per-layer one (Lightning ignores it for a wrapped model anyway)."""
     kwargs = {key: value for key, value in strategy.kwargs.items() if key != "auto_wrap_policy"}
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy(decoder_layer_classes(model)),
-                                    sharding_strategy=strategy.sharding_strategy,
-                                    mixed_precision=strategy.mixed_precision_config, cpu_offload=strategy.cpu_offload,
-                                    device_id=strategy.root_device, **kwargs)
+    return FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy(decoder_layer_classes(model)),
+        sharding_strategy=strategy.sharding_strategy,
+        mixed_precision=strategy.mixed_precision_config,
+        cpu_offload=strategy.cpu_offload,
+        device_id=strategy.root_device,
+        **kwargs,
+    )
 
 
 def shard_under(strategy: Any, models: list[nn.Module]) -> list[nn.Module]:

@@ -6,6 +6,7 @@ The result is an HF model folder under `cache_root`, named by a hash of the arch
 description, written under a temporary name and renamed when complete: a second run with the same key loads it
 instead of training again, and an interrupted warm-up never leaves a folder that would be loaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,9 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -27,18 +29,33 @@ log = logging.getLogger(__name__)
 DEFAULTS = {"steps": 600, "batch_size": 32, "lr": 3.0e-3, "seed": 0}
 
 
-def warmup_folder(model_cfg: Mapping[str, Any], settings: Mapping[str, Any], task_key: Mapping[str, Any],
-                  cache_root: Path) -> Path:
+def warmup_folder(
+    model_cfg: Mapping[str, Any], settings: Mapping[str, Any], task_key: Mapping[str, Any], cache_root: Path
+) -> Path:
     """Where the warm-up of this architecture, these settings and this task is (or will be) cached."""
-    key = json.dumps({"architecture": dict(model_cfg["architecture"]), "tokenizer": model_cfg.get("tokenizer"),
-                      "dtype": model_cfg["dtype"], "settings": {**DEFAULTS, **settings}, "task": task_key},
-                     sort_keys=True, default=str)
+    key = json.dumps(
+        {
+            "architecture": dict(model_cfg["architecture"]),
+            "tokenizer": model_cfg.get("tokenizer"),
+            "dtype": model_cfg["dtype"],
+            "settings": {**DEFAULTS, **settings},
+            "task": task_key,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return cache_root / f"warmup-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def warmed_up(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, formatter: PromptFormatter,
-              example: Callable[[random.Random], tuple[str, str]], settings: Mapping[str, Any],
-              task_key: Mapping[str, Any], cache_root: Path) -> dict[str, Any]:
+def warmed_up(
+    model_cfg: Mapping[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    formatter: PromptFormatter,
+    example: Callable[[random.Random], tuple[str, str]],
+    settings: Mapping[str, Any],
+    task_key: Mapping[str, Any],
+    cache_root: Path,
+) -> dict[str, Any]:
     """`model_cfg` pointing at the warmed-up folder (`init: pretrained`), trained now unless cached. `example(rng)`
     gives one (question, response) pair."""
     folder = warmup_folder(model_cfg, settings, task_key, cache_root)
@@ -49,24 +66,31 @@ def warmed_up(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, 
     return {**model_cfg, "init": "pretrained", "source": str(folder)}
 
 
-def train_warmup(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, formatter: PromptFormatter,
-                 example: Callable[[random.Random], tuple[str, str]], settings: Mapping[str, Any],
-                 folder: Path) -> None:
+def train_warmup(
+    model_cfg: Mapping[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    formatter: PromptFormatter,
+    example: Callable[[random.Random], tuple[str, str]],
+    settings: Mapping[str, Any],
+    folder: Path,
+) -> None:
     """Train `settings["steps"]` AdamW steps on batches of fresh examples and save the model to `folder`."""
     seed = int(settings["seed"])
     model = build_model({**model_cfg, "init": "random", "lora": None, "gradient_checkpointing": False}, seed=seed)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(settings["lr"]), weight_decay=0.0)
-    warm = max(1, int(settings["steps"]) // 10)   # linear lr warm-up over the first tenth, then constant
+    warm = max(1, int(settings["steps"]) // 10)  # linear lr warm-up over the first tenth, then constant
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warm))
     rng = random.Random(f"warmup-{seed}")
-    log.info("warm-up: %d supervised steps of %d examples (cached in %s)", settings["steps"], settings["batch_size"],
-             folder)
+    log.info(
+        "warm-up: %d supervised steps of %d examples (cached in %s)", settings["steps"], settings["batch_size"], folder
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         for step in range(int(settings["steps"])):
             input_ids, attention, labels = _batch(
-                [example(rng) for _ in range(int(settings["batch_size"]))], tokenizer, formatter)
+                [example(rng) for _ in range(int(settings["batch_size"]))], tokenizer, formatter
+            )
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -78,12 +102,13 @@ def train_warmup(model_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBas
     model.save_pretrained(temporary)
     try:
         temporary.rename(folder)
-    except OSError:   # another process (a DDP rank) finished the same warm-up first: keep its folder
+    except OSError:  # another process (a DDP rank) finished the same warm-up first: keep its folder
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def _batch(pairs: list[tuple[str, str]], tokenizer: PreTrainedTokenizerBase,
-           formatter: PromptFormatter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(
+    pairs: list[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, formatter: PromptFormatter
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask and labels (−100 on prompt and padding) of (question, response)s,
     each response followed by the end-of-sequence token."""
     rows = []

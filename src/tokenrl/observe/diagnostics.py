@@ -9,6 +9,7 @@ precision |S∩F| / |S|, recall |S∩F| / |F|, the share Σ_{t∈F} w_t / Σ_t w
 fork rate |F| / |response tokens| (a random selection's expected precision), and entropy and JS at forks vs elsewhere.
 A ratio with an empty divisor is absent, as are all `forks/*` on tasks that cannot name their forks.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,13 @@ def fork_scores(weights: torch.Tensor, forks: torch.Tensor, valid: torch.Tensor,
     return out
 
 
-def fork_diagnostics(weights: torch.Tensor, stats: TokenStats, valid: torch.Tensor, forks: torch.Tensor,
-                     references: dict[str, torch.Tensor]) -> dict[str, float]:
+def fork_diagnostics(
+    weights: torch.Tensor,
+    stats: TokenStats,
+    valid: torch.Tensor,
+    forks: torch.Tensor,
+    references: dict[str, torch.Tensor],
+) -> dict[str, float]:
     """`forks/*` of the update's `weights` and of each reference selector's mask (module docstring)."""
     forks = forks.bool() & valid
     other = valid & ~forks
@@ -61,8 +67,9 @@ def fork_diagnostics(weights: torch.Tensor, stats: TokenStats, valid: torch.Tens
     return out
 
 
-def selection_diagnostics(mask: torch.Tensor, batch: SelectionBatch,
-                          forks: torch.Tensor | None = None) -> dict[str, float]:
+def selection_diagnostics(
+    mask: torch.Tensor, batch: SelectionBatch, forks: torch.Tensor | None = None
+) -> dict[str, float]:
     """Diagnostics of `mask` (B, T) over the whole rollout batch described by `batch`, and its `forks/*` against the
     true `forks` (B, T) when the task names them."""
     stats: TokenStats = batch.stats

@@ -8,6 +8,7 @@ run's selector actually updated (`updated`), and what each reference selector wo
 20-Entropy, STAPO; a reference named like the run's own selector but at another ratio is named with its ratio,
 `ict@0.1`), and the true forks (`forks`, 0/1 per token) where the task names them (task=forks).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,15 @@ def _rounded(values: torch.Tensor) -> list[float | None]:
 class SampleWriter:
     """Writes the first `rows` responses of every `every_n_steps`-th rollout step (0 turns it off)."""
 
-    def __init__(self, folder: Path, every_n_steps: int, rows: int, tokenizer: PreTrainedTokenizerBase,
-                 selector_name: str, selector_ratio: float | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        every_n_steps: int,
+        rows: int,
+        tokenizer: PreTrainedTokenizerBase,
+        selector_name: str,
+        selector_ratio: float | None = None,
+    ) -> None:
         if every_n_steps < 0 or rows < 0:
             raise ValueError(f"samples.every_n_steps={every_n_steps} and samples.rows={rows} must be >= 0")
         self.folder, self.every, self.rows = Path(folder), every_n_steps, rows
@@ -45,8 +53,10 @@ class SampleWriter:
     def reference_masks(batch: SelectionBatch) -> dict[str, torch.Tensor]:
         """What each reference selector would update in `batch`. Call it on every rank: a `global` scope
         gathers across ranks, so a rank-0-only call would wait forever under DDP."""
-        return {name: selector.select(batch).mask for name, selector in
-                reference_selectors(batch.stats.js is not None).items()}
+        return {
+            name: selector.select(batch).mask
+            for name, selector in reference_selectors(batch.stats.js is not None).items()
+        }
 
     def reference_name(self, name: str, ratio: float | None) -> str:
         """`name`, or `name@ratio` when the run's own selector has that name at another ratio (ICT at 0.3 beside the
@@ -60,15 +70,33 @@ class SampleWriter:
         if not self.due(train.step):
             return
         references = reference_selectors(whole.stats.js is not None)
-        would = {self.reference_name(name, getattr(references[name], "ratio", None)): mask
-                 for name, mask in self.reference_masks(whole).items()}
+        would = {
+            self.reference_name(name, getattr(references[name], "ratio", None)): mask
+            for name, mask in self.reference_masks(whole).items()
+        }
         if rank == 0:
-            self.write(train.step, train.rollouts, train.rewards, whole, update.first_epoch_weights, would,
-                       update.first_epoch_shaping, train.forks)
+            self.write(
+                train.step,
+                train.rollouts,
+                train.rewards,
+                whole,
+                update.first_epoch_weights,
+                would,
+                update.first_epoch_shaping,
+                train.forks,
+            )
 
-    def write(self, step: int, rollouts: RolloutBatch, rewards: torch.Tensor, batch: SelectionBatch,
-              updated: torch.Tensor, would: dict[str, torch.Tensor],
-              shaping: dict[str, torch.Tensor] | None = None, forks: torch.Tensor | None = None) -> Path:
+    def write(
+        self,
+        step: int,
+        rollouts: RolloutBatch,
+        rewards: torch.Tensor,
+        batch: SelectionBatch,
+        updated: torch.Tensor,
+        would: dict[str, torch.Tensor],
+        shaping: dict[str, torch.Tensor] | None = None,
+        forks: torch.Tensor | None = None,
+    ) -> Path:
         """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch,
         `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the per-token
         fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
@@ -80,10 +108,14 @@ class SampleWriter:
                 length = int(rollouts.response_mask[row].sum())
                 ids = rollouts.response_ids[row, :length].tolist()
                 record = {
-                    "step": step, "row": row, "group": int(rollouts.group_ids[row]),
-                    "selector": self.selector_name, "prompt": prompt_texts[row],
+                    "step": step,
+                    "row": row,
+                    "group": int(rollouts.group_ids[row]),
+                    "selector": self.selector_name,
+                    "prompt": prompt_texts[row],
                     "tokens": [self.tokenizer.decode([token]) for token in ids],
-                    "reward": float(rewards[row]), "advantage": round(float(batch.advantages[row]), 5),
+                    "reward": float(rewards[row]),
+                    "advantage": round(float(batch.advantages[row]), 5),
                     "finish_reason": rollouts.finish_reasons[row],
                     "entropy": _rounded(batch.stats.entropy[row, :length]),
                     "js": None if batch.stats.js is None else _rounded(batch.stats.js[row, :length]),

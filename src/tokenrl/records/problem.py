@@ -1,4 +1,5 @@
 """`Problem`: the one record shape every task and benchmark yields."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

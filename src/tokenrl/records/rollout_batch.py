@@ -1,5 +1,6 @@
 """`RolloutBatch`: G sampled responses per prompt with their token ids and sampling log-probs, and their
 concatenation (dynamic sampling's rounds)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,13 +36,20 @@ class RolloutBatch:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
 
-    def rows(self, index: torch.Tensor) -> "RolloutBatch":
+    def rows(self, index: torch.Tensor) -> RolloutBatch:
         """The sub-batch of rows `index` (a 1-D long tensor)."""
         pick = index.tolist()
-        return RolloutBatch(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
-                            self.response_mask[index], self.sampling_logprobs[index], self.group_ids[index],
-                            [self.finish_reasons[i] for i in pick], [self.texts[i] for i in pick],
-                            self.weights_version)
+        return RolloutBatch(
+            self.prompt_ids[index],
+            self.prompt_mask[index],
+            self.response_ids[index],
+            self.response_mask[index],
+            self.sampling_logprobs[index],
+            self.group_ids[index],
+            [self.finish_reasons[i] for i in pick],
+            [self.texts[i] for i in pick],
+            self.weights_version,
+        )
 
 
 def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
@@ -68,5 +76,8 @@ def concat_rollouts(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         response_ids=torch.cat([padded(p.response_ids, response_width, pad_id, False) for p in parts]),
         response_mask=torch.cat([padded(p.response_mask, response_width, 0, False) for p in parts]),
         sampling_logprobs=torch.cat([padded(p.sampling_logprobs, response_width, 0.0, False) for p in parts]),
-        group_ids=torch.cat(groups), finish_reasons=[r for p in parts for r in p.finish_reasons],
-        texts=[t for p in parts for t in p.texts], weights_version=versions.pop())
+        group_ids=torch.cat(groups),
+        finish_reasons=[r for p in parts for r in p.finish_reasons],
+        texts=[t for p in parts for t in p.texts],
+        weights_version=versions.pop(),
+    )

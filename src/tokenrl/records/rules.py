@@ -1,16 +1,19 @@
 """The contract of a setting: a `Rule` says which values a config key accepts, in words the error repeats.
 
 Components built from a config node (selectors, tasks) declare theirs beside their keywords
-(`Configurable.config_rules`); the start-up check (`config/check.py`) gathers every rule and checks the composed config before anything loads, and a
-test walks every leaf key of every shipped config and fails on one without a rule or an explicit `FREE_TEXT` mark.
+(`Configurable.config_rules`); the start-up check (`config/check.py`) gathers every rule and checks the composed config
+before anything loads, and a test walks every leaf key of every shipped config and fails on one without a rule or an
+explicit `FREE_TEXT` mark.
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -21,13 +24,16 @@ class Rule:
     accepts: Callable[[Any], bool]
     allowed: str
     free: bool = False
-    fields: Mapping[str, "Rule"] | None = None   # a mapping's keys and their rules (`mapping_of`)
+    fields: Mapping[str, Rule] | None = None  # a mapping's keys and their rules (`mapping_of`)
 
     def problems(self, key: str, value: Any) -> list[str]:
         """`key=value: must be <allowed>` (a mapping: one line per bad or unknown field), or [] when allowed."""
         if self.fields is not None and isinstance(value, Mapping):
-            return [f"{key}.{name}: no such setting (settings: {', '.join(self.fields)})" for name in value
-                    if name not in self.fields] + keyword_problems(self.fields, value, key)
+            return [
+                f"{key}.{name}: no such setting (settings: {', '.join(self.fields)})"
+                for name in value
+                if name not in self.fields
+            ] + keyword_problems(self.fields, value, key)
         return [] if self.accepts(value) else [f"{key}={value!r}: must be {self.allowed}"]
 
 
@@ -54,8 +60,10 @@ def integer(low: int | None = None, high: int | None = None) -> Rule:
 
 def number(low: float = -math.inf, high: float = math.inf, low_open: bool = False, high_open: bool = False) -> Rule:
     """A finite number between `low` and `high`, each bound closed unless marked open."""
+
     def accepts(v: Any) -> bool:
         return is_number(v) and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
     if high == math.inf:
         words = "a number" if low == -math.inf else f"a number {'>' if low_open else '>='} {low:g}"
     else:
@@ -64,25 +72,38 @@ def number(low: float = -math.inf, high: float = math.inf, low_open: bool = Fals
 
 
 def one_of(*choices: Any) -> Rule:
-    return Rule(lambda v: any(v == c and type(v) is type(c) for c in choices),
-                "one of " + ", ".join(str(c) if c is not None else "null" for c in choices))
+    return Rule(
+        lambda v: any(v == c and type(v) is type(c) for c in choices),
+        "one of " + ", ".join(str(c) if c is not None else "null" for c in choices),
+    )
 
 
 def optional(rule: Rule, meaning: str = "") -> Rule:
     """`rule` or null (`meaning`: what null does, e.g. "off")."""
-    return Rule(lambda v: v is None or rule.accepts(v), f"{rule.allowed} or null{f' ({meaning})' if meaning else ''}",
-                rule.free)
+    return Rule(
+        lambda v: v is None or rule.accepts(v), f"{rule.allowed} or null{f' ({meaning})' if meaning else ''}", rule.free
+    )
 
 
 def list_of(rule: Rule, non_empty: bool = True) -> Rule:
-    return Rule(lambda v: isinstance(v, Sequence) and not isinstance(v, str) and (len(v) > 0 or not non_empty)
-                and all(rule.accepts(x) for x in v), f"a {'non-empty ' if non_empty else ''}list, each {rule.allowed}")
+    return Rule(
+        lambda v: (
+            isinstance(v, Sequence)
+            and not isinstance(v, str)
+            and (len(v) > 0 or not non_empty)
+            and all(rule.accepts(x) for x in v)
+        ),
+        f"a {'non-empty ' if non_empty else ''}list, each {rule.allowed}",
+    )
 
 
 def mapping_of(fields: Mapping[str, Rule], nullable: bool = True) -> Rule:
     """A mapping whose keys are among `fields`, each checked by its rule (or null, when `nullable`)."""
-    return Rule(lambda v: (v is None and nullable) or isinstance(v, Mapping),
-                f"a mapping of {', '.join(fields)}{' or null' if nullable else ''}", fields=dict(fields))
+    return Rule(
+        lambda v: (v is None and nullable) or isinstance(v, Mapping),
+        f"a mapping of {', '.join(fields)}{' or null' if nullable else ''}",
+        fields=dict(fields),
+    )
 
 
 BOOLEAN = Rule(lambda v: isinstance(v, bool), "true or false")

@@ -1,8 +1,9 @@
 """What a selector sees (`SelectionBatch`) and what it returns (`Selection`): docs/algorithms.md §11.1."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -55,7 +56,11 @@ class Selection:
         """(b, T) float {0, 1}: the tokens whose weight is not zero (the selected tokens)."""
         return (self.weights != 0).float()
 
-    def rows(self, index: torch.Tensor) -> "Selection":
+    def rows(self, index: torch.Tensor) -> Selection:
         """The selection of rows `index` (positions into this selection's rows)."""
-        return Selection(**{name: value if not isinstance(value, torch.Tensor) else value[index]
-                            for name, value in vars(self).items()})
+        return Selection(
+            **{
+                name: value if not isinstance(value, torch.Tensor) else value[index]
+                for name, value in vars(self).items()
+            }
+        )

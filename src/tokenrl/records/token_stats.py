@@ -1,5 +1,6 @@
 """`TokenStats`: per-response-token statistics of a policy (log-prob, entropy, Rényi-2, JS to the group) that the
 selectors read; computed by algorithms/token_stats.py."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,12 +20,13 @@ class TokenStats:
     renyi2: torch.Tensor
     js: torch.Tensor | None = None
 
-    def rows(self, index: torch.Tensor) -> "TokenStats":
-        return TokenStats(self.logprobs[index], self.entropy[index], self.renyi2[index],
-                          None if self.js is None else self.js[index])
+    def rows(self, index: torch.Tensor) -> TokenStats:
+        return TokenStats(
+            self.logprobs[index], self.entropy[index], self.renyi2[index], None if self.js is None else self.js[index]
+        )
 
     @staticmethod
-    def scatter(shape: torch.Size, rows: list[torch.Tensor], parts: list["TokenStats"]) -> "TokenStats":
+    def scatter(shape: torch.Size, rows: list[torch.Tensor], parts: list[TokenStats]) -> TokenStats:
         """The (B, T) statistics whose rows `rows[k]` are `parts[k]` (zero elsewhere)."""
         with_js = bool(parts) and parts[0].js is not None
         out = zero_statistics(shape, with_js)

@@ -1,4 +1,5 @@
 """`build_report`: a multirun folder in, report.md, report.json, curves.png, passk.png and samples.html out."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,16 @@ from tokenrl.report.html import write_samples_page
 from tokenrl.report.plots import plot_curves, plot_passk
 from tokenrl.report.runs import load_sweep, missing_runs
 from tokenrl.report.stats import mean_ci
-from tokenrl.report.tables import (glance_table, group_runs, logs_forks, metric_table, metrics, passk_names,
-                                   runs_section, value_of)
+from tokenrl.report.tables import (
+    glance_table,
+    group_runs,
+    logs_forks,
+    metric_table,
+    metrics,
+    passk_names,
+    runs_section,
+    value_of,
+)
 
 
 def reproduce_command(folder: Path) -> str:
@@ -23,8 +32,14 @@ def reproduce_command(folder: Path) -> str:
     return "python train.py -m " + " ".join(task)
 
 
-def build_report(folder: Path, out: Path, baseline: str | None = "uniform", title: str | None = None,
-                 reading: Path | None = None, also_against: tuple[str, ...] = ()) -> dict:
+def build_report(
+    folder: Path,
+    out: Path,
+    baseline: str | None = "uniform",
+    title: str | None = None,
+    reading: Path | None = None,
+    also_against: tuple[str, ...] = (),
+) -> dict:
     """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out`;
     paired differences are taken against `baseline` (the headline's) and each group of `also_against`."""
     folder, out = Path(folder), Path(out)
@@ -36,15 +51,18 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
         baseline = None
     baselines = [name for name in (baseline, *also_against) if name in groups]
     title_option = (f' --title "{title}"' if title else "") + (
-        f" --also-against {' '.join(also_against)}" if also_against else "")
+        f" --also-against {' '.join(also_against)}" if also_against else ""
+    )
     title = title or f"Sweep {folder.name}"
     ks = passk_names([run for members in groups.values() for run in members])
     sections, records = [], {}
     for name, metric in metrics(ks, logs_forks(runs)).items():
         text, records[name] = metric_table(name, metric, groups, baselines)
         sections.append(text)
-    before = {k: mean_ci([value_of(run.validation.get(0, {}), f"val/{k}") for m in groups.values() for run in m]).mean
-              for k in ks}
+    before = {
+        k: mean_ci([value_of(run.validation.get(0, {}), f"val/{k}") for m in groups.values() for run in m]).mean
+        for k in ks
+    }
     figures = []
     if groups:
         figures.append(plot_curves(groups, out / "curves.png").name)
@@ -52,28 +70,58 @@ def build_report(folder: Path, out: Path, baseline: str | None = "uniform", titl
             figures.append(plot_passk(groups, ks, before, out / "passk.png").name)
     write_samples_page(runs, out / "samples.html", title)
     command = reproduce_command(folder)
-    report = [f"# {title}", "", "Reproduce:", "", "```bash", command,
-              f"python scripts/report.py {folder} --out {out}{title_option}" + (f" --reading {reading}" if reading else ""),
-              "```", ""]
+    report = [
+        f"# {title}",
+        "",
+        "Reproduce:",
+        "",
+        "```bash",
+        command,
+        f"python scripts/report.py {folder} --out {out}{title_option}" + (f" --reading {reading}" if reading else ""),
+        "```",
+        "",
+    ]
     if reading:
         report += [Path(reading).read_text().strip(), ""]
     if groups:
-        report += ["## At a glance", "", "Mean ± 95% CI over seeds; Δ = paired difference against "
-                   f"`{baseline}` (details and per-seed values under Results)." if baseline else
-                   "Mean ± 95% CI over seeds (details and per-seed values under Results).", "",
-                   glance_table(records, groups, [k for k in ks if "/" not in k], baseline), ""]
+        report += [
+            "## At a glance",
+            "",
+            "Mean ± 95% CI over seeds; Δ = paired difference against "
+            f"`{baseline}` (details and per-seed values under Results)."
+            if baseline
+            else "Mean ± 95% CI over seeds (details and per-seed values under Results).",
+            "",
+            glance_table(records, groups, [k for k in ks if "/" not in k], baseline),
+            "",
+        ]
     against = " and ".join(f"`{name}`" for name in baselines)
-    report += [runs_section(runs, missing), "", "## Results", "",
-               "Mean ± 95% CI over seeds (Student t, n − 1 degrees of freedom); Δ = paired difference against "
-               f"{against} over the seeds both completed." if baselines else "Mean ± 95% CI over seeds.", ""]
+    report += [
+        runs_section(runs, missing),
+        "",
+        "## Results",
+        "",
+        "Mean ± 95% CI over seeds (Student t, n − 1 degrees of freedom); Δ = paired difference against "
+        f"{against} over the seeds both completed."
+        if baselines
+        else "Mean ± 95% CI over seeds.",
+        "",
+    ]
     report += [s + "\n" for s in sections]
     report += ["## Figures", ""] + [f"![{name}]({name})" for name in figures]
     report += ["", "Sample rollouts with each selector's chosen tokens: [samples.html](samples.html)", ""]
     (out / "report.md").write_text("\n".join(report))
-    payload = {"folder": str(folder), "command": command, "baseline": baseline, "baselines": baselines,
-               "runs": [{"job": r.job, "label": r.label, "seed": r.seed, "status": r.status, "reason": r.reason}
-                        for r in runs],
-               "missing": missing, "metrics": records}
+    payload = {
+        "folder": str(folder),
+        "command": command,
+        "baseline": baseline,
+        "baselines": baselines,
+        "runs": [
+            {"job": r.job, "label": r.label, "seed": r.seed, "status": r.status, "reason": r.reason} for r in runs
+        ],
+        "missing": missing,
+        "metrics": records,
+    }
     (out / "report.json").write_text(json.dumps(payload, indent=2, default=_plain))
     return payload
 

@@ -8,6 +8,7 @@ updated on its own rollouts. A run's row shows each token's weight as highlight 
 nothing), and one more row for each per-token field its method sets (ε_high, KL weight, token advantage, drift
 penalty), strength |value| / the row's largest. Hovering a token shows its entropy H, JS score u and the value shown.
 """
+
 from __future__ import annotations
 
 import html
@@ -16,11 +17,25 @@ from pathlib import Path
 
 from tokenrl.report.runs import Run
 
-COLOURS = {"forks": "#e63946", "ict": "#f4a261", "entropy20": "#8ecae6", "stapo": "#b5e48c", "updated": "#e9c46a", "shaping": "#c77dff"}
-REFERENCES = {"ict": "ICT (top-10% JS per response)", "entropy20": "20-Entropy (top-20% entropy of the batch)",
-              "stapo": "STAPO (silenced spurious tokens removed)"}
-SHAPING_LABELS = {"clip_high": "ε_high", "kl_weights": "KL weight", "advantages": "token advantage",
-                  "drift_coef": "drift penalty β"}
+COLOURS = {
+    "forks": "#e63946",
+    "ict": "#f4a261",
+    "entropy20": "#8ecae6",
+    "stapo": "#b5e48c",
+    "updated": "#e9c46a",
+    "shaping": "#c77dff",
+}
+REFERENCES = {
+    "ict": "ICT (top-10% JS per response)",
+    "entropy20": "20-Entropy (top-20% entropy of the batch)",
+    "stapo": "STAPO (silenced spurious tokens removed)",
+}
+SHAPING_LABELS = {
+    "clip_high": "ε_high",
+    "kl_weights": "KL weight",
+    "advantages": "token advantage",
+    "drift_coef": "drift penalty β",
+}
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 .resp{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px}
@@ -45,9 +60,9 @@ def _tokens(record: dict, values: list[float], colour: str) -> str:
     spans = []
     js = record.get("js") or [None] * len(record["tokens"])
     largest = max((abs(v) for v in values if v is not None), default=0.0) or 1.0
-    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     for token, value, entropy, score in zip(record["tokens"], values, record["entropy"], js):
-        shown = "unbounded" if value is None else f"{value:g}"   # null: a non-finite value (an unbounded ε)
+        shown = "unbounded" if value is None else f"{value:g}"  # null: a non-finite value (an unbounded ε)
         title = f"H={entropy:.3f}" + ("" if score is None else f" u={score:.3f}") + f" value={shown}"
         strength = 0.0 if value is None else abs(value) / largest
         style = f' style="background:rgba({red},{green},{blue},{strength:.2f})"' if strength > 0 else ""
@@ -57,8 +72,10 @@ def _tokens(record: dict, values: list[float], colour: str) -> str:
 
 def _row(who: str, record: dict, values: list[float], colour: str) -> str:
     share = sum(1 for v in values if v is None or v) / max(len(values), 1)
-    return (f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
-            f'<div class="toks">{_tokens(record, values, colour)}</div></div>')
+    return (
+        f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
+        f'<div class="toks">{_tokens(record, values, colour)}</div></div>'
+    )
 
 
 def _fork_row(record: dict) -> str:
@@ -76,8 +93,10 @@ def _run_rows(who: str, record: dict) -> str:
 
 
 def _meta(record: dict) -> str:
-    return (f'<div class="meta">response {record["row"]} · reward {record["reward"]:g} · advantage '
-            f'{record["advantage"]:+.3f} · {len(record["tokens"])} tokens · {record["finish_reason"]}</div>')
+    return (
+        f'<div class="meta">response {record["row"]} · reward {record["reward"]:g} · advantage '
+        f"{record['advantage']:+.3f} · {len(record['tokens'])} tokens · {record['finish_reason']}</div>"
+    )
 
 
 def question(record: dict) -> str:
@@ -107,17 +126,25 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
     source = max(same_seed, key=lambda run: len(records[run.label][0]["would_select"]))
     first = records[source.label]
     identical = all([r["tokens"] for r in recs] == [r["tokens"] for r in first] for recs in records.values())
-    note = (f"identical in all {len(records)} runs of seed {seed}" if identical else
-            f"they differ between runs of seed {seed}, so the rows below come from run {source.job} only")
-    bases = [name.split("@")[0] for name in first[0]["would_select"]]   # `ict@0.1`: the reference at its own ratio
+    note = (
+        f"identical in all {len(records)} runs of seed {seed}"
+        if identical
+        else f"they differ between runs of seed {seed}, so the rows below come from run {source.job} only"
+    )
+    bases = [name.split("@")[0] for name in first[0]["would_select"]]  # `ict@0.1`: the reference at its own ratio
     shown = [REFERENCES.get(base, base) for base in bases]
-    missing = ("" if "ict" in bases else
-               f" ICT is not shown: no run of seed {seed} computed JS (a selector that reads JS, such as ict, or "
-               f"diagnostics.js=true computes it).")
-    parts = [f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
-             f"<code>{html.escape(question(first[0]))}</code>; "
-             f"the rollouts are {note}. Rows: what {', '.join(shown)} would update (recorded by run {source.job}), "
-             f"then what each run updated at this step (warm-up steps update every token).{missing}</p>"]
+    missing = (
+        ""
+        if "ict" in bases
+        else f" ICT is not shown: no run of seed {seed} computed JS (a selector that reads JS, such as ict, or "
+        f"diagnostics.js=true computes it)."
+    )
+    parts = [
+        f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
+        f"<code>{html.escape(question(first[0]))}</code>; "
+        f"the rollouts are {note}. Rows: what {', '.join(shown)} would update (recorded by run {source.job}), "
+        f"then what each run updated at this step (warm-up steps update every token).{missing}</p>"
+    ]
     for index, record in enumerate(first[:rows]):
         lines = [_meta(record), _fork_row(record)]
         for name, mask in record["would_select"].items():
@@ -138,25 +165,34 @@ def later_step_section(runs: list[Run], rows: int) -> str:
     if not common:
         return ""
     step = max(common)
-    parts = [f"<h2>Step {step}: what each run updated on its own rollouts (seed {seed})</h2>"
-             "<p>The policies have diverged, so each run shows its own rollouts of the same prompt.</p>"]
+    parts = [
+        f"<h2>Step {step}: what each run updated on its own rollouts (seed {seed})</h2>"
+        "<p>The policies have diverged, so each run shows its own rollouts of the same prompt.</p>"
+    ]
     for run in same_seed:
         records = read_samples(run, step)[:rows]
         body = "".join(_meta(r) + _fork_row(r) + _run_rows(run.label, r) for r in records)
         prompt = html.escape(question(records[0])) if records else ""
-        parts.append(f'<h3>{html.escape(run.label)} (job {run.job}): <code>{prompt}</code></h3>'
-                     f'<div class="resp">{body}</div>')
+        parts.append(
+            f'<h3>{html.escape(run.label)} (job {run.job}): <code>{prompt}</code></h3><div class="resp">{body}</div>'
+        )
     return "".join(parts)
 
 
 def write_samples_page(runs: list[Run], path: Path, title: str, rows: int = 8) -> Path:
     complete = [run for run in runs if run.complete]
-    body = step_zero_section(complete, rows) + later_step_section(complete, min(rows, 4)) if complete else \
-        "<p>No complete runs.</p>"
-    legend = " ".join(f'<span style="background:{c};padding:1px 6px;border-radius:3px">{n}</span>'
-                      for n, c in COLOURS.items())
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                    f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}: sample rollouts</h1>"
-                    f"<p>Highlight colours: {legend}. Hover a token for its entropy H and JS score u.</p>{body}"
-                    f"</body></html>")
+    body = (
+        step_zero_section(complete, rows) + later_step_section(complete, min(rows, 4))
+        if complete
+        else "<p>No complete runs.</p>"
+    )
+    legend = " ".join(
+        f'<span style="background:{c};padding:1px 6px;border-radius:3px">{n}</span>' for n, c in COLOURS.items()
+    )
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}: sample rollouts</h1>"
+        f"<p>Highlight colours: {legend}. Hover a token for its entropy H and JS score u.</p>{body}"
+        f"</body></html>"
+    )
     return path

@@ -4,6 +4,7 @@ Read at a glance: each group has its own hue from a 20-colour qualitative palett
 legends sit outside the axes, and the step axis shows integer rollout steps counted as the console counts them
 (1 … N; the report's tables index steps from 0 internally, `runs.rollout_step_index`).
 """
+
 from __future__ import annotations
 
 import math
@@ -20,23 +21,44 @@ from tokenrl.report.stats import mean_ci  # noqa: E402
 
 # (metric, title, the range its values can take: a CI band is clipped to it, so 3 seeds' wide t-intervals do not
 # draw a negative entropy or a reward above 1)
-CURVES = (("train/reward", "training reward", (0.0, 1.0)), ("train/entropy", "mean token entropy (nats)", (0.0, None)),
-          ("train/renyi2", "mean Rényi-2 entropy (nats)", (0.0, None)),
-          ("select/fraction", "fraction of tokens updated", (0.0, 1.0)))
+CURVES = (
+    ("train/reward", "training reward", (0.0, 1.0)),
+    ("train/entropy", "mean token entropy (nats)", (0.0, None)),
+    ("train/renyi2", "mean Rényi-2 entropy (nats)", (0.0, None)),
+    ("select/fraction", "fraction of tokens updated", (0.0, 1.0)),
+)
 
 # Trubetskoy's "20 simple, distinct colours" (the four palest swapped for darker ones that read on white), ordered so
 # that the first ten are ten different hues (or grey and black): small sweeps never get two shades of one hue, as
 # tab20's dark/light pairs gave them.
-PALETTE = ("#4363d8", "#e6194b", "#3cb44b", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#808000", "#a9a9a9",
-           "#000000", "#9a6324", "#469990", "#000075", "#800000", "#bfef45", "#d4a000", "#fabed4", "#6a5acd",
-           "#2f4f4f", "#ff7f50")
+PALETTE = (
+    "#4363d8",
+    "#e6194b",
+    "#3cb44b",
+    "#f58231",
+    "#911eb4",
+    "#42d4f4",
+    "#f032e6",
+    "#808000",
+    "#a9a9a9",
+    "#000000",
+    "#9a6324",
+    "#469990",
+    "#000075",
+    "#800000",
+    "#bfef45",
+    "#d4a000",
+    "#fabed4",
+    "#6a5acd",
+    "#2f4f4f",
+    "#ff7f50",
+)
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
 def group_style(index: int) -> dict[str, str]:
     """Colour and line style of the index-th group: 20 hues, then the next line style."""
-    return {"color": PALETTE[index % len(PALETTE)],
-            "linestyle": LINE_STYLES[index // len(PALETTE) % len(LINE_STYLES)]}
+    return {"color": PALETTE[index % len(PALETTE)], "linestyle": LINE_STYLES[index // len(PALETTE) % len(LINE_STYLES)]}
 
 
 def curves_figure(groups: dict[str, list[Run]]) -> plt.Figure:
@@ -53,9 +75,14 @@ def curves_figure(groups: dict[str, list[Run]]) -> plt.Figure:
             xs = [s for s, _ in keep]
             ax.plot(xs, [iv.mean for _, iv in keep], label=f"{label} (n={len(runs)})", **group_style(index))
             if len(runs) > 1:
-                ax.fill_between(xs, [_clip(iv.mean - _finite(iv.half_width), low, high) for _, iv in keep],
-                                [_clip(iv.mean + _finite(iv.half_width), low, high) for _, iv in keep], alpha=0.15,
-                                color=group_style(index)["color"], linewidth=0)
+                ax.fill_between(
+                    xs,
+                    [_clip(iv.mean - _finite(iv.half_width), low, high) for _, iv in keep],
+                    [_clip(iv.mean + _finite(iv.half_width), low, high) for _, iv in keep],
+                    alpha=0.15,
+                    color=group_style(index)["color"],
+                    linewidth=0,
+                )
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -75,20 +102,29 @@ def plot_curves(groups: dict[str, list[Run]], path: Path) -> Path:
 
 def passk_figure(groups: dict[str, list[Run]], ks: list[str], before: dict[str, float]) -> plt.Figure:
     """Grouped bars of held-out pass@k after training per group (95% CI whiskers); dashed: before training."""
-    fig, ax = plt.subplots(figsize=(min(1.6 + 1.4 * len(groups), 16.0), 4.2))   # at most a screen wide
+    fig, ax = plt.subplots(figsize=(min(1.6 + 1.4 * len(groups), 16.0), 4.2))  # at most a screen wide
     width = 0.8 / max(len(ks), 1)
     labels = list(groups)
     for index, k in enumerate(ks):
-        intervals = [mean_ci([final_validation(run).get(f"val/{k}", math.nan) for run in groups[label]])
-                     for label in labels]
+        intervals = [
+            mean_ci([final_validation(run).get(f"val/{k}", math.nan) for run in groups[label]]) for label in labels
+        ]
         xs = [i + (index - (len(ks) - 1) / 2) * width for i in range(len(labels))]
         colour = PALETTE[index % len(PALETTE)]
-        ax.bar(xs, [iv.mean for iv in intervals], width, yerr=[_finite(iv.half_width) for iv in intervals],
-               capsize=3, color=colour, label=f"{k} after training")
+        ax.bar(
+            xs,
+            [iv.mean for iv in intervals],
+            width,
+            yerr=[_finite(iv.half_width) for iv in intervals],
+            capsize=3,
+            color=colour,
+            label=f"{k} after training",
+        )
         if k in before and not math.isnan(before[k]):
             ax.axhline(before[k], color=colour, linestyle="--", linewidth=1, label=f"{k} before training")
-    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 8 else 0, ha="right" if len(labels) > 8
-                  else "center")
+    ax.set_xticks(
+        range(len(labels)), labels, rotation=30 if len(labels) > 8 else 0, ha="right" if len(labels) > 8 else "center"
+    )
     ax.set_ylabel("held-out score")
     ax.set_ylim(0, 1.05)
     ax.grid(axis="y", alpha=0.3)

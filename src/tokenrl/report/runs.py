@@ -5,6 +5,7 @@ finished, `summary.json`. Status: `complete` (summary with every rollout step), 
 or nothing logged), `incomplete` (stopped or still running). Runs the sweep asked for but never started are listed
 by `missing_runs`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,8 +27,8 @@ class Run:
     total_steps: int
     status: str = "incomplete"
     reason: str = ""
-    steps: dict[int, dict[str, float]] = field(default_factory=dict)        # rollout step → train/select/time metrics
-    validation: dict[int, dict[str, float]] = field(default_factory=dict)   # updates applied → val metrics
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)  # rollout step → train/select/time metrics
+    validation: dict[int, dict[str, float]] = field(default_factory=dict)  # updates applied → val metrics
     label: str = ""
 
     @property
@@ -64,10 +65,14 @@ def _read_metrics(path: Path) -> tuple[dict[int, dict[str, float]], dict[int, di
             values = {k: float(v) for k, v in row.items() if v not in ("", None) and k not in ("epoch", "step")}
             if ROLLOUT_STEP in values:
                 steps[rollout_step_index(values[ROLLOUT_STEP])] = {
-                    k: v for k, v in values.items()
-                    if k.startswith(("train/", "select/", "forks/", "time/")) and k != "time/validate"}
+                    k: v
+                    for k, v in values.items()
+                    if k.startswith(("train/", "select/", "forks/", "time/")) and k != "time/validate"
+                }
             if "val/at_step" in values:
-                validation.setdefault(int(values["val/at_step"]), {k: v for k, v in values.items() if k.startswith("val/")})
+                validation.setdefault(
+                    int(values["val/at_step"]), {k: v for k, v in values.items() if k.startswith("val/")}
+                )
     return steps, validation
 
 
@@ -83,8 +88,13 @@ def _failure(folder: Path) -> str:
 
 def load_run(folder: Path) -> Run:
     config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
-    run = Run(job=folder.name, folder=folder, overrides=_overrides(folder), seed=int(config["seed"]),
-              total_steps=int(config["total_steps"]))
+    run = Run(
+        job=folder.name,
+        folder=folder,
+        overrides=_overrides(folder),
+        seed=int(config["seed"]),
+        total_steps=int(config["total_steps"]),
+    )
     run.steps, run.validation = _read_metrics(folder / "csv" / "metrics.csv")
     summary_path = folder / "summary.json"
     failure = _failure(folder)
@@ -110,16 +120,21 @@ def load_sweep(folder: Path) -> list[Run]:
         raise FileNotFoundError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}; {SWEEP_FOLDER}")
     if (folder / ".hydra" / "config.yaml").is_file():
         raise ValueError(f"{folder} is a single run's folder; {SWEEP_FOLDER}")
-    jobs = sorted((p for p in folder.iterdir() if p.is_dir() and (p / ".hydra" / "config.yaml").is_file()),
-                  key=lambda p: (len(p.name), p.name))
+    jobs = sorted(
+        (p for p in folder.iterdir() if p.is_dir() and (p / ".hydra" / "config.yaml").is_file()),
+        key=lambda p: (len(p.name), p.name),
+    )
     if not jobs:
         raise ValueError(f"{folder} has no job folders (<n>/.hydra/config.yaml); {SWEEP_FOLDER}")
     runs = [load_run(job) for job in jobs]
     varying = sorted(set(sweep_grid(folder)) - {"seed"}) or sorted(
-        {k for run in runs for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1} - {"seed"})
+        {k for run in runs for k in run.overrides if len({r.overrides.get(k) for r in runs}) > 1} - {"seed"}
+    )
     for run in runs:
         parts = [run.overrides.get(k, "default") for k in varying]
-        run.label = ",".join(parts) if len(varying) == 1 else ",".join(f"{k}={v}" for k, v in zip(varying, parts)) or "all"
+        run.label = (
+            ",".join(parts) if len(varying) == 1 else ",".join(f"{k}={v}" for k, v in zip(varying, parts)) or "all"
+        )
     return runs
 
 

@@ -3,16 +3,48 @@
 Half-width = t_{0.975, n−1} · s / √n with s the sample standard deviation (Student's t; n − 1 degrees of freedom).
 Paired difference over the seeds both arms completed: d_s = x_s − b_s, then the same interval on d.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 # two-sided 95% Student-t quantiles t_{0.975, df} (standard tables); between entries: linear in 1/df
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-        29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    21: 2.080,
+    22: 2.074,
+    23: 2.069,
+    24: 2.064,
+    25: 2.060,
+    26: 2.056,
+    27: 2.052,
+    28: 2.048,
+    29: 2.045,
+    30: 2.042,
+    40: 2.021,
+    60: 2.000,
+    120: 1.980,
+}
 Z975 = 1.960
 
 
@@ -34,7 +66,7 @@ def t975(df: int) -> float:
 class Interval:
     n: int
     mean: float
-    half_width: float   # nan when n < 2
+    half_width: float  # nan when n < 2
 
     def format(self, digits: int = 3) -> str:
         if self.n == 0:
@@ -59,6 +91,5 @@ def mean_ci(values: list[float]) -> Interval:
 
 def paired_difference(arm: dict[int, float], baseline: dict[int, float]) -> Interval:
     """Mean ± 95% CI of arm − baseline over the seeds present (and not NaN) in both."""
-    seeds = sorted(s for s in set(arm) & set(baseline)
-                   if not math.isnan(arm[s]) and not math.isnan(baseline[s]))
+    seeds = sorted(s for s in set(arm) & set(baseline) if not math.isnan(arm[s]) and not math.isnan(baseline[s]))
     return mean_ci([arm[s] - baseline[s] for s in seeds])

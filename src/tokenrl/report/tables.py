@@ -1,11 +1,12 @@
 """The report's tables: which per-run numbers it shows (`metrics`), one markdown table per metric (mean ± 95% CI over
 seeds, paired Δ against a baseline, per-seed values), the "at a glance" headline and the list of runs."""
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 from tokenrl.report.runs import Run, final_validation, last_mean
 from tokenrl.report.stats import Interval, mean_ci, paired_difference
@@ -26,29 +27,39 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
         table[f"held-out {k} after training"] = lambda run, k=k: value_of(final_validation(run), f"val/{k}")
     for k in ks:
         table[f"held-out {k} before training"] = lambda run, k=k: value_of(run.validation.get(0, {}), f"val/{k}")
-    table.update({
-        "training reward, last 3 steps": lambda run: last_mean(run, "train/reward"),
-        "token entropy, last 3 steps (nats)": lambda run: last_mean(run, "train/entropy"),
-        "Rényi-2 entropy, last 3 steps (nats)": lambda run: last_mean(run, "train/renyi2"),
-        "fraction of tokens updated, last 3 steps": lambda run: last_mean(run, "select/fraction"),
-        "mean π of updated tokens, last 3 steps": lambda run: last_mean(run, "select/p_selected"),
-        "seconds per rollout step": lambda run: last_mean(run, "time/step", last=10**9),
-    })
+    table.update(
+        {
+            "training reward, last 3 steps": lambda run: last_mean(run, "train/reward"),
+            "token entropy, last 3 steps (nats)": lambda run: last_mean(run, "train/entropy"),
+            "Rényi-2 entropy, last 3 steps (nats)": lambda run: last_mean(run, "train/renyi2"),
+            "fraction of tokens updated, last 3 steps": lambda run: last_mean(run, "select/fraction"),
+            "mean π of updated tokens, last 3 steps": lambda run: last_mean(run, "select/p_selected"),
+            "seconds per rollout step": lambda run: last_mean(run, "time/step", last=10**9),
+        }
+    )
     if forks:
-        table.update({
-            f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; total steps if never)":
-                lambda run: steps_to_reward(run, REWARD_THRESHOLD),
-            **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
-            "precision above the fork rate (per step: precision − rate)": lambda run: step_mean(
-                run, lambda values: values["forks/precision"] - values["forks/rate"]),
-            **{f"precision of {name}'s picks on this run's rollouts": lambda run, name=name: last_mean(
-                run, f"forks/precision_{name}", last=10**9) for name in ("ict", "entropy20", "stapo")},
-        })
+        table.update(
+            {
+                f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; total steps if never)": lambda run: (
+                    steps_to_reward(run, REWARD_THRESHOLD)
+                ),
+                **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
+                "precision above the fork rate (per step: precision − rate)": lambda run: step_mean(
+                    run, lambda values: values["forks/precision"] - values["forks/rate"]
+                ),
+                **{
+                    f"precision of {name}'s picks on this run's rollouts": lambda run, name=name: last_mean(
+                        run, f"forks/precision_{name}", last=10**9
+                    )
+                    for name in ("ict", "entropy20", "stapo")
+                },
+            }
+        )
     return table
 
 
 REWARD_THRESHOLD = 0.6
-FORK_METRICS = {   # observe/diagnostics.py: the update's weights against the task's true forks, mean over every step
+FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the task's true forks, mean over every step
     "precision of updated tokens on true forks": "forks/precision",
     "recall of true forks": "forks/recall",
     "share of the update's weight on true forks": "forks/weight_on_forks",
@@ -74,7 +85,7 @@ def steps_to_reward(run: Run, threshold: float, window: int = 5) -> float:
     `threshold`; the run's step count when it never does (a censored value: it understates the true number)."""
     rewards = [run.steps[s]["train/reward"] for s in sorted(run.steps) if "train/reward" in run.steps[s]]
     for end in range(window, len(rewards) + 1):
-        if sum(rewards[end - window: end]) / window >= threshold:
+        if sum(rewards[end - window : end]) / window >= threshold:
             return float(end)
     return float(len(rewards))
 
@@ -84,13 +95,18 @@ def logs_forks(runs: list[Run]) -> bool:
     return any("forks/rate" in values for run in runs for values in run.steps.values())
 
 
-PASSK_KEY = re.compile(r"val/((?:[^/]+/)?pass@\d+)")   # val/pass@k (the task) or val/<benchmark>/pass@k
+PASSK_KEY = re.compile(r"val/((?:[^/]+/)?pass@\d+)")  # val/pass@k (the task) or val/<benchmark>/pass@k
 
 
 def passk_names(runs: list[Run]) -> list[str]:
     """The pass@k names the runs validated: the task's (pass@1, pass@4) first, then each extra benchmark's."""
-    names = {match.group(1) for run in runs for values in run.validation.values() for key in values
-             if (match := PASSK_KEY.fullmatch(key))}
+    names = {
+        match.group(1)
+        for run in runs
+        for values in run.validation.values()
+        for key in values
+        if (match := PASSK_KEY.fullmatch(key))
+    }
     return sorted(names, key=lambda name: ("/" in name, name.rsplit("pass@", 1)[0], int(name.rsplit("@", 1)[1])))
 
 
@@ -103,13 +119,15 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]],
-                 baselines: list[str]) -> tuple[str, dict]:
+def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], baselines: list[str]) -> tuple[str, dict]:
     """A markdown table of one metric: per group n, mean ± 95% CI, the paired Δ against each baseline group present,
     per-seed values. The record keeps each Δ under `deltas` and the first baseline's also as `delta`."""
     bases = {name: {run.seed: metric(run) for run in groups[name]} for name in baselines if name in groups}
-    header = ("| group | n | mean ± 95% CI | " + "".join(f"Δ vs {name} (paired over seeds) | " for name in bases)
-              + "per seed |")
+    header = (
+        "| group | n | mean ± 95% CI | "
+        + "".join(f"Δ vs {name} (paired over seeds) | " for name in bases)
+        + "per seed |"
+    )
     lines = [f"### {title}", "", header, "|" + "---|" * (header.count("|") - 1)]
     record = {}
     for label, members in groups.items():
@@ -117,8 +135,11 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]],
         interval = mean_ci(list(values.values()))
         seeds = ", ".join(f"s{seed}: {value:.3f}" for seed, value in sorted(values.items()) if not math.isnan(value))
         deltas = {name: paired_difference(values, base) if label != name else None for name, base in bases.items()}
-        record[label] = {"interval": asdict(interval), "per_seed": values,
-                         "deltas": {name: asdict(d) if d else None for name, d in deltas.items()}}
+        record[label] = {
+            "interval": asdict(interval),
+            "per_seed": values,
+            "deltas": {name: asdict(d) if d else None for name, d in deltas.items()},
+        }
         if bases:
             record[label]["delta"] = record[label]["deltas"][next(iter(bases))]
         shown = "".join("— | " if d is None else f"{d.format()} (n={d.n}) | " for d in deltas.values())
@@ -129,11 +150,14 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]],
 def glance_table(records: dict[str, dict], groups: dict[str, list[Run]], ks: list[str], baseline: str | None) -> str:
     """One row per group: held-out pass@k after training (with the paired Δ against the baseline), final entropy
     and updated fraction — the headline of the per-metric tables below, from the same numbers."""
+
     def cell(record: dict | None) -> str:
         return "–" if not record else Interval(**record).format()
 
     columns = [(f"held-out {k} after training", True) for k in ks] + [
-        ("token entropy, last 3 steps (nats)", False), ("fraction of tokens updated, last 3 steps", False)]
+        ("token entropy, last 3 steps (nats)", False),
+        ("fraction of tokens updated, last 3 steps", False),
+    ]
     header = ["group", "n"]
     for title, paired in columns:
         header.append(title.replace("held-out ", ""))
@@ -153,17 +177,27 @@ def glance_table(records: dict[str, dict], groups: dict[str, list[Run]], ks: lis
 
 def runs_section(runs: list[Run], missing: list[dict[str, str]]) -> str:
     counts = {status: sum(run.status == status for run in runs) for status in ("complete", "failed", "incomplete")}
-    lines = ["## Runs", "",
-             f"{counts['complete']} complete, {counts['failed']} failed, {counts['incomplete']} incomplete, "
-             f"{len(missing)} never started. **Only complete runs enter the tables and plots.**", ""]
+    lines = [
+        "## Runs",
+        "",
+        f"{counts['complete']} complete, {counts['failed']} failed, {counts['incomplete']} incomplete, "
+        f"{len(missing)} never started. **Only complete runs enter the tables and plots.**",
+        "",
+    ]
     bad = [run for run in runs if not run.complete]
     if bad or missing:
-        lines.append("⚠ Left out: " + "; ".join(
-            [f"job {run.job} ({run.label}, seed {run.seed}) {run.status}: {run.reason}" for run in bad] +
-            [f"{', '.join(f'{k}={v}' for k, v in combo.items())} never started" for combo in missing]))
+        lines.append(
+            "⚠ Left out: "
+            + "; ".join(
+                [f"job {run.job} ({run.label}, seed {run.seed}) {run.status}: {run.reason}" for run in bad]
+                + [f"{', '.join(f'{k}={v}' for k, v in combo.items())} never started" for combo in missing]
+            )
+        )
         lines.append("")
     lines += ["| job | group | seed | status | steps logged | note |", "|---|---|---|---|---|---|"]
     for run in runs:
-        lines.append(f"| {run.job} | {run.label} | {run.seed} | {run.status} | {len(run.steps)}/{run.total_steps} | "
-                     f"{run.reason} |")
+        lines.append(
+            f"| {run.job} | {run.label} | {run.seed} | {run.status} | {len(run.steps)}/{run.total_steps} | "
+            f"{run.reason} |"
+        )
     return "\n".join(lines)

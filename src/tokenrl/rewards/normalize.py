@@ -11,6 +11,7 @@ Variants it rewrites: thousands grouped by `\\,` `{,}` `,\\!` `~` or spaces, pla
 `\\varnothing`, a leading `\\approx`, unbraced fractions (`\\frac 3 8`), a trailing `\\%` or "percent", and `3(4)`
 as a product. Regex only: nothing here evaluates the text.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,16 +23,22 @@ _DANGLING = re.compile(r"^\s*(?:[*/^_=,]|\\cdot|\\times|\\div)|(?:[-+*/^_=,]|\\c
 
 # Between two numbers only these commands may stand (operators, relations, functions, a mixed number's \frac);
 # anything else (spacing, \phantom{0}, \displaystyle, \text{ apples }) the parser drops, and then adds the numbers.
-_MEANINGFUL = ("cdot|times|div|pm|mp|frac|dfrac|tfrac|sqrt|pi|infty|le|ge|leq|geq|lt|gt|ne|neq|approx|equiv|in|cup|"
-               "cap|to|sin|cos|tan|sec|csc|cot|log|ln|exp|binom|over|choose|pmod|bmod|mod|circ|left|right|dots|ldots|"
-               "cdots")
-_CONJUNCTION = r"\\(?:text|textrm|mathrm|mbox)\{\s*,?\s*(?:and|or)\s*\}"     # `1 \text{ or } 2` is a list
-_IGNORED = (rf"(?:\s|~|\\[,:;! ]|(?!{_CONJUNCTION})"
-            rf"\\(?!(?:{_MEANINGFUL})(?![a-zA-Z]))[a-zA-Z]+\*?(?:\[[^\]]*\])?(?:\{{[^{{}}]*\}})*)")
-_SIDE_BY_SIDE = re.compile(rf"(?<![_^])\d{_IGNORED}+\.?\d")           # a script digit (`\log_2 8`) is not one
+_MEANINGFUL = (
+    "cdot|times|div|pm|mp|frac|dfrac|tfrac|sqrt|pi|infty|le|ge|leq|geq|lt|gt|ne|neq|approx|equiv|in|cup|"
+    "cap|to|sin|cos|tan|sec|csc|cot|log|ln|exp|binom|over|choose|pmod|bmod|mod|circ|left|right|dots|ldots|"
+    "cdots"
+)
+_CONJUNCTION = r"\\(?:text|textrm|mathrm|mbox)\{\s*,?\s*(?:and|or)\s*\}"  # `1 \text{ or } 2` is a list
+_IGNORED = (
+    rf"(?:\s|~|\\[,:;! ]|(?!{_CONJUNCTION})"
+    rf"\\(?!(?:{_MEANINGFUL})(?![a-zA-Z]))[a-zA-Z]+\*?(?:\[[^\]]*\])?(?:\{{[^{{}}]*\}})*)"
+)
+_SIDE_BY_SIDE = re.compile(rf"(?<![_^])\d{_IGNORED}+\.?\d")  # a script digit (`\log_2 8`) is not one
 _TEXT = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_NAME = re.compile(r"^\s*(?:\\(?!pi\b|infty\b)[A-Za-z]+\s*\{?[A-Za-z]*\}?|[A-Za-z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?'*"
-                   r"\s*$")
+_NAME = re.compile(
+    r"^\s*(?:\\(?!pi\b|infty\b)[A-Za-z]+\s*\{?[A-Za-z]*\}?|[A-Za-z]+)(?:_\{?\w+\}?)?(?:\([^()]*\))?'*"
+    r"\s*$"
+)
 
 _LATEX_THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3})((?:(?:\\,|\{,\}|,\\!|\\ |~)\d{3})+)(?!\d)")
 _SPACED_THOUSANDS = re.compile(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?")
@@ -58,8 +65,11 @@ def _split_top(text: str) -> list[str]:
 
 def _balanced(text: str) -> bool:
     plain = text.replace("\\{", "").replace("\\}", "")
-    return (plain.count("{") == plain.count("}") and text.count("\\{") == text.count("\\}")
-            and plain.count("(") + plain.count("[") == plain.count(")") + plain.count("]"))
+    return (
+        plain.count("{") == plain.count("}")
+        and text.count("\\{") == text.count("\\}")
+        and plain.count("(") + plain.count("[") == plain.count(")") + plain.count("]")
+    )
 
 
 def _text_ok(text: str) -> bool:
@@ -80,13 +90,21 @@ def _equations_ok(text: str, gold_is_equation: bool) -> bool:
 def math_forms(text: str, gold_is_equation: bool = False) -> list[str] | None:
     """LaTeX readings of a boxed answer, or None if it is malformed (see the module docstring)."""
     text = text.strip().rstrip(".").replace("\\$", "").replace("\\varnothing", "\\emptyset").strip()
-    text = re.sub(r"^\\(?:approx|sim)(?![a-zA-Z])\s*", "", text)      # `\approx 8.24` states 8.24
+    text = re.sub(r"^\\(?:approx|sim)(?![a-zA-Z])\s*", "", text)  # `\approx 8.24` states 8.24
     text = _BARE_FRAC.sub(r"\\frac{\1}{\2}", text)
     percent = _PERCENT.search(text)
     if percent:
-        text = text[:percent.start()].strip()
-    if (not text or "$" in text or "%" in text or _PYTHON.search(text) or _BAD_NUMBER.search(text)
-            or _EMPTY_GROUP.search(text) or _DANGLING.search(text) or not _balanced(text)):
+        text = text[: percent.start()].strip()
+    if (
+        not text
+        or "$" in text
+        or "%" in text
+        or _PYTHON.search(text)
+        or _BAD_NUMBER.search(text)
+        or _EMPTY_GROUP.search(text)
+        or _DANGLING.search(text)
+        or not _balanced(text)
+    ):
         return None
     text = _LATEX_THOUSANDS.sub(lambda m: m.group(1) + re.sub(r"\D", "", m.group(2)), text)
     if _SPACED_THOUSANDS.fullmatch(text):
@@ -96,7 +114,7 @@ def math_forms(text: str, gold_is_equation: bool = False) -> list[str] | None:
         text = units.group(1)
     if _SIDE_BY_SIDE.search(text) or not _text_ok(text) or not _equations_ok(text, gold_is_equation):
         return None
-    text = re.sub(r"(\d)\s*\(", r"\1 \\cdot (", text)    # 3(4) is a product (the parser reads it as 3 + 4)
+    text = re.sub(r"(\d)\s*\(", r"\1 \\cdot (", text)  # 3(4) is a product (the parser reads it as 3 + 4)
     return [text, f"\\frac{{{text}}}{{100}}"] if percent else [text]
 
 

@@ -8,6 +8,7 @@ Workers are forked from multiprocessing's fork server, a clean process (no torch
 once per trainer process with the answer parsers already imported (`PRELOAD`): a replacement after a timeout, or the
 worker of the next run in the same process, starts in milliseconds instead of a fresh interpreter's import time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from multiprocessing.connection import Connection
 
 log = logging.getLogger(__name__)
 
-PRELOAD = ["tokenrl.rewards.verifiers", "math_verify"]   # imported once, in the fork server
+PRELOAD = ["tokenrl.rewards.verifiers", "math_verify"]  # imported once, in the fork server
 
 
 def _worker(conn: Connection, sys_path: list[str]) -> None:
@@ -30,7 +31,7 @@ def _worker(conn: Connection, sys_path: list[str]) -> None:
     while True:
         try:
             job = conn.recv()
-        except EOFError:   # the trainer went away
+        except EOFError:  # the trainer went away
             return
         if job is None:
             return
@@ -45,13 +46,13 @@ def _worker(conn: Connection, sys_path: list[str]) -> None:
 class SafeScorer:
     """`score([(verifier, response, answer), ...]) -> [float]`, each check limited to `timeout_s` seconds."""
 
-    WINDOW = 16   # checks in flight: their results (≤ ~2 KB each, a traceback included) stay far below a pipe's 64 KB
+    WINDOW = 16  # checks in flight: their results (≤ ~2 KB each, a traceback included) stay far below a pipe's 64 KB
 
     def __init__(self, timeout_s: float = 5.0) -> None:
         if timeout_s <= 0:
-            raise ValueError(f"reward_timeout_s={timeout_s} must be > 0")   # the top-level key of train.yaml / eval.yaml
+            raise ValueError(f"reward_timeout_s={timeout_s} must be > 0")  # the top-level key of train.yaml / eval.yaml
         self.timeout_s = timeout_s
-        methods = mp.get_all_start_methods()   # no fork server on Windows: a fresh interpreter per worker there
+        methods = mp.get_all_start_methods()  # no fork server on Windows: a fresh interpreter per worker there
         self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
@@ -61,7 +62,7 @@ class SafeScorer:
             # in a loky worker the global start method is 'loky', which a forked-from-the-server child cannot set
             mp.set_start_method("spawn", force=True)
         if self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(PRELOAD)   # used when this call starts the server (the first worker)
+            self._ctx.set_forkserver_preload(PRELOAD)  # used when this call starts the server (the first worker)
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_worker, args=(child, list(sys.path)), daemon=True)
         self._proc.start()
@@ -92,8 +93,9 @@ class SafeScorer:
                     self._conn.send((sent, *items[sent]))
                     sent += 1
                 if not self._conn.poll(self.timeout_s):
-                    log.warning("verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0],
-                                self.timeout_s, index)
+                    log.warning(
+                        "verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0], self.timeout_s, index
+                    )
                     self._kill()
                     pending = index + 1
                     break

@@ -13,13 +13,15 @@ The rules behind each decision are tabled, case by case, in tests/test_verifiers
 A verifier may also be named as `package.module:function`.
 `check_golds` reports, at load time, the gold answers a verifier could never match (`#### many` for gsm8k).
 """
+
 from __future__ import annotations
 
 import importlib
 import logging
 import re
+from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tokenrl.rewards.normalize import bracket_kind, math_forms, number_bases
 
@@ -47,7 +49,7 @@ def _number(text: str) -> Fraction | None:
         return None
     try:
         return Fraction(cleaned.replace(",", ""))
-    except ValueError:      # over Python's 4,300-digit limit for int()
+    except ValueError:  # over Python's 4,300-digit limit for int()
         return None
 
 
@@ -65,7 +67,7 @@ def gsm8k_strict(response: str, answer: str) -> float:
     if line is None:
         return 0.0
     number, rest = line.groups()
-    if re.search(r"\d", rest) or _OPERATOR_NEXT.match(rest):    # `#### 5 or 6`, `#### 5-3`, `#### 2**3`
+    if re.search(r"\d", rest) or _OPERATOR_NEXT.match(rest):  # `#### 5 or 6`, `#### 5-3`, `#### 2**3`
         return 0.0
     return _equal_numbers(number, answer)
 
@@ -91,7 +93,7 @@ def last_number(text: str) -> str | None:
         lead = before[:-1] if signed else before
         opened = lead.rstrip("{")
         if (opened != lead and opened.endswith("}")) or opened.rstrip(" \t")[-1:] in tuple("+-*/^×÷"):
-            return None      # a denominator (\frac{1}{2}), an exponent (2^{3}, x**2) or another operand (5-3)
+            return None  # a denominator (\frac{1}{2}), an exponent (2^{3}, x**2) or another operand (5-3)
         if token == blob.group(0) and _OPERATOR_NEXT.match(text, blob.end()):
             return None
         return ("-" if signed else "") + token
@@ -122,7 +124,7 @@ def _box_at(text: str, pos: int) -> tuple[str | None, int]:
         elif text[end] == "}":
             depth -= 1
             if depth == 0:
-                return text[pos + 1:end], end + 1
+                return text[pos + 1 : end], end + 1
     return None, len(text)
 
 
@@ -163,7 +165,7 @@ def _parse_forms(forms: list[str], trusted: bool) -> list:
 
 def _gold(answer: str) -> tuple[str, bool]:
     """A math gold as the checks read it, and whether it is an equation."""
-    answer = re.sub(r"(?<!\\)\$", " ", answer)     # OlympiadBench joins several answers as `69$,$84`
+    answer = re.sub(r"(?<!\\)\$", " ", answer)  # OlympiadBench joins several answers as `69$,$84`
     return answer, re.search(r"=|\\approx(?![a-zA-Z])", answer) is not None
 
 
@@ -176,11 +178,11 @@ def _math_equal(box: str, answer: str) -> bool:
         return False
     gold_forms = math_forms(answer, gold_is_equation) or [answer]
     if re.sub(r"\s+", "", forms[0]) == re.sub(r"\s+", "", gold_forms[0]):
-        return True          # the gold's own text, even where the parser cannot read it (`05\!:\!00`)
+        return True  # the gold's own text, even where the parser cannot read it (`05\!:\!00`)
     if {bracket_kind(forms[0]), bracket_kind(answer)} == {"set", "paren"}:
         return False
     bases, gold_bases = number_bases(forms[0]), number_bases(gold_forms[0])
-    if bases and bases != (gold_bases or {"10"}):     # 2516_9 is not 2516_8 nor 2516 (the parser drops subscripts)
+    if bases and bases != (gold_bases or {"10"}):  # 2516_9 is not 2516_8 nor 2516 (the parser drops subscripts)
         return False
     gold = _parse_forms(gold_forms, trusted=True)
     pred = _parse_forms(forms, trusted=False)
@@ -199,7 +201,8 @@ _BOXED_LETTER = re.compile(r"\(?([A-Da-d])\)?\.?|\(?([A-Da-d])[).:]\s*(.+)")
 _STANDALONE_LETTER = re.compile(r"(?<![A-Za-z])[A-D](?![A-Za-z])")
 _STATED_LETTER = re.compile(
     r"(?i:answer)(?:\s+is)?[\s:]*(?i:option\s*)?(?:\$|\\(?:text|textbf|mathrm|mathbf)\{)*"
-    r"(?:\(([A-Da-d])\)|([A-D])(?![A-Za-z])|([a-d])(?=\s*(?:[.,;:!)}$]|$)))")
+    r"(?:\(([A-Da-d])\)|([A-D])(?![A-Za-z])|([a-d])(?=\s*(?:[.,;:!)}$]|$)))"
+)
 _HEDGE = re.compile(r"\s*(?:(?i:or|and)\b|[/,&+])\s*\(?[A-D](?![A-Za-z])")
 
 
@@ -242,7 +245,7 @@ def _golds_letter(answers: list[str]) -> list[bool]:
     return [answer.strip().upper() in ("A", "B", "C", "D") for answer in answers]
 
 
-_MATH_VERIFY_CHECKS = 200    # golds math_forms rejects that math-verify then reads, at most (~0.5-2 ms each)
+_MATH_VERIFY_CHECKS = 200  # golds math_forms rejects that math-verify then reads, at most (~0.5-2 ms each)
 
 
 def _golds_math(answers: list[str]) -> list[bool]:
@@ -288,10 +291,20 @@ def check_golds(problems: Sequence[Problem], split: str, where: Sequence[str] | 
         examples = ", ".join(f"{where[i] if where else problems[i].id}: {problems[i].answer!r}" for i in bad[:5])
         examples += ", ..." if len(bad) > 5 else ""
         if len(bad) == len(indices):
-            raise ValueError(f"none of the {len(indices)} rows of {split} can be scored by verifier {name!r}: no "
-                             f"gold answer is {form} ({examples}). {fix}".rstrip())
-        log.warning("%d of %d rows of %s cannot be scored by verifier %r (their gold answers are not %s, so they "
-                    "always score 0): %s", len(bad), len(indices), split, name, form, examples)
+            raise ValueError(
+                f"none of the {len(indices)} rows of {split} can be scored by verifier {name!r}: no "
+                f"gold answer is {form} ({examples}). {fix}".rstrip()
+            )
+        log.warning(
+            "%d of %d rows of %s cannot be scored by verifier %r (their gold answers are not %s, so they "
+            "always score 0): %s",
+            len(bad),
+            len(indices),
+            split,
+            name,
+            form,
+            examples,
+        )
 
 
 VERIFIERS: dict[str, Verifier] = {

@@ -1,7 +1,9 @@
 """Rollout engines. `build_engine` picks one by name (`rollout.engine`)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -12,8 +14,13 @@ from tokenrl.rollout.base import RolloutEngine, SamplingParams
 ENGINES = ("hf", "vllm")
 
 
-def build_engine(cfg: Mapping[str, Any], model: nn.Module, tokenizer: PreTrainedTokenizerBase,
-                 weights_version: int = 0, interrupt: Callable[[], bool] | None = None) -> RolloutEngine:
+def build_engine(
+    cfg: Mapping[str, Any],
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    weights_version: int = 0,
+    interrupt: Callable[[], bool] | None = None,
+) -> RolloutEngine:
     """The engine `rollout.engine` names, serving `model`'s current weights as version `weights_version`; the `hf`
     engine stops generating once `interrupt()` is true (a preemption signal; vLLM's requests are short)."""
     if cfg["engine"] == "hf":

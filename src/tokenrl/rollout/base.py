@@ -1,10 +1,12 @@
 """The rollout contract: G samples per prompt from the current weights, with token ids and sampling log-probs."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,10 +23,15 @@ class SamplingParams:
     max_new_tokens: int
 
     @staticmethod
-    def of_rollout(rollout: Mapping[str, Any], n: int) -> "SamplingParams":
+    def of_rollout(rollout: Mapping[str, Any], n: int) -> SamplingParams:
         """n samples per prompt with the `rollout` config's temperature, top-p, top-k and response budget."""
-        return SamplingParams(n=n, temperature=float(rollout["temperature"]), top_p=float(rollout["top_p"]),
-                              top_k=int(rollout["top_k"]), max_new_tokens=int(rollout["max_new_tokens"]))
+        return SamplingParams(
+            n=n,
+            temperature=float(rollout["temperature"]),
+            top_p=float(rollout["top_p"]),
+            top_k=int(rollout["top_k"]),
+            max_new_tokens=int(rollout["max_new_tokens"]),
+        )
 
 
 class RolloutEngine(ABC):
@@ -61,10 +68,10 @@ class RolloutEngine(ABC):
     def _sync_weights(self, model: nn.Module, version: int) -> None:
         """`sync_weights` without the autocast guard."""
 
-    def _sleep(self) -> None:
+    def _sleep(self) -> None:  # noqa: B027  (an optional hook: a no-op unless an engine overrides it)
         """Nothing to free by default."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (an optional hook: a no-op unless an engine overrides it)
         """Release engine resources."""
 
 
@@ -85,8 +92,8 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq)
-            mask[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq)
+            mask[row, width - len(seq) :] = 1
     return ids, mask
 
 

@@ -1,11 +1,12 @@
 """One step's scored rollouts: G samples per prompt from the engine, the verifier's scores (time-limited worker) and
 DAPO's overlong shaping (docs/algorithms.md §1.3); with `algorithm.filter_groups`, dynamic sampling's rounds."""
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -38,20 +39,28 @@ class RolloutCollector:
     scorer: SafeScorer
     seed: int
     pad_id: int
-    fork_marker: ForkMarker | None = None   # the true forks of each response (tasks that name them: task=forks)
+    fork_marker: ForkMarker | None = None  # the true forks of each response (tasks that name them: task=forks)
 
     def check_sizes(self, rank: int, world: int) -> None:
         """Dynamic sampling's sizes must be able to fill a step, shared evenly by the ranks (fails at start-up)."""
         rank_shard(self.cfg.prompts_per_step, rank, world, "algorithm.prompts_per_step")
         if self.cfg.gen_prompts_per_step * self.cfg.max_gen_rounds < self.cfg.prompts_per_step:
-            raise ValueError(f"algorithm.gen_prompts_per_step={self.cfg.gen_prompts_per_step} × max_gen_rounds="
-                             f"{self.cfg.max_gen_rounds} cannot supply prompts_per_step={self.cfg.prompts_per_step} "
-                             "groups; raise one of them")
+            raise ValueError(
+                f"algorithm.gen_prompts_per_step={self.cfg.gen_prompts_per_step} × max_gen_rounds="
+                f"{self.cfg.max_gen_rounds} cannot supply prompts_per_step={self.cfg.prompts_per_step} "
+                "groups; raise one of them"
+            )
 
-    def collect(self, engine: RolloutEngine, batch: PromptBatch, who: Generation, timer: StepTimer,
-                refill: Callable[[], PromptBatch], everyone_done: Callable[[bool], bool],
-                engine_context: Callable[[], AbstractContextManager] = nullcontext,
-                ) -> tuple[ScoredRollouts, dict[str, float]]:
+    def collect(
+        self,
+        engine: RolloutEngine,
+        batch: PromptBatch,
+        who: Generation,
+        timer: StepTimer,
+        refill: Callable[[], PromptBatch],
+        everyone_done: Callable[[bool], bool],
+        engine_context: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> tuple[ScoredRollouts, dict[str, float]]:
         """This rank's scored rollouts of the step and dynamic sampling's metrics (empty when it is off)."""
         if batch.step != who.step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {who.step}")
@@ -62,31 +71,62 @@ class RolloutCollector:
         if self.cfg.filter_groups is None:
             return generate(batch, 0), {}
         quota = self.cfg.prompts_per_step // who.world
-        scored, metrics = collect_varied_groups(batch, quota, self.cfg.filter_groups, self.cfg.max_gen_rounds, generate,
-                                                refill, everyone_done, pad_id=self.pad_id)
+        scored, metrics = collect_varied_groups(
+            batch,
+            quota,
+            self.cfg.filter_groups,
+            self.cfg.max_gen_rounds,
+            generate,
+            refill,
+            everyone_done,
+            pad_id=self.pad_id,
+        )
         if metrics["filled_groups"]:
-            log.warning("dynamic sampling: %d of this rank's %d groups at step %d have the same %s for every response "
-                        "after algorithm.max_gen_rounds=%d rounds; they give no gradient. Raise max_gen_rounds or "
-                        "gen_prompts_per_step, or use data the policy solves sometimes", metrics["filled_groups"],
-                        quota, who.step, self.cfg.filter_groups, self.cfg.max_gen_rounds)
+            log.warning(
+                "dynamic sampling: %d of this rank's %d groups at step %d have the same %s for every response "
+                "after algorithm.max_gen_rounds=%d rounds; they give no gradient. Raise max_gen_rounds or "
+                "gen_prompts_per_step, or use data the policy solves sometimes",
+                metrics["filled_groups"],
+                quota,
+                who.step,
+                self.cfg.filter_groups,
+                self.cfg.max_gen_rounds,
+            )
         return scored, metrics
 
-    def generate(self, engine: RolloutEngine, batch: PromptBatch, who: Generation, round_index: int,
-                 timer: StepTimer, engine_context: Callable[[], AbstractContextManager]) -> ScoredRollouts:
+    def generate(
+        self,
+        engine: RolloutEngine,
+        batch: PromptBatch,
+        who: Generation,
+        round_index: int,
+        timer: StepTimer,
+        engine_context: Callable[[], AbstractContextManager],
+    ) -> ScoredRollouts:
         """One round: G rollouts per prompt, seeded by (seed, step, rank, round), scored, with the overlong penalty
         added to the reward."""
         seed = derived_seed(self.seed, "rollout", who.step, who.rank, *((round_index,) if round_index else ()))
         with timer("generate"), engine_context():
             rollouts = engine.generate(batch.prompt_ids, self.sampling, seed=seed)
         if rollouts.weights_version != who.weights_version:
-            raise RuntimeError(f"rollouts came from weights version {rollouts.weights_version}, "
-                               f"the policy is at {who.weights_version}: the engine missed a weight sync")
+            raise RuntimeError(
+                f"rollouts came from weights version {rollouts.weights_version}, "
+                f"the policy is at {who.weights_version}: the engine missed a weight sync"
+            )
         with timer("reward"):
             problems = [problem for problem in batch.problems for _ in range(self.sampling.n)]
-            scores = torch.tensor(self.scorer.score(
-                [(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)]))
-            penalty = overlong_penalty(rollouts.response_mask.sum(1), self.sampling.max_new_tokens,
-                                       self.cfg.overlong_buffer, self.cfg.overlong_penalty_factor)
-            forks = (None if self.fork_marker is None else
-                     self.fork_marker(problems, rollouts.response_ids, rollouts.response_mask, rollouts.texts))
+            scores = torch.tensor(
+                self.scorer.score([(p.verifier, text, p.answer) for p, text in zip(problems, rollouts.texts)])
+            )
+            penalty = overlong_penalty(
+                rollouts.response_mask.sum(1),
+                self.sampling.max_new_tokens,
+                self.cfg.overlong_buffer,
+                self.cfg.overlong_penalty_factor,
+            )
+            forks = (
+                None
+                if self.fork_marker is None
+                else self.fork_marker(problems, rollouts.response_ids, rollouts.response_mask, rollouts.texts)
+            )
         return ScoredRollouts(rollouts, scores, scores + penalty, forks)

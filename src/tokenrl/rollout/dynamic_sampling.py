@@ -9,10 +9,11 @@ Every rank runs the same number of rounds (`everyone_done` is an all-ranks AND) 
 even when it already has its quota and skips generating, so the prompt stream's position stays one number
 shared by all ranks.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -31,14 +32,18 @@ class ScoredRollouts:
     rewards: torch.Tensor
     forks: torch.Tensor | None = None
 
-    def rows(self, index: torch.Tensor) -> "ScoredRollouts":
-        return ScoredRollouts(self.rollouts.rows(index), self.scores[index], self.rewards[index],
-                              None if self.forks is None else self.forks[index])
+    def rows(self, index: torch.Tensor) -> ScoredRollouts:
+        return ScoredRollouts(
+            self.rollouts.rows(index),
+            self.scores[index],
+            self.rewards[index],
+            None if self.forks is None else self.forks[index],
+        )
 
     def groups(self) -> int:
         return int(self.rollouts.group_ids.unique().numel())
 
-    def first_groups(self, count: int) -> "ScoredRollouts":
+    def first_groups(self, count: int) -> ScoredRollouts:
         """The rows of the first `count` groups in order of appearance."""
         order = torch.tensor(list(dict.fromkeys(self.rollouts.group_ids.tolist()))[:count], dtype=torch.long)
         return self.rows(torch.isin(self.rollouts.group_ids, order).nonzero().squeeze(1))
@@ -58,10 +63,16 @@ def filter_metric(scored: ScoredRollouts, metric: str) -> torch.Tensor:
     return (scored.scores >= 1.0).float() if metric == "acc" else scored.rewards
 
 
-def collect_varied_groups(first: PromptBatch, quota: int, metric: str, max_rounds: int,
-                          generate: Callable[[PromptBatch, int], ScoredRollouts],
-                          refill: Callable[[], PromptBatch], everyone_done: Callable[[bool], bool],
-                          pad_id: int) -> tuple[ScoredRollouts, dict[str, float]]:
+def collect_varied_groups(
+    first: PromptBatch,
+    quota: int,
+    metric: str,
+    max_rounds: int,
+    generate: Callable[[PromptBatch, int], ScoredRollouts],
+    refill: Callable[[], PromptBatch],
+    everyone_done: Callable[[bool], bool],
+    pad_id: int,
+) -> tuple[ScoredRollouts, dict[str, float]]:
     """`quota` groups for this rank's update and the round's metrics: `gen_rounds` (rounds this rank generated),
     `kept_group_frac` (varied groups / generated groups), `filled_groups` (filtered groups used to top up).
 
@@ -88,5 +99,8 @@ def collect_varied_groups(first: PromptBatch, quota: int, metric: str, max_round
     filled = max(0, quota - n_kept)
     parts = [part for part in kept + spare if part.rollouts.group_ids.numel()]
     batch = concat_scored(parts, pad_id).first_groups(quota)
-    return batch, {"gen_rounds": float(rounds), "kept_group_frac": n_kept / max(generated, 1),
-                   "filled_groups": float(filled)}
+    return batch, {
+        "gen_rounds": float(rounds),
+        "kept_group_frac": n_kept / max(generated, 1),
+        "filled_groups": float(filled),
+    }

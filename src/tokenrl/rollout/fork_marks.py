@@ -5,9 +5,10 @@ it decodes to is one, and the end-of-sequence token when the stop decision is. C
 each prefix of the response's ids, so any tokenizer maps exactly (a token that decodes to nothing marks nothing
 unless it ends the response).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -17,8 +18,7 @@ from tokenrl.records.problem import Problem
 CharMarks = Callable[[Problem, str], "list[bool] | None"]
 
 
-def token_marks(char_marks: list[bool], ids: list[int], tokenizer: PreTrainedTokenizerBase,
-                ended: bool) -> list[bool]:
+def token_marks(char_marks: list[bool], ids: list[int], tokenizer: PreTrainedTokenizerBase, ended: bool) -> list[bool]:
     """Per token of `ids` (the response, its end-of-sequence token last when `ended`): whether it covers a marked
     character; `char_marks[len(text)]` marks the end-of-sequence token."""
     content = ids[:-1] if ended else ids
@@ -38,8 +38,9 @@ class ForkMarker:
     def __init__(self, forks_of: CharMarks, tokenizer: PreTrainedTokenizerBase) -> None:
         self.forks_of, self.tokenizer = forks_of, tokenizer
 
-    def __call__(self, problems: list[Problem], response_ids: torch.Tensor, response_mask: torch.Tensor,
-                 texts: list[str]) -> torch.Tensor | None:
+    def __call__(
+        self, problems: list[Problem], response_ids: torch.Tensor, response_mask: torch.Tensor, texts: list[str]
+    ) -> torch.Tensor | None:
         """`texts`: the responses decoded without special tokens (what the verifier scored); None when the task
         cannot name the forks of some row."""
         out = torch.zeros(response_ids.shape, dtype=torch.bool)

@@ -1,12 +1,20 @@
 """The `hf` engine: transformers `generate` on the trainer's own model object (always in sync)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase,
-                          StoppingCriteria, StoppingCriteriaList)
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tokenrl.records.rollout_batch import RolloutBatch
@@ -57,7 +65,7 @@ class HFEngine(RolloutEngine):
         self.weights_version = weights_version
         self.tokenizer = tokenizer
         self.eos_ids = sorted({tokenizer.eos_token_id, *self._config_eos(model)} - {None})
-        self.interrupt: Callable[[], bool] = lambda: False   # true: stop every sequence now (a preemption signal)
+        self.interrupt: Callable[[], bool] = lambda: False  # true: stop every sequence now (a preemption signal)
 
     @staticmethod
     def _config_eos(model: nn.Module) -> list[int]:
@@ -78,28 +86,44 @@ class HFEngine(RolloutEngine):
         if params.top_p < 1.0:
             processors.append(TopPLogitsWarper(params.top_p))
         processors.append(recorder)
-        config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                  max_new_tokens=params.max_new_tokens, num_return_sequences=params.n,
-                                  pad_token_id=pad, eos_token_id=self.eos_ids)
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=params.max_new_tokens,
+            num_return_sequences=params.n,
+            pad_token_id=pad,
+            eos_token_id=self.eos_ids,
+        )
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                      generation_config=config, logits_processor=processors,
-                                      stopping_criteria=StoppingCriteriaList([StopWhen(self.interrupt)]))
+            out = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                logits_processor=processors,
+                stopping_criteria=StoppingCriteriaList([StopWhen(self.interrupt)]),
+            )
         self.model.train(was_training)
-        response = out[:, ids.shape[1]:].cpu()
+        response = out[:, ids.shape[1] :].cpu()
         logprobs = recorder.finish(out[:, -1]).cpu()
         response_mask, reasons = response_mask_until_eos(response, self.eos_ids)
         response = torch.where(response_mask.bool(), response, torch.full_like(response, pad))
         n = params.n
         return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(n, dim=0), prompt_mask=mask.repeat_interleave(n, dim=0),
-            response_ids=response, response_mask=response_mask, sampling_logprobs=logprobs * response_mask,
-            group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n), finish_reasons=reasons,
+            prompt_ids=ids.repeat_interleave(n, dim=0),
+            prompt_mask=mask.repeat_interleave(n, dim=0),
+            response_ids=response,
+            response_mask=response_mask,
+            sampling_logprobs=logprobs * response_mask,
+            group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n),
+            finish_reasons=reasons,
             texts=self.tokenizer.batch_decode(response, skip_special_tokens=True),
-            weights_version=self.weights_version)
+            weights_version=self.weights_version,
+        )
 
     def _sync_weights(self, model: nn.Module, version: int) -> None:
         """Nothing to copy: generation runs on the trainer's model object itself."""

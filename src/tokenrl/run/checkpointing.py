@@ -2,10 +2,12 @@
 checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (periodic + best + exactly one
 `last.ckpt` holding the final state), clean-up of the temporaries a killed save leaves (the RNG states a checkpoint
 carries: utils.rng_state), and the policy's weights of any checkpoint read in one process (`policy_state_dict`,
-`load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base: models/base_weights.py).
+`load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base:
+models/base_weights.py).
 
 An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -15,8 +17,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -28,32 +31,40 @@ from torch.distributed.checkpoint.api import CheckpointException
 from tokenrl.models.base_weights import base_reference, check_base, trained_names, with_base
 
 log = logging.getLogger(__name__)
-TEMPORARY_GLOB = ".*.ckpt.*.tmp"   # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
+TEMPORARY_GLOB = ".*.ckpt.*.tmp"  # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
 # A sharded checkpoint is a folder (Lightning's layout, FSDPStrategy.save_checkpoint / load_checkpoint): the
 # torch.distributed.checkpoint files (`.metadata`, one `__<rank>_0.distcp` per rank holding its shard of "model" and
 # "optimizer_<i>") and SHARDED_META, the rest of the checkpoint (loops, callbacks, tokenrl's state), written last.
 SHARDED_META = "meta.pt"
-RENAME_EXCHANGE, AT_FDCWD = 2, -100   # linux/fs.h, linux/fcntl.h
+RENAME_EXCHANGE, AT_FDCWD = 2, -100  # linux/fs.h, linux/fcntl.h
 
 
-def checkpoint_mismatch(path: str | Path, saved: Mapping[str, Sequence[int]], built: Mapping[str, Sequence[int]],
-                        fix: str, complete: bool = True) -> ValueError | None:
+def checkpoint_mismatch(
+    path: str | Path,
+    saved: Mapping[str, Sequence[int]],
+    built: Mapping[str, Sequence[int]],
+    fix: str,
+    complete: bool = True,
+) -> ValueError | None:
     """The error of a checkpoint whose weights' shapes (`saved`, by name) are not those of the model built here
     (`built`), or None when they are. `complete`: the checkpoint holds every weight, so one it lacks differs too (a
     LoRA checkpoint holds its adapters alone). `fix` ends the message."""
     names = sorted(set(saved) | (set(built) if complete else set()))
-    differ = [name for name in names
-              if name not in saved or name not in built or list(saved[name]) != list(built[name])]
+    differ = [
+        name for name in names if name not in saved or name not in built or list(saved[name]) != list(built[name])
+    ]
     if not differ:
         return None
 
     def shape(value: Sequence[int] | None) -> str:
         return "absent" if value is None else str(list(value))
-    first = differ[0]
-    return ValueError(f"ckpt_path={path}: a checkpoint of another model ({len(differ)} of {len(names)} weights differ "
-                      f"in shape, e.g. `{first}` {shape(saved.get(first))} in the checkpoint vs "
-                      f"{shape(built.get(first))} here): {fix}")
 
+    first = differ[0]
+    return ValueError(
+        f"ckpt_path={path}: a checkpoint of another model ({len(differ)} of {len(names)} weights differ "
+        f"in shape, e.g. `{first}` {shape(saved.get(first))} in the checkpoint vs "
+        f"{shape(built.get(first))} here): {fix}"
+    )
 
 
 class CheckpointWriteError(OSError):
@@ -95,14 +106,20 @@ def _write_error(err: BaseException, target: Path, needed_bytes: int, per_rank: 
     if _out_of_space(err):
         free = shutil.disk_usage(target.parent).free
         return CheckpointWriteError(
-            errno.ENOSPC, f"no space left on device writing checkpoint {target}: it needs about "
+            errno.ENOSPC,
+            f"no space left on device writing checkpoint {target}: it needs about "
             f"{needed_bytes / 2**30:.2f} GiB{' per rank' if per_rank else ''} and its file system has "
             f"{free / 2**30:.2f} GiB free (after removing the partial write); {kept}. Free space, or point "
-            f"paths.log_dir at a larger disk and resume with ckpt_path=")
-    cause = ("; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
-             if isinstance(err, CheckpointException) else err)
-    return CheckpointWriteError(getattr(err, "errno", None) or errno.EIO,
-                                f"could not write checkpoint {target}: {cause}; {kept}")
+            f"paths.log_dir at a larger disk and resume with ckpt_path=",
+        )
+    cause = (
+        "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
+        if isinstance(err, CheckpointException)
+        else err
+    )
+    return CheckpointWriteError(
+        getattr(err, "errno", None) or errno.EIO, f"could not write checkpoint {target}: {cause}; {kept}"
+    )
 
 
 def _save_atomically(obj: Any, target: Path) -> None:
@@ -138,9 +155,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise _write_error(err, target, _tensor_bytes(checkpoint)) from err
 
     def load_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        if is_sharded_checkpoint(path):   # only FSDPStrategy reads these, without a CheckpointIO
-            raise ValueError(f"ckpt_path={path} is a sharded checkpoint (trainer=fsdp's folder of shards): resume it "
-                             "with trainer=fsdp, or evaluate its policy with tokenrl-eval ckpt_path=<it>")
+        if is_sharded_checkpoint(path):  # only FSDPStrategy reads these, without a CheckpointIO
+            raise ValueError(
+                f"ckpt_path={path} is a sharded checkpoint (trainer=fsdp's folder of shards): resume it "
+                "with trainer=fsdp, or evaluate its policy with tokenrl-eval ckpt_path=<it>"
+            )
         return super().load_checkpoint(path, *args, **kwargs)
 
     def remove_checkpoint(self, path: str | Path) -> None:
@@ -168,7 +187,7 @@ def _swap_in(staging: Path, target: Path) -> None:
     point leaves `target` complete, or the new checkpoint complete under its temporary name, which resume takes
     (`interrupted_swap`)."""
     if os.path.lexists(target) and _exchange(staging, target):
-        _remove(staging)   # the previous checkpoint, now under the temporary name
+        _remove(staging)  # the previous checkpoint, now under the temporary name
         return
     if os.path.lexists(target):
         _remove(target)
@@ -181,8 +200,9 @@ def interrupted_swap(target: str | Path) -> Path | None:
     target = Path(target)
     if target.is_file() or is_sharded_checkpoint(target):
         return None
-    complete = [path for path in target.parent.glob(f".{glob.escape(target.name)}.*.tmp")
-                if is_sharded_checkpoint(path)]
+    complete = [
+        path for path in target.parent.glob(f".{glob.escape(target.name)}.*.tmp") if is_sharded_checkpoint(path)
+    ]
     return max(complete, key=lambda path: (path / SHARDED_META).stat().st_mtime, default=None)
 
 
@@ -205,10 +225,12 @@ class AtomicFSDPStrategy(FSDPStrategy):
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         staging = Path(self.broadcast(staging))
-        state = {"model": checkpoint.pop("state_dict"),
-                 **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))}}
+        state = {
+            "model": checkpoint.pop("state_dict"),
+            **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))},
+        }
         try:
-            save(state, checkpoint_id=staging)   # returns once every rank's shard and `.metadata` are on disk
+            save(state, checkpoint_id=staging)  # returns once every rank's shard and `.metadata` are on disk
             if self.is_global_zero:
                 _save_atomically(checkpoint, staging / SHARDED_META)
                 _swap_in(staging, target)
@@ -227,8 +249,9 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
     stale = [path for path in found if path != interrupted_swap(folder / path.name[1:].rsplit(".", 2)[0])]
     for path in stale:
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-        log.warning("removing %s (%.2f GiB): what a checkpoint save that was interrupted had written", path,
-                    size / 2**30)
+        log.warning(
+            "removing %s (%.2f GiB): what a checkpoint save that was interrupted had written", path, size / 2**30
+        )
         _remove(path)
     return stale
 
@@ -245,14 +268,20 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         loaded: dict[str, Any] = {}
-        _load_state_dict(loaded, storage_reader=FileSystemReader(path),
-                         planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+        _load_state_dict(
+            loaded,
+            storage_reader=FileSystemReader(path),
+            planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+            no_dist=True,
+        )
         state = loaded["model"]
     elif path.is_file():
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("state_dict", {})
     else:
-        raise FileNotFoundError(f"no checkpoint at {path}: a tokenrl checkpoint is a .ckpt file or a sharded "
-                                f"checkpoint's folder holding {SHARDED_META} (logs/train/runs/<time>/checkpoints/)")
+        raise FileNotFoundError(
+            f"no checkpoint at {path}: a tokenrl checkpoint is a .ckpt file or a sharded "
+            f"checkpoint's folder holding {SHARDED_META} (logs/train/runs/<time>/checkpoints/)"
+        )
     policy = {key.removeprefix("policy."): value for key, value in state.items() if key.startswith("policy.")}
     if not policy:
         raise ValueError(f"{path} holds no `policy.*` weights: is it a tokenrl training checkpoint?")
@@ -265,12 +294,16 @@ def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: 
     that is the base they were trained on; a checkpoint of another model (other shapes) is refused the same way."""
     path = Path(path)
     weights = policy_state_dict(path)
-    meta = torch.load(path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True,
-                      mmap=path.is_file())
+    meta = torch.load(
+        path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True, mmap=path.is_file()
+    )
     state = with_base(model, weights, meta.get("tokenrl", {}).get("base"), model_cfg, seed, path)
-    mismatch = checkpoint_mismatch(path, {key: value.shape for key, value in state.items()},
-                                   {key: value.shape for key, value in model.state_dict().items()},
-                                   "evaluate it with the model it was trained with (its run's model.*)")
+    mismatch = checkpoint_mismatch(
+        path,
+        {key: value.shape for key, value in state.items()},
+        {key: value.shape for key, value in model.state_dict().items()},
+        "evaluate it with the model it was trained with (its run's model.*)",
+    )
     if mismatch is not None:
         raise mismatch
     model.load_state_dict(state)
@@ -282,12 +315,20 @@ class RunCheckpoint(ModelCheckpoint):
     (`save_last_now`, a preemption). Never `last-v1.ckpt`: the run's `last.ckpt` is overwritten in place."""
 
     def __init__(self, dirpath: str | Path, every_n_steps: int, monitor: str, mode: str) -> None:
-        super().__init__(dirpath=dirpath, filename="step{step:04d}", auto_insert_metric_name=False, save_last=True,
-                         save_top_k=1, monitor=monitor, mode=mode, every_n_train_steps=every_n_steps,
-                         enable_version_counter=False)
+        super().__init__(
+            dirpath=dirpath,
+            filename="step{step:04d}",
+            auto_insert_metric_name=False,
+            save_last=True,
+            save_top_k=1,
+            monitor=monitor,
+            mode=mode,
+            every_n_train_steps=every_n_steps,
+            enable_version_counter=False,
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._last_global_step_saved != trainer.global_step:   # the final state is not on disk yet
+        if self._last_global_step_saved != trainer.global_step:  # the final state is not on disk yet
             self.save_last_now(trainer)
 
     def save_last_now(self, trainer: L.Trainer) -> Path:
@@ -301,8 +342,8 @@ class AdapterCheckpoints:
     the frozen base's reference (models/base_weights.py), on every strategy (FSDP's sharded state too); loading fills
     the base back from the module's own, after checking it is the base the adapters were trained on."""
 
-    base: dict[str, Any] | None = None   # the frozen base's reference; None: not a LoRA run
-    trained: frozenset[str] = frozenset()   # the state-dict keys that train, the only ones checkpoints hold
+    base: dict[str, Any] | None = None  # the frozen base's reference; None: not a LoRA run
+    trained: frozenset[str] = frozenset()  # the state-dict keys that train, the only ones checkpoints hold
 
     def remember_base(self, policy: torch.nn.Module, model_cfg: dict[str, Any], seed: int) -> None:
         """Record a LoRA `policy`'s base and its adapters' names (before any sharding); nothing without LoRA."""
@@ -316,13 +357,13 @@ class AdapterCheckpoints:
         if self.base is None:
             return state
         prefix = kwargs.get("prefix", "")
-        frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix):] not in self.trained]
+        frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix) :] not in self.trained]
         for key in frozen:
             del state[key]
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        if self.base is not None:   # the frozen entries a LoRA checkpoint leaves out are the module's own
+        if self.base is not None:  # the frozen entries a LoRA checkpoint leaves out are the module's own
             state_dict = {**super().state_dict(), **state_dict}
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -334,6 +375,6 @@ class AdapterCheckpoints:
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
         saved = checkpoint["tokenrl"].get("base")
-        if saved is not None:   # a LoRA checkpoint (the path is for the message; restored outside a fit, none)
+        if saved is not None:  # a LoRA checkpoint (the path is for the message; restored outside a fit, none)
             check_base(saved, self.base, self._trainer.ckpt_path if self._trainer is not None else "the checkpoint")
         super().on_load_checkpoint(checkpoint)

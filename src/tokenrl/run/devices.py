@@ -8,6 +8,7 @@ device (`torch.accelerator.set_device_index`), away from a trainer on GPU k. vLL
 which Lightning, vLLM and every library call device 0. Several devices (DDP/FSDP) are left alone: each rank's engine
 is placed on its own device (`EnginePlacement` in rollout/vllm_engine.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,12 +52,13 @@ def narrowed(environ: Mapping[str, str], accelerator: str, devices: Any) -> tupl
     if str(accelerator) not in GPU_ACCELERATORS or indices is None or len(indices) != 1 or indices[0] == 0:
         return dict(environ), devices
     k = indices[0]
-    visible = [entry.strip() for entry in environ[VISIBLE].split(",") if entry.strip()] if VISIBLE in environ \
-        else None
+    visible = [entry.strip() for entry in environ[VISIBLE].split(",") if entry.strip()] if VISIBLE in environ else None
     if visible is not None and k >= len(visible):
-        raise ValueError(f"trainer.devices=[{k}] asks for visible GPU {k}, and {VISIBLE}={environ[VISIBLE]} makes "
-                         f"{len(visible)} visible (a sweep slot of launcher=local gets hydra.launcher.gpus_per_job "
-                         f"of them); use trainer.devices=1 for the first visible GPU, or an index below {len(visible)}")
+        raise ValueError(
+            f"trainer.devices=[{k}] asks for visible GPU {k}, and {VISIBLE}={environ[VISIBLE]} makes "
+            f"{len(visible)} visible (a sweep slot of launcher=local gets hydra.launcher.gpus_per_job "
+            f"of them); use trainer.devices=1 for the first visible GPU, or an index below {len(visible)}"
+        )
     return {**environ, VISIBLE: visible[k] if visible is not None else str(k)}, [0]
 
 
@@ -71,6 +73,11 @@ def narrow_to_trainer_gpu(cfg: DictConfig) -> None:
     os.environ[VISIBLE] = environ[VISIBLE]
     cfg.trainer.devices = new_devices
     shown = OmegaConf.to_container(devices) if isinstance(devices, ListConfig) else devices
-    log.info("trainer.devices=%s: this one-process run sees only that GPU (%s=%s%s) as trainer.devices=[0], so a vLLM "
-             "engine, which takes device 0 of its process, shares the trainer's GPU", shown, VISIBLE,
-             environ[VISIBLE], f", from {before}" if before is not None else "")
+    log.info(
+        "trainer.devices=%s: this one-process run sees only that GPU (%s=%s%s) as trainer.devices=[0], so a vLLM "
+        "engine, which takes device 0 of its process, shares the trainer's GPU",
+        shown,
+        VISIBLE,
+        environ[VISIBLE],
+        f", from {before}" if before is not None else "",
+    )

@@ -1,6 +1,7 @@
 """The update loop (step/update.py) under Lightning: its `Backend` (log-probs through the module's policy passes,
 manual backward with DDP's all-reduce on the last micro-batch only, FSDP-aware clipping, loss normalisers and
 selection thresholds counted over all ranks) and the module's update with its optimizer and lr schedule."""
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -21,11 +22,16 @@ def lightning_backend(module: Any, optimizer: Any) -> Backend:
     """The backend of `module` (a `GRPOModule` inside `training_step`) and its Lightning `optimizer`; the gradients are
     zeroed first."""
     optimizer.zero_grad()
-    return Backend(forward=module.passes.update_forward, backward=partial(backward, module),
-                   scale_gradients=partial(scale_gradients, module), optimizer_step=partial(optimizer_step, module, optimizer),
-                   current_stats=partial(module.passes.statistics, with_js=False),
-                   reduce_normalizer=partial(global_loss_normalizer, device=module.device),
-                   gather=partial(gather_variable, device=module.device), rank=module.global_rank)
+    return Backend(
+        forward=module.passes.update_forward,
+        backward=partial(backward, module),
+        scale_gradients=partial(scale_gradients, module),
+        optimizer_step=partial(optimizer_step, module, optimizer),
+        current_stats=partial(module.passes.statistics, with_js=False),
+        reduce_normalizer=partial(global_loss_normalizer, device=module.device),
+        gather=partial(gather_variable, device=module.device),
+        rank=module.global_rank,
+    )
 
 
 def lightning_update(module: Any, train: TrainBatch) -> tuple[float, UpdateResult]:
@@ -34,9 +40,16 @@ def lightning_update(module: Any, train: TrainBatch) -> tuple[float, UpdateResul
     optimizer, scheduler = module.optimizers(), module.lr_schedulers()
     lr = optimizer.param_groups[0]["lr"]
     shuffle = torch.Generator().manual_seed(derived_seed(module.seed, "shuffle", module.rollout_step))
-    result = ppo_update(train, module.selector, module.cfg, lightning_backend(module, optimizer), shuffle,
-                        by_length=module.fast_path.pack, entropy_coef=module.entropy_control.alpha,
-                        with_js=module.with_js)
+    result = ppo_update(
+        train,
+        module.selector,
+        module.cfg,
+        lightning_backend(module, optimizer),
+        shuffle,
+        by_length=module.fast_path.pack,
+        entropy_coef=module.entropy_control.alpha,
+        with_js=module.with_js,
+    )
     module.optimizer_steps += result.optimizer_steps
     if scheduler is not None:
         scheduler.step()

@@ -1,10 +1,11 @@
-"""The memory a run will need, per phase of a rollout step, before anything loads: printed at start-up and by the doctor;
-a plan that exceeds the device stops the run with its table instead of failing in step one.
+"""The memory a run will need, per phase of a rollout step, before anything loads: printed at start-up and by the
+doctor; a plan that exceeds the device stops the run with its table instead of failing in step one.
 
 Worst case by construction: every response runs to `rollout.max_new_tokens` and every prompt is as long as the
 longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). With the shared-prefix layout
-(fast_path.shared_prefix, no gradient checkpointing, no FSDP) the update encodes each group's prompt once. Per component (bytes; P parameters, T trainable, L layers, h hidden, i intermediate,
-kv = key/value width, V vocabulary, b the activations' bytes per element):
+(fast_path.shared_prefix, no gradient checkpointing, no FSDP) the update encodes each group's prompt once. Per component
+(bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv = key/value width, V vocabulary, b the
+activations' bytes per element):
 - weights P·dtype, gradients T·dtype, AdamW's two moments 2·T·dtype (ZeRO, arXiv 1910.02054, §3.1), the frozen
   reference P·reference_dtype when a KL term is on (LoRA: none, the policy with adapters off);
 - the update's activations per micro-batch token and layer: (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for
@@ -18,15 +19,17 @@ kv = key/value width, V vocabulary, b the activations' bytes per element):
   GPU there);
 - the process itself (`BASELINE_GIB`: torch, transformers, Lightning and their libraries, measured here).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 GIB = 2**30
-BASELINE_GIB = {"cpu": 0.55, "cuda": 0.6}   # an idle process with the stack imported (host RSS; GPU: CUDA context)
+BASELINE_GIB = {"cpu": 0.55, "cuda": 0.6}  # an idle process with the stack imported (host RSS; GPU: CUDA context)
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
 
 
@@ -61,8 +64,10 @@ class MemoryPlan:
     def table(self) -> str:
         components = list(dict.fromkeys(key for parts in self.phases.values() for key in parts))
         head = f"{'GiB':<22}" + "".join(f"{name:>12}" for name in self.phases)
-        rows = [f"{key:<22}" + "".join(f"{parts.get(key, 0.0):>12.2f}" for parts in self.phases.values())
-                for key in components]
+        rows = [
+            f"{key:<22}" + "".join(f"{parts.get(key, 0.0):>12.2f}" for parts in self.phases.values())
+            for key in components
+        ]
         total = f"{'total':<22}" + "".join(f"{sum(parts.values()):>12.2f}" for parts in self.phases.values())
         name, peak = self.peak()
         capacity = f"{self.capacity_gib:.1f} GiB" if self.capacity_gib is not None else "unknown"
@@ -70,8 +75,13 @@ class MemoryPlan:
 
     def as_dict(self) -> dict[str, Any]:
         name, peak = self.peak()
-        return {"device": self.device, "capacity_gib": self.capacity_gib, "peak_phase": name, "peak_gib": peak,
-                "phases": self.phases}
+        return {
+            "device": self.device,
+            "capacity_gib": self.capacity_gib,
+            "peak_phase": name,
+            "peak_gib": peak,
+            "phases": self.phases,
+        }
 
 
 def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
@@ -84,7 +94,7 @@ def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
         arch = dict(model_cfg["architecture"])
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     else:
-        config = _load_pretrained(model_cfg["source"], AutoConfig)   # offline: the same error as the model's load
+        config = _load_pretrained(model_cfg["source"], AutoConfig)  # offline: the same error as the model's load
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -97,19 +107,31 @@ def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return Shape(parameters, trainable, config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                 kv_heads * head_dim, config.vocab_size)
+    return Shape(
+        parameters,
+        trainable,
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.intermediate_size,
+        kv_heads * head_dim,
+        config.vocab_size,
+    )
 
 
-def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capacity_gib: float | None = None,
-                prompt_tokens: int | None = None) -> MemoryPlan:
+def plan_memory(
+    cfg: Mapping[str, Any],
+    shape: Shape,
+    device: str = "cpu",
+    capacity_gib: float | None = None,
+    prompt_tokens: int | None = None,
+) -> MemoryPlan:
     """The plan of the composed train config `cfg` (a resolved container) for `shape` on `device`, with prompts of
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
-    from tokenrl.step.fast_path import FastPath   # the run's own rule for `fast_path.shared_prefix: auto`
+    from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.shared_prefix: auto`
 
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
-    mixed = "16" in str(cfg["trainer"].get("precision", ""))   # bf16-mixed, 16-mixed: activations in 16 bits
+    mixed = "16" in str(cfg["trainer"].get("precision", ""))  # bf16-mixed, 16-mixed: activations in 16 bits
     act_bytes = 2 if mixed else weight_bytes
     rows = int(algorithm["prompts_per_step"]) * int(algorithm["group_size"])
     micro = min(int(algorithm["micro_batch_size"]), rows)
@@ -120,27 +142,36 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
     uses_reference = float(algorithm["kl_coef"]) > 0 and not model.get("lora")
     reference_bytes = DTYPE_BYTES[model.get("reference_dtype") or model["dtype"]]
 
-    resident = {"policy weights": shape.parameters * weight_bytes / GIB,
-                "optimizer state": moments * shape.trainable * weight_bytes / GIB,
-                "reference": (shape.parameters * reference_bytes if uses_reference else 0) / GIB,
-                "process": BASELINE_GIB["cuda" if device.startswith("cuda") else "cpu"]}
-    asleep = {}   # what the engine holds while the trainer computes: nothing when it sleeps (GPU sleep mode)
+    resident = {
+        "policy weights": shape.parameters * weight_bytes / GIB,
+        "optimizer state": moments * shape.trainable * weight_bytes / GIB,
+        "reference": (shape.parameters * reference_bytes if uses_reference else 0) / GIB,
+        "process": BASELINE_GIB["cuda" if device.startswith("cuda") else "cpu"],
+    }
+    asleep = {}  # what the engine holds while the trainer computes: nothing when it sleeps (GPU sleep mode)
     if rollout["engine"] == "vllm":
         engine_weights = shape.parameters * DTYPE_BYTES[str(rollout["dtype"])] / GIB
         on_gpu = device.startswith("cuda")
-        kv = (float(rollout["gpu_memory_utilization"]) * capacity_gib - engine_weights
-              if on_gpu and capacity_gib else float(rollout["kv_cache_gib"]))
+        kv = (
+            float(rollout["gpu_memory_utilization"]) * capacity_gib - engine_weights
+            if on_gpu and capacity_gib
+            else float(rollout["kv_cache_gib"])
+        )
         generation = {"engine weights + KV": engine_weights + max(kv, 0.0)}
         if not (on_gpu and int(rollout.get("sleep_level", 0)) > 0):
             asleep = dict(generation)
     else:
         kv_per_token = 2 * shape.layers * shape.kv_width * weight_bytes
-        generation = {"KV cache": rows * (prompt + response) * kv_per_token / GIB,
-                      "logits": rows * shape.vocab * 4 / GIB}
+        generation = {
+            "KV cache": rows * (prompt + response) * kv_per_token / GIB,
+            "logits": rows * shape.vocab * 4 / GIB,
+        }
 
-    shared = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).shared_prefix \
-        and not model.get("gradient_checkpointing") \
+    shared = (
+        FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).shared_prefix
+        and not model.get("gradient_checkpointing")
         and "fsdp" not in str(cfg["trainer"].get("strategy", ""))
+    )
     groups = max(1, micro // int(algorithm["group_size"])) if shared else micro
     tokens = groups * prompt + micro * response
     per_layer = (8 * shape.hidden + 2 * shape.kv_width + 5 * shape.intermediate) * act_bytes
@@ -148,13 +179,19 @@ def plan_memory(cfg: Mapping[str, Any], shape: Shape, device: str = "cpu", capac
         activations = tokens * (shape.layers * shape.hidden * act_bytes + per_layer)
     else:
         activations = tokens * shape.layers * per_layer
-    update = {"gradients": shape.trainable * weight_bytes / GIB, "activations": activations / GIB,
-              "logits": 3 * micro * response * shape.vocab * 4 / GIB}
+    update = {
+        "gradients": shape.trainable * weight_bytes / GIB,
+        "activations": activations / GIB,
+        "logits": 3 * micro * response * shape.vocab * 4 / GIB,
+    }
     chunk = min(int(model["stats_chunk_size"]), micro * response)
     statistics = {"logits": 4 * chunk * shape.vocab * 4 / GIB, "hidden states": tokens * shape.hidden * act_bytes / GIB}
     plan = MemoryPlan(device, capacity_gib)
-    plan.phases = {"generate": {**resident, **generation}, "statistics": {**resident, **asleep, **statistics},
-                   "update": {**resident, **asleep, **update}}
+    plan.phases = {
+        "generate": {**resident, **generation},
+        "statistics": {**resident, **asleep, **statistics},
+        "update": {**resident, **asleep, **update},
+    }
     return plan
 
 

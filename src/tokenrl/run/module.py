@@ -1,16 +1,19 @@
 """`GRPOModule`: the Lightning hooks and the order of a rollout step's phases (math: docs/algorithms.md §1.2–1.4).
-1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its memory);
+1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its
+   memory);
 2. advantages, π_old's statistics (or, where exact, from the update's own forward: `fast_path.fused_statistics`) and
    the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) with the
    Lightning backend (run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step boundary.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import warnings
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import lightning as L
 import torch
@@ -18,22 +21,22 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import needs_js
-from tokenrl.run.checkpointing import AdapterCheckpoints
 from tokenrl.data.datamodule import PromptBatch
-from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
-from tokenrl.run.lightning_backend import lightning_update
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
-from tokenrl.run.preemption import PreemptionWatch
+from tokenrl.observe.diagnostics import selection_diagnostics
+from tokenrl.observe.samples import SampleWriter
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
+from tokenrl.run.checkpointing import AdapterCheckpoints
+from tokenrl.run.lightning_backend import lightning_update
+from tokenrl.run.preemption import PreemptionWatch
 from tokenrl.run.run_state import RunState
-from tokenrl.observe.samples import SampleWriter
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.entropy_control import EntropyControl
 from tokenrl.step.fast_path import FastPath, UpdatePath
@@ -50,15 +53,27 @@ log = logging.getLogger(__name__)
 class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     """GRPO over a causal-LM policy with a pluggable `TokenSelector`."""
 
-    _update = lightning_update   # the step's PPO update (a method: tests wrap it to capture the step's TrainBatch)
+    _update = lightning_update  # the step's PPO update (a method: tests wrap it to capture the step's TrainBatch)
 
-    def __init__(self, model: Mapping[str, Any], algorithm: Mapping[str, Any], rollout: Mapping[str, Any],
-                 selector: TokenSelector, tokenizer: PreTrainedTokenizerBase,
-                 optimizer: Callable[..., torch.optim.Optimizer], seed: int = 0,
-                 reward_timeout_s: float = 5.0, js_diagnostics: bool = False,
-                 validator: Validator | None = None, val_every_n_steps: int = 0, total_steps: int = 0,
-                 sample_writer: SampleWriter | None = None, fast_path: FastPath = FastPath(),
-                 preemption: PreemptionWatch | None = None, fork_marker: ForkMarker | None = None) -> None:
+    def __init__(
+        self,
+        model: Mapping[str, Any],
+        algorithm: Mapping[str, Any],
+        rollout: Mapping[str, Any],
+        selector: TokenSelector,
+        tokenizer: PreTrainedTokenizerBase,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        seed: int = 0,
+        reward_timeout_s: float = 5.0,
+        js_diagnostics: bool = False,
+        validator: Validator | None = None,
+        val_every_n_steps: int = 0,
+        total_steps: int = 0,
+        sample_writer: SampleWriter | None = None,
+        fast_path: FastPath | None = None,
+        preemption: PreemptionWatch | None = None,
+        fork_marker: ForkMarker | None = None,
+    ) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
@@ -67,16 +82,18 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
         self.with_js = needs_js(selector.requires, type(selector).__name__, js_diagnostics)
         self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.group_size)
-        self.collector = RolloutCollector(self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed,
-                                          tokenizer.pad_token_id, fork_marker)
+        self.collector = RolloutCollector(
+            self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed, tokenizer.pad_token_id, fork_marker
+        )
         self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
-        self.sample_writer, self.seed, self.fast_path = sample_writer, seed, fast_path
-        self.preemption = preemption or PreemptionWatch()   # a signal stops the run at the step's next safe point
-        self.policy: torch.nn.Module | None = None   # the causal LM; under FSDP its root unit (models/sharding.py)
-        self._reference: list[torch.nn.Module] = []   # a list keeps the frozen copy out of state_dict
+        self.sample_writer, self.seed = sample_writer, seed
+        self.fast_path = fast_path if fast_path is not None else FastPath()  # None: every shortcut on
+        self.preemption = preemption or PreemptionWatch()  # a signal stops the run at the step's next safe point
+        self.policy: torch.nn.Module | None = None  # the causal LM; under FSDP its root unit (models/sharding.py)
+        self._reference: list[torch.nn.Module] = []  # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
-        self.last_validation: dict[str, float] = {}   # the latest held-out metrics (val/*)
-        self.init_run_state()   # step counters, reward history, refill position, the step boundary (run/run_state.py)
+        self.last_validation: dict[str, float] = {}  # the latest held-out metrics (val/*)
+        self.init_run_state()  # step counters, reward history, refill position, the step boundary (run/run_state.py)
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
@@ -85,39 +102,55 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         if self.policy is not None:
             return
         policy = build_model(self.model_cfg, seed=self.seed).train()
-        self.remember_base(policy, self.model_cfg, self.seed)   # LoRA: checkpoints hold the adapters alone
-        references = ([build_reference(policy, self.model_cfg.get("reference_dtype"))]
-                      if self.cfg.uses_reference and not self.model_cfg.get("lora") else [])
+        self.remember_base(policy, self.model_cfg, self.seed)  # LoRA: checkpoints hold the adapters alone
+        references = (
+            [build_reference(policy, self.model_cfg.get("reference_dtype"))]
+            if self.cfg.uses_reference and not self.model_cfg.get("lora")
+            else []
+        )
         strategy = self._trainer.strategy if self._trainer is not None else None
         policy, *references = shard_under(strategy, [policy, *references])
         self.policy, self._reference = policy, references
         self.update_path = UpdatePath.of(self.fast_path, policy)
-        self.passes = self.update_path.policy_passes(policy, references[0] if references else None,
-                                                     self.sampling.temperature, self.cfg.micro_batch_size,
-                                                     int(self.model_cfg["stats_chunk_size"]), self.with_js,
-                                                     self.selector.js_peers)
+        self.passes = self.update_path.policy_passes(
+            policy,
+            references[0] if references else None,
+            self.sampling.temperature,
+            self.cfg.micro_batch_size,
+            int(self.model_cfg["stats_chunk_size"]),
+            self.with_js,
+            self.selector.js_peers,
+        )
 
     def on_fit_start(self) -> None:
         if self.cfg.filter_groups is not None:
             self.collector.check_sizes(self.global_rank, self.trainer.world_size)
-        for reference in (r for r in self._reference if not is_sharded(r)):   # FSDP placed a sharded one
+        for reference in (r for r in self._reference if not is_sharded(r)):  # FSDP placed a sharded one
             reference.to(self.device)
         log.info("building the %s rollout engine", self.rollout_cfg["engine"])
-        self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, self.optimizer_steps,
-                                   interrupt=lambda: self.preemption.requested)
+        self.engine = build_engine(
+            self.rollout_cfg,
+            self.policy,
+            self.tokenizer,
+            self.optimizer_steps,
+            interrupt=lambda: self.preemption.requested,
+        )
 
     def on_train_start(self) -> None:
-        """Under FSDP Lightning restores a checkpoint after `on_fit_start` (`restore_checkpoint_after_setup`): the engine
-        built there serves the weights from before the restore, so it is synced here to the restored ones."""
+        """Under FSDP Lightning restores a checkpoint after `on_fit_start` (`restore_checkpoint_after_setup`): the
+        engine built there serves the weights from before the restore, so it is synced here to the restored ones."""
         if self.engine.weights_version != self.optimizer_steps:
             self.engine.sync_weights(self.policy, self.optimizer_steps)
         self.mark_step_boundary()
         if self.global_rank == 0:
-            log.info("starting step %d/%d (a validation first when one is due; a line follows each step)",
-                     self.rollout_step + 1, self.total_steps)
+            log.info(
+                "starting step %d/%d (a validation first when one is due; a line follows each step)",
+                self.rollout_step + 1,
+                self.total_steps,
+            )
 
     def on_train_epoch_end(self) -> None:
-        self.trainer.should_stop = True   # one pass over the prompt schedule is the run (train.py: max_epochs=-1)
+        self.trainer.should_stop = True  # one pass over the prompt schedule is the run (train.py: max_epochs=-1)
 
     def on_fit_end(self) -> None:
         self.collector.scorer.close()
@@ -141,20 +174,30 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self.check_preempted()
         timer = StepTimer()
         who = Generation(self.rollout_step, self.optimizer_steps, self.global_rank, self.trainer.world_size)
-        scored, sampling_metrics = self.collector.collect(self.engine, batch, who, timer, self._refill,
-                                                          self._everyone, self.engine_context)
+        scored, sampling_metrics = self.collector.collect(
+            self.engine, batch, who, timer, self._refill, self._everyone, self.engine_context
+        )
         with timer("generate"):
             self.engine.sleep()
-        self.check_preempted()   # safe: nothing of this step is applied yet (the engine wakes at the next generate)
+        self.check_preempted()  # safe: nothing of this step is applied yet (the engine wakes at the next generate)
         fused = self.fused_statistics(len(scored.rollouts.texts))
         with timer("statistics"):
-            train = TrainBatch.assemble(self.rollout_step, scored.rollouts, scored.scores, scored.rewards, self.cfg,
-                                        self.passes, fused, self.global_rank * len(scored.rollouts.texts), scored.forks)
-        entropy_coef = self.entropy_control.alpha   # this step's α (the update reads the same)
-        self.check_preempted()   # the last safe point: an update that has begun runs to its end
+            train = TrainBatch.assemble(
+                self.rollout_step,
+                scored.rollouts,
+                scored.scores,
+                scored.rewards,
+                self.cfg,
+                self.passes,
+                fused,
+                self.global_rank * len(scored.rollouts.texts),
+                scored.forks,
+            )
+        entropy_coef = self.entropy_control.alpha  # this step's α (the update reads the same)
+        self.check_preempted()  # the last safe point: an update that has begun runs to its end
         with timer("update"):
             lr, update = self._update(train)
-        train = dataclasses.replace(train, stats=update.stats) if fused else train   # the update's statistics
+        train = dataclasses.replace(train, stats=update.stats) if fused else train  # the update's statistics
         if self.cfg.entropy_target is not None:
             self.entropy_control.observe(train.mean_entropy(self.device))
         with timer("sync"):
@@ -162,27 +205,42 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self.rollout_step += 1
         self.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
         whole = train.whole_view(self.device, self.global_rank)
-        metrics = {**step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
-                   "train/fused_statistics": float(fused), "train/entropy_coef": entropy_coef,
-                   **selection_diagnostics(update.first_epoch_weights, whole, train.forks)}
-        shown = {"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}   # the progress bar's
+        metrics = {
+            **step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
+            "train/fused_statistics": float(fused),
+            "train/entropy_coef": entropy_coef,
+            **selection_diagnostics(update.first_epoch_weights, whole, train.forks),
+        }
+        shown = {"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}  # the progress bar's
         for values, logged in ((metrics, True), (shown, False)):
-            self.log_dict(values, prog_bar=not logged, logger=logged, on_step=True, on_epoch=False,
-                          sync_dist=self.trainer.world_size > 1, batch_size=train.size)
+            self.log_dict(
+                values,
+                prog_bar=not logged,
+                logger=logged,
+                on_step=True,
+                on_epoch=False,
+                sync_dist=self.trainer.world_size > 1,
+                batch_size=train.size,
+            )
         if self.sample_writer is not None:
             self.sample_writer.record(train, update, whole, self.global_rank)
         self.mark_step_boundary()
 
     def fused_statistics(self, rows: int) -> bool:
         """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
-        return self.update_path.fused_statistics(self.cfg, self.selector, self.with_js, rows,
-                                                 log if self.global_rank == 0 else None)
+        return self.update_path.fused_statistics(
+            self.cfg, self.selector, self.with_js, rows, log if self.global_rank == 0 else None
+        )
 
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""
-        prompts = self.trainer.datamodule.refill_prompts(self.rollout_step, self.refill_position,
-                                                         self.cfg.gen_prompts_per_step, self.global_rank,
-                                                         self.trainer.world_size)
+        prompts = self.trainer.datamodule.refill_prompts(
+            self.rollout_step,
+            self.refill_position,
+            self.cfg.gen_prompts_per_step,
+            self.global_rank,
+            self.trainer.world_size,
+        )
         self.refill_position += self.cfg.gen_prompts_per_step
         return prompts
 

@@ -9,6 +9,7 @@ half-undone), then the run stops before the next step. With several ranks every 
 (`GRPOModule.check_preempted` asks all of them), though the signal may reach only one. A signal's previous handler
 (submitit's requeue on a SLURM job) runs after the checkpoint is written, so a requeued job finds it (`ckpt_path=auto`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,8 +46,9 @@ class PreemptionWatch(L.Callback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum, self.received_at = signum, time.monotonic()
-            log.warning("received %s: stopping at the next safe point and writing last.ckpt",
-                        signal.Signals(signum).name)
+            log.warning(
+                "received %s: stopping at the next safe point and writing last.ckpt", signal.Signals(signum).name
+            )
 
     @property
     def requested(self) -> bool:
@@ -59,7 +61,7 @@ class PreemptionWatch(L.Callback):
             raise Preempted(self.signum or signal.SIGTERM)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.previous = {signum: signal.getsignal(signum) for signum in self.signals}   # before Lightning's
+        self.previous = {signum: signal.getsignal(signum) for signum in self.signals}  # before Lightning's
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Installed after Lightning's own handlers (registered just before training starts), which would end the
@@ -78,18 +80,22 @@ class PreemptionWatch(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, Preempted):
-            self.restore()   # a crash: the handlers from before the fit, nothing to save here
+            self.restore()  # a crash: the handlers from before the fit, nothing to save here
             return
         checkpoint = trainer.checkpoint_callback
         if checkpoint is not None and hasattr(checkpoint, "save_last_now"):
             self.saved = str(checkpoint.save_last_now(trainer))
-            if self.requested:   # the rank the signal reached (others stopped with it)
-                log.warning("preempted: wrote %s (the state after step %d) %.1f s after the signal", self.saved,
-                            pl_module.rollout_step, time.monotonic() - self.received_at)
+            if self.requested:  # the rank the signal reached (others stopped with it)
+                log.warning(
+                    "preempted: wrote %s (the state after step %d) %.1f s after the signal",
+                    self.saved,
+                    pl_module.rollout_step,
+                    time.monotonic() - self.received_at,
+                )
         elif self.requested:
             log.warning("preempted at step %d; checkpointing is off, nothing was saved", pl_module.rollout_step)
         previous = self.previous.get(exception.signum)
         self.restore()
         if callable(previous):
-            previous(exception.signum, None)   # the handler from before the fit (submitit's requeue), now that the
-                                               # checkpoint exists
+            previous(exception.signum, None)  # the handler from before the fit (submitit's requeue), now that the
+            # checkpoint exists

@@ -11,6 +11,7 @@ shows nothing useful until the end. `ProgressLog` logs one INFO record per rollo
 `train/accuracy`, `train/entropy`, `select/fraction`, `time/<phase>`, read from `trainer.callback_metrics`: over all
 ranks under DDP); only rank 0 writes. On a terminal, `RolloutProgressBar` counts the same rollout steps with an ETA.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,12 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
-FIELDS = (("reward", "train/reward"), ("acc", "train/accuracy"), ("entropy", "train/entropy"),
-          ("selected", "select/fraction"))
+FIELDS = (
+    ("reward", "train/reward"),
+    ("acc", "train/accuracy"),
+    ("entropy", "train/entropy"),
+    ("selected", "select/fraction"),
+)
 
 
 class ProgressLog(L.Callback):
@@ -37,20 +42,27 @@ class ProgressLog(L.Callback):
         values = {key: float(value) for key, value in metrics.items()}
         parts = [f"step {step}/{self.total_steps}"]
         parts += [f"{name} {values[key]:.3f}" for name, key in FIELDS if key in values]
-        phases = ", ".join(f"{key.removeprefix('time/')} {seconds:.1f}" for key, seconds in values.items()
-                           if key.startswith("time/") and key not in ("time/step", "time/validate"))
+        phases = ", ".join(
+            f"{key.removeprefix('time/')} {seconds:.1f}"
+            for key, seconds in values.items()
+            if key.startswith("time/") and key not in ("time/step", "time/validate")
+        )
         total = values.get("time/step", math.nan)
         if phases or not math.isnan(total):
             parts.append(f"{total:.1f} s ({phases})" if phases else f"{total:.1f} s")
         return " | ".join(parts)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if not trainer.is_global_zero:
             return
         metrics = trainer.callback_metrics
-        step = int(metrics["train/rollout_step"]) if "train/rollout_step" in metrics else \
-            getattr(pl_module, "rollout_step", batch_idx + 1)
+        step = (
+            int(metrics["train/rollout_step"])
+            if "train/rollout_step" in metrics
+            else getattr(pl_module, "rollout_step", batch_idx + 1)
+        )
         log.info(self.line(metrics, step))
 
 

@@ -2,21 +2,23 @@
 resumed run in its original folder with one `metrics.csv`.
 
 `python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`config/command_line.py`
-adds `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the steps
-the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
+adds `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the
+steps the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
 from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job); when that
 `last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
 without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
 name (run/checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
 (`check_checkpoint_matches`).
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -61,25 +63,38 @@ def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_step
     path = Path(ckpt_path).expanduser()
     swapped = interrupted_swap(path)
     if swapped is not None:
-        log.warning("%s was being replaced when its run stopped: resuming from the new checkpoint, complete under its "
-                    "temporary name %s", path, swapped)
+        log.warning(
+            "%s was being replaced when its run stopped: resuming from the new checkpoint, complete under its "
+            "temporary name %s",
+            path,
+            swapped,
+        )
         path = swapped
     elif path.is_dir() and not is_sharded_checkpoint(path):
-        raise ValueError(f"ckpt_path={ckpt_path}: a folder without {SHARDED_META}, so not a complete sharded "
-                         "checkpoint (a save that was cut short?); resume from another checkpoint of the run")
+        raise ValueError(
+            f"ckpt_path={ckpt_path}: a folder without {SHARDED_META}, so not a complete sharded "
+            "checkpoint (a save that was cut short?); resume from another checkpoint of the run"
+        )
     elif not path.exists():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such file or folder (a run's checkpoints are in "
-                                "logs/train/runs/<time>/checkpoints/: last.ckpt, stepNNNN.ckpt)")
+        raise FileNotFoundError(
+            f"ckpt_path={ckpt_path}: no such file or folder (a run's checkpoints are in "
+            "logs/train/runs/<time>/checkpoints/: last.ckpt, stepNNNN.ckpt)"
+        )
     step = checkpoint_step(path)
     if step >= total_steps and auto:
         summary_path = Path(output_dir) / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         where = f"its summary: {summary_path}" if summary else f"it stopped before writing {summary_path}"
-        raise RunComplete(f"ckpt_path=auto: the run is already complete, nothing to train ({path} holds {step} of "
-                          f"total_steps={total_steps} rollout steps; {where})", summary)
-    if step >= total_steps:   # an explicit checkpoint: the user's mistake
-        raise ValueError(f"ckpt_path={ckpt_path} holds {step} rollout steps and total_steps={total_steps}: nothing is "
-                         f"left to train; set total_steps above {step} to continue training")
+        raise RunComplete(
+            f"ckpt_path=auto: the run is already complete, nothing to train ({path} holds {step} of "
+            f"total_steps={total_steps} rollout steps; {where})",
+            summary,
+        )
+    if step >= total_steps:  # an explicit checkpoint: the user's mistake
+        raise ValueError(
+            f"ckpt_path={ckpt_path} holds {step} rollout steps and total_steps={total_steps}: nothing is "
+            f"left to train; set total_steps above {step} to continue training"
+        )
     log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
     return str(path), step
 
@@ -92,13 +107,17 @@ def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
         from torch.distributed.checkpoint import FileSystemReader
 
         index = FileSystemReader(path).read_metadata().state_dict_metadata
-        shapes = {key.removeprefix("model."): list(item.size) for key, item in index.items()
-                  if key.startswith("model.policy.")}
+        shapes = {
+            key.removeprefix("model."): list(item.size)
+            for key, item in index.items()
+            if key.startswith("model.policy.")
+        }
         meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
     else:
         meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        shapes = {key: list(value.shape) for key, value in meta.get("state_dict", {}).items()
-                  if key.startswith("policy.")}
+        shapes = {
+            key: list(value.shape) for key, value in meta.get("state_dict", {}).items() if key.startswith("policy.")
+        }
     return shapes, meta.get("tokenrl", {}).get("base") is None
 
 
@@ -127,8 +146,9 @@ def check_checkpoint_matches(path: str | Path, model_cfg: Mapping[str, Any]) -> 
     """Raise ValueError (one line naming `path`, how many weights differ and one of them) unless the checkpoint at
     `path` holds weights of the shapes the model of `model_cfg` has."""
     saved, complete = checkpoint_shapes(path)
-    mismatch = checkpoint_mismatch(path, saved, policy_shapes(model_cfg), "resume with the model it was trained with",
-                                   complete)
+    mismatch = checkpoint_mismatch(
+        path, saved, policy_shapes(model_cfg), "resume with the model it was trained with", complete
+    )
     if mismatch is not None:
         raise mismatch
 
@@ -148,4 +168,5 @@ def kept_metric_rows(metrics_csv: str | Path, steps_done: int) -> list[dict[str,
         if row.get("val/at_step"):
             return float(row["val/at_step"]) < steps_done
         return True
+
     return [{key: value for key, value in row.items() if value != ""} for row in rows if kept(row)]

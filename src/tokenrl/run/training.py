@@ -1,5 +1,6 @@
 """One training run from a composed config: check it, build the policy, the data and the trainer, check the memory
 plan, fit (resuming where asked), write the summary and export the policy. `cli/train.py` is its command line."""
+
 from __future__ import annotations
 
 import json
@@ -17,24 +18,24 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
-from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
 from tokenrl.config.check import check_config
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
-from tokenrl.run.devices import narrow_to_trainer_gpu, runs_on_gpu
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.export.hf_folder import export_run
-from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.models import build_tokenizer
 from tokenrl.models.warmup import warmed_up
+from tokenrl.observe.samples import SampleWriter
+from tokenrl.rollout.fork_marks import ForkMarker
+from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
+from tokenrl.run.devices import narrow_to_trainer_gpu, runs_on_gpu
+from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.run.module import GRPOModule
 from tokenrl.run.preemption import Preempted, PreemptionWatch
 from tokenrl.run.progress import ProgressLog, RolloutProgressBar
 from tokenrl.run.resume import RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint
-from tokenrl.rollout.fork_marks import ForkMarker
-from tokenrl.observe.samples import SampleWriter
 from tokenrl.step.fast_path import FastPath
 
 log = logging.getLogger(__name__)
@@ -60,16 +61,16 @@ def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
     return sets
 
 
-def prepared_policy(model: dict[str, Any], task: Task, tokenizer: Any, formatter: PromptFormatter,
-                    cache_root: Path) -> dict[str, Any]:
+def prepared_policy(
+    model: dict[str, Any], task: Task, tokenizer: Any, formatter: PromptFormatter, cache_root: Path
+) -> dict[str, Any]:
     """The model config to train: a random policy of a task with a supervised warm-up (task=forks) points at the
     warmed-up folder (trained now or loaded from `paths.model_cache`, models/warmup.py); any other unchanged."""
     if task.warmup is None or model["init"] != "random":
         if task.warmup is not None:
             log.info("model.init=%s: the task's warm-up is for random policies and is skipped", model["init"])
         return model
-    return warmed_up(model, tokenizer, formatter, task.warmup_example, task.warmup, task.description(),
-                     cache_root)
+    return warmed_up(model, tokenizer, formatter, task.warmup_example, task.warmup, task.description(), cache_root)
 
 
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
@@ -77,36 +78,59 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     container = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")}
     tokenizer = build_tokenizer(container["model"])
     task = instantiate(cfg.task)
-    first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"   # dynamic sampling
-    datamodule = RolloutDataModule(task, prompts_per_step=cfg.algorithm[first_round],
-                                   total_steps=cfg.total_steps, seed=cfg.seed,
-                                   max_prompt_length=cfg.rollout.max_prompt_length,
-                                   size_field=f"algorithm.{first_round}")
+    first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"  # dynamic sampling
+    datamodule = RolloutDataModule(
+        task,
+        prompts_per_step=cfg.algorithm[first_round],
+        total_steps=cfg.total_steps,
+        seed=cfg.seed,
+        max_prompt_length=cfg.rollout.max_prompt_length,
+        size_field=f"algorithm.{first_round}",
+    )
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     datamodule.attach_formatter(formatter)
     container["model"] = prepared_policy(container["model"], task, tokenizer, formatter, Path(cfg.paths.model_cache))
     validator = None
     if cfg.validation.every_n_steps:
-        settings = EvalSettings(n_samples=cfg.validation.n_samples, ks=tuple(cfg.validation.ks),
-                                temperature=cfg.validation.temperature, top_p=cfg.validation.top_p,
-                                top_k=cfg.rollout.top_k,
-                                max_new_tokens=cfg.rollout.max_new_tokens,
-                                max_prompt_length=cfg.rollout.max_prompt_length,
-                                batch_prompts=cfg.validation.batch_prompts, seed=cfg.seed)
+        settings = EvalSettings(
+            n_samples=cfg.validation.n_samples,
+            ks=tuple(cfg.validation.ks),
+            temperature=cfg.validation.temperature,
+            top_p=cfg.validation.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            max_prompt_length=cfg.rollout.max_prompt_length,
+            batch_prompts=cfg.validation.batch_prompts,
+            seed=cfg.seed,
+        )
         validator = Validator(validation_sets(cfg, task), formatter, settings)
     selector = instantiate(cfg.selector)
-    sample_writer = SampleWriter(Path(cfg.paths.output_dir) / "samples", cfg.samples.every_n_steps, cfg.samples.rows,
-                                 tokenizer, selector_name=selector.name,
-                                 selector_ratio=getattr(selector, "ratio", None))
-    module = GRPOModule(model=container["model"], algorithm=container["algorithm"], rollout=container["rollout"],
-                        selector=selector, tokenizer=tokenizer,
-                        optimizer=instantiate(cfg.algorithm.optimizer), seed=cfg.seed,
-                        reward_timeout_s=cfg.reward_timeout_s, js_diagnostics=cfg.diagnostics.js,
-                        validator=validator, val_every_n_steps=cfg.validation.every_n_steps,
-                        total_steps=cfg.total_steps, sample_writer=sample_writer,
-                        fast_path=FastPath.from_node(cfg.get("fast_path"), on_gpu=runs_on_gpu(cfg)),
-                        preemption=PreemptionWatch(),
-                        fork_marker=ForkMarker(task.forks_of, tokenizer))
+    sample_writer = SampleWriter(
+        Path(cfg.paths.output_dir) / "samples",
+        cfg.samples.every_n_steps,
+        cfg.samples.rows,
+        tokenizer,
+        selector_name=selector.name,
+        selector_ratio=getattr(selector, "ratio", None),
+    )
+    module = GRPOModule(
+        model=container["model"],
+        algorithm=container["algorithm"],
+        rollout=container["rollout"],
+        selector=selector,
+        tokenizer=tokenizer,
+        optimizer=instantiate(cfg.algorithm.optimizer),
+        seed=cfg.seed,
+        reward_timeout_s=cfg.reward_timeout_s,
+        js_diagnostics=cfg.diagnostics.js,
+        validator=validator,
+        val_every_n_steps=cfg.validation.every_n_steps,
+        total_steps=cfg.total_steps,
+        sample_writer=sample_writer,
+        fast_path=FastPath.from_node(cfg.get("fast_path"), on_gpu=runs_on_gpu(cfg)),
+        preemption=PreemptionWatch(),
+        fork_marker=ForkMarker(task.forks_of, tokenizer),
+    )
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     # one log line per rollout step (console, train.log); preemption signals → last.ckpt
@@ -114,29 +138,46 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RolloutProgressBar(cfg.total_steps))
     if cfg.checkpoint.enabled:
-        callbacks.append(RunCheckpoint(output_dir / "checkpoints", cfg.checkpoint.every_n_steps,
-                                       cfg.checkpoint.monitor, cfg.checkpoint.mode))
+        callbacks.append(
+            RunCheckpoint(
+                output_dir / "checkpoints", cfg.checkpoint.every_n_steps, cfg.checkpoint.monitor, cfg.checkpoint.mode
+            )
+        )
     # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (run/module.py)
-    trainer = instantiate(cfg.trainer, max_epochs=-1, logger=loggers or False, callbacks=callbacks,
-                          enable_checkpointing=bool(cfg.checkpoint.enabled), plugins=[AtomicCheckpointIO()])
+    trainer = instantiate(
+        cfg.trainer,
+        max_epochs=-1,
+        logger=loggers or False,
+        callbacks=callbacks,
+        enable_checkpointing=bool(cfg.checkpoint.enabled),
+        plugins=[AtomicCheckpointIO()],
+    )
     return module, datamodule, trainer
 
 
 def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trainer) -> MemoryPlan:
     """The memory plan of this run on its device (run/memory_plan.py), logged before the model loads; a run that cannot
     fit stops here with the table."""
-    datamodule.setup("fit")   # the prompts: the plan's prompt length is the longest one's
+    datamodule.setup("fit")  # the prompts: the plan's prompt length is the longest one's
     device = str(trainer.strategy.root_device)
     container = OmegaConf.to_container(cfg, resolve=True)
-    plan = plan_memory(container, architecture_shape(container["model"]), device, device_capacity_gib(device),
-                       prompt_tokens=max(map(len, datamodule.train_prompt_ids)))
+    plan = plan_memory(
+        container,
+        architecture_shape(container["model"]),
+        device,
+        device_capacity_gib(device),
+        prompt_tokens=max(map(len, datamodule.train_prompt_ids)),
+    )
     if trainer.is_global_zero:
-        log.info("memory plan per process (worst case: every response runs to rollout.max_new_tokens):\n%s",
-                 plan.table())
+        log.info(
+            "memory plan per process (worst case: every response runs to rollout.max_new_tokens):\n%s", plan.table()
+        )
     if not plan.fits():
-        raise ValueError(f"this run needs about {plan.peak()[1]:.1f} GiB on {device}, more than its "
-                         f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size, "
-                         "rollout.max_new_tokens, LoRA (model.lora) or a larger device")
+        raise ValueError(
+            f"this run needs about {plan.peak()[1]:.1f} GiB on {device}, more than its "
+            f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size, "
+            "rollout.max_new_tokens, LoRA (model.lora) or a larger device"
+        )
     return plan
 
 
@@ -161,25 +202,28 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     reward of the first and the last 5 rollout steps (the learning check of the README). `overrides`: the command
     line's, to find keys that `+` added. A preemption signal ends it with SystemExit(128 + the signal's number)
     after last.ckpt is written."""
-    narrow_to_trainer_gpu(cfg)   # first: CUDA reads CUDA_VISIBLE_DEVICES once, when it starts
+    narrow_to_trainer_gpu(cfg)  # first: CUDA reads CUDA_VISIBLE_DEVICES once, when it starts
     for warning in check_config(cfg, overrides):
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
     try:
         ckpt_path, steps_done = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
-    except RunComplete as done:   # ckpt_path=auto in a finished run (a re-run sweep's finished job): nothing to do
+    except RunComplete as done:  # ckpt_path=auto in a finished run (a re-run sweep's finished job): nothing to do
         log.info("%s", done)
         return done.summary
     kept_rows = []
     if ckpt_path is not None:
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
-        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))   # before any load
+        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))  # before any load
     L.seed_everything(cfg.seed, workers=True)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
-    log.info("loading the model (%s, init=%s), the tokenizer and the task's data", cfg.model.get("source", "?"),
-             cfg.model.init)
+    log.info(
+        "loading the model (%s, init=%s), the tokenizer and the task's data",
+        cfg.model.get("source", "?"),
+        cfg.model.init,
+    )
     module, datamodule, trainer = build_components(cfg)
     plan = check_memory(cfg, datamodule, trainer)
     carry_metrics(trainer, kept_rows)
@@ -188,23 +232,31 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     except Preempted as stop:
         saved = module.preemption.saved
         if trainer.is_global_zero:
-            log.warning("stopped by %s after %d of %d rollout steps; %s", signal.Signals(stop.signum).name,
-                        module.rollout_step, cfg.total_steps,
-                        f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off")
+            log.warning(
+                "stopped by %s after %d of %d rollout steps; %s",
+                signal.Signals(stop.signum).name,
+                module.rollout_step,
+                cfg.total_steps,
+                f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off",
+            )
         raise SystemExit(128 + stop.signum) from None
     history = module.reward_history
-    summary = {"rollout_steps": module.rollout_step, "optimizer_steps": module.optimizer_steps,
-               "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
-               "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
-               **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "forks/"))},
-               **{k: v for k, v in module.last_validation.items() if k.startswith("val/")},
-               **peak_memory_gib(module.device), "memory_plan_peak_gib": plan.peak()[1]}
+    summary = {
+        "rollout_steps": module.rollout_step,
+        "optimizer_steps": module.optimizer_steps,
+        "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
+        "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
+        **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "forks/"))},
+        **{k: v for k, v in module.last_validation.items() if k.startswith("val/")},
+        **peak_memory_gib(module.device),
+        "memory_plan_peak_gib": plan.peak()[1],
+    }
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("run finished: %s", json.dumps(summary))
-    export_run(cfg, module, trainer, summary)   # <run>/model/: the policy as a Hugging Face folder (every rank: FSDP)
+    export_run(cfg, module, trainer, summary)  # <run>/model/: the policy as a Hugging Face folder (every rank: FSDP)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()   # no rank leaves (closing its gloo pairs) while rank 0 still writes
-        torch.distributed.destroy_process_group()   # a clean exit: no gloo/NCCL threads left at shutdown
+        torch.distributed.barrier()  # no rank leaves (closing its gloo pairs) while rank 0 still writes
+        torch.distributed.destroy_process_group()  # a clean exit: no gloo/NCCL threads left at shutdown
     return summary

@@ -5,6 +5,7 @@ entropy (q = 0.8: the top 20%, "reasoning" tokens) get a looser clip ε_high-ent
 ε_low-entropy and the full KL β. The quantile interpolates linearly (torch.quantile, as the official
 `torch.nanquantile`); the entropy is the current policy's (`stats_policy=current`, as the official code's).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,12 +20,23 @@ class ArcherSelector(TokenSelector):
     requires = frozenset({"entropy"})
     weighs_kl = True
     row_local = True
-    config_rules = {**TokenSelector.config_rules, "quantile": number(0, 1), "low_entropy_clip": number(0),
-                    "high_entropy_clip": number(0), "high_entropy_kl_weight": number(0)}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "quantile": number(0, 1),
+        "low_entropy_clip": number(0),
+        "high_entropy_clip": number(0),
+        "high_entropy_kl_weight": number(0),
+    }
 
-    def __init__(self, quantile: float = 0.8, low_entropy_clip: float = 0.2, high_entropy_clip: float = 0.5,
-                 high_entropy_kl_weight: float = 0.0, normalizer: str = "selected",
-                 stats_policy: str = "current") -> None:
+    def __init__(
+        self,
+        quantile: float = 0.8,
+        low_entropy_clip: float = 0.2,
+        high_entropy_clip: float = 0.5,
+        high_entropy_kl_weight: float = 0.0,
+        normalizer: str = "selected",
+        stats_policy: str = "current",
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         self.quantile, self.low_clip, self.high_clip = quantile, low_entropy_clip, high_entropy_clip
         self.high_kl_weight = high_entropy_kl_weight

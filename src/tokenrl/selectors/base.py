@@ -8,6 +8,7 @@ config group is the list of selectors.
 A selector on π_old's statistics (`stats_policy=old`) runs once per rollout step over the whole batch; one on the
 current policy's, once per optimizer step on that step's mini-batch (docs/algorithms.md §7.12).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -32,18 +33,22 @@ class TokenSelector(Configurable, ABC):
 
     name: ClassVar[str]
     config_node = "selector"
-    config_rules: ClassVar[dict[str, Rule]] = {"normalizer": one_of(*NORMALIZERS),
-                                               "stats_policy": one_of(*STATS_POLICIES)}
-    requires: ClassVar[frozenset[str]] = frozenset()   # TokenStats fields the selector reads
-    weighs_kl: ClassVar[bool] = False   # whether its selections set per-token KL weights (they weigh the KL's divisor)
-    js_peers: str = "all"   # the rollouts π̄ averages for JS (token_stats.py); a JS-ranking selector may change it
+    config_rules: ClassVar[dict[str, Rule]] = {
+        "normalizer": one_of(*NORMALIZERS),
+        "stats_policy": one_of(*STATS_POLICIES),
+    }
+    requires: ClassVar[frozenset[str]] = frozenset()  # TokenStats fields the selector reads
+    weighs_kl: ClassVar[bool] = False  # whether its selections set per-token KL weights (they weigh the KL's divisor)
+    js_peers: str = "all"  # the rollouts π̄ averages for JS (token_stats.py); a JS-ranking selector may change it
 
     def __init__(self, normalizer: str = "selected", stats_policy: str = "old") -> None:
         if stats_policy == "current" and self.reads_groups:
             name = getattr(self, "name", type(self).__name__)
-            raise ValueError(f"selector.stats_policy=current cannot be used with {name}: it compares each row with its "
-                             "whole group, which a mini-batch may split; use stats_policy=old (selected once per rollout "
-                             "step over whole groups)")
+            raise ValueError(
+                f"selector.stats_policy=current cannot be used with {name}: it compares each row with its "
+                "whole group, which a mini-batch may split; use stats_policy=old (selected once per rollout "
+                "step over whole groups)"
+            )
         self.normalizer, self.stats_policy = normalizer, stats_policy
 
     @property

@@ -9,6 +9,7 @@ whose updates drive the entropy down the most:
 - `kl_cov`: the top ⌊k·N⌋ (at least 1) tokens by Cov_t (ties: earlier position) get the penalty β·|log π_θ − log π_old|
   (`drift_coef`), and with `unclipped` no token's ratio is clipped (verl's kl_cov applies no PPO clip).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,11 +37,23 @@ def count_of(fraction: float, n: int) -> int:
 class ClipCovSelector(TokenSelector):
     name = "clip_cov"
     requires = frozenset({"logprobs"})
-    config_rules = {**TokenSelector.config_rules, "ratio": number(0, 1, low_open=True), "cov_low": number(),
-                    "cov_high": number(), "seed": integer(0)}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "ratio": number(0, 1, low_open=True),
+        "cov_low": number(),
+        "cov_high": number(),
+        "seed": integer(0),
+    }
 
-    def __init__(self, ratio: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0, seed: int = 0,
-                 normalizer: str = "all", stats_policy: str = "current") -> None:
+    def __init__(
+        self,
+        ratio: float = 2e-4,
+        cov_low: float = 1.0,
+        cov_high: float = 5.0,
+        seed: int = 0,
+        normalizer: str = "all",
+        stats_policy: str = "current",
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         if not cov_low < cov_high:
             raise ValueError(f"selector.cov_low={cov_low} must be below selector.cov_high={cov_high}")
@@ -52,7 +65,9 @@ class ClipCovSelector(TokenSelector):
         candidates = (valid & (cov > self.cov_low) & (cov < self.cov_high)).flatten().nonzero().squeeze(1)
         first_row = int(batch.row_ids[0]) if batch.row_ids.numel() else 0
         generator = torch.Generator().manual_seed(derived_seed(self.seed, "clip-cov", batch.step, first_row))
-        chosen = candidates[torch.randperm(len(candidates), generator=generator)[:count_of(self.ratio, int(valid.sum()))]]
+        chosen = candidates[
+            torch.randperm(len(candidates), generator=generator)[: count_of(self.ratio, int(valid.sum()))]
+        ]
         keep = valid.clone().flatten()
         keep[chosen] = False
         return keep.reshape(valid.shape).float()
@@ -61,11 +76,21 @@ class ClipCovSelector(TokenSelector):
 class KLCovSelector(TokenSelector):
     name = "kl_cov"
     requires = frozenset({"logprobs"})
-    config_rules = {**TokenSelector.config_rules, "ratio": number(0, 1, low_open=True), "coef": number(0),
-                    "unclipped": BOOLEAN}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "ratio": number(0, 1, low_open=True),
+        "coef": number(0),
+        "unclipped": BOOLEAN,
+    }
 
-    def __init__(self, ratio: float = 2e-3, coef: float = 1.0, unclipped: bool = True, normalizer: str = "all",
-                 stats_policy: str = "current") -> None:
+    def __init__(
+        self,
+        ratio: float = 2e-3,
+        coef: float = 1.0,
+        unclipped: bool = True,
+        normalizer: str = "all",
+        stats_policy: str = "current",
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         self.ratio, self.coef, self.unclipped = ratio, coef, unclipped
 
@@ -79,11 +104,16 @@ class KLCovSelector(TokenSelector):
         positions = valid.flatten().nonzero().squeeze(1)
         if len(positions):
             order = torch.sort(centred_covariance(batch).flatten()[positions], descending=True, stable=True).indices
-            chosen[positions[order[:count_of(self.ratio, len(positions))]]] = True
+            chosen[positions[order[: count_of(self.ratio, len(positions))]]] = True
         return chosen.reshape(valid.shape)
 
     def select(self, batch: SelectionBatch) -> Selection:
         weights = batch.response_mask.float()
         unbounded = torch.full_like(weights, float("inf")) if self.unclipped else None
-        return Selection(weights, self.normalizer, clip_low=None if unbounded is None else torch.ones_like(weights),
-                         clip_high=unbounded, drift_coef=self.coef * self.penalised(batch).float())
+        return Selection(
+            weights,
+            self.normalizer,
+            clip_low=None if unbounded is None else torch.ones_like(weights),
+            clip_high=unbounded,
+            drift_coef=self.coef * self.penalised(batch).float(),
+        )

@@ -7,13 +7,14 @@ Normaliser `selected` is the official code (token-mean over selected tokens), `a
 (docs/algorithms.md §3, §7.11–12). Entropy is the
 current training policy's (`stats_policy=current`), as the official code takes it from the training forward pass.
 """
+
 from __future__ import annotations
 
 import torch
 
+from tokenrl.records.rules import one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.records.rules import one_of
 from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
 
 
@@ -22,8 +23,9 @@ class Entropy20Selector(TokenSelector):
     requires = frozenset({"entropy"})
     config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES)}
 
-    def __init__(self, ratio: float = 0.2, scope: str = "global", normalizer: str = "selected",
-                 stats_policy: str = "current") -> None:
+    def __init__(
+        self, ratio: float = 0.2, scope: str = "global", normalizer: str = "selected", stats_policy: str = "current"
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         self.ratio, self.scope = ratio, scope
 

@@ -4,8 +4,8 @@ Policy Entropy", Tan et al., arXiv 2508.04349; docs/algorithms.md §11.8).
 Within a group, O+ are the rows with Â_i > 0 and O− those with Â_i < 0 (for 0/1 rewards: the correct and the wrong
 answers of a mixed group); rows with Â_i = 0 get advantage 0. At position t, over the rows of each set still active
 at t (d_t of them in O+, h_t in O−), with H the entropy of π_old:
-    O+:  r̃_{i,t} = α1 + α2 · d_t · H_{i,t} / Σ_{k∈O+_t} H_{k,t}           (high-entropy tokens of good answers gain most)
-    O−:  r̃_{j,t} = −α1 − α2 · h_t · H_{j,t}⁻¹ / Σ_{k∈O−_t} H_{k,t}⁻¹      (confident tokens of bad answers lose)
+    O+:  r̃_{i,t} = α1 + α2 · d_t · H_{i,t} / Σ_{k∈O+_t} H_{k,t}          (high-entropy tokens of good answers gain most)
+    O−:  r̃_{j,t} = −α1 − α2 · h_t · H_{j,t}⁻¹ / Σ_{k∈O−_t} H_{k,t}⁻¹     (confident tokens of bad answers lose)
 (H⁻¹ = 1/(H + ε); an all-zero entropy sum shares equally.) The token advantages are the r̃ standardised over the
 group's tokens: `joint` (default) over both sets together, so every token of a good answer ranks above every token of
 a bad one (and, unless one set's tokens far outnumber the other's, good answers' tokens are positive and bad answers'
@@ -13,6 +13,7 @@ negative); `separate` over each set on its own (the paper's Eq. 6 as reconstruct
 answer's tokens a negative advantage). Computed once per rollout step over whole groups from π_old's entropy
 (`stats_policy=old`, step/update.py), whatever the number of mini-batches.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,11 +29,23 @@ class GTPOSelector(TokenSelector):
     name = "gtpo"
     requires = frozenset({"entropy"})
     row_local = True
-    config_rules = {**TokenSelector.config_rules, "alpha1": number(0), "alpha2": number(0),
-                    "normalize": one_of(*NORMALIZATIONS), "eps": number(0, low_open=True)}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "alpha1": number(0),
+        "alpha2": number(0),
+        "normalize": one_of(*NORMALIZATIONS),
+        "eps": number(0, low_open=True),
+    }
 
-    def __init__(self, alpha1: float = 1.0, alpha2: float = 0.1, normalize: str = "joint", eps: float = 1e-6,
-                 normalizer: str = "selected", stats_policy: str = "old") -> None:
+    def __init__(
+        self,
+        alpha1: float = 1.0,
+        alpha2: float = 0.1,
+        normalize: str = "joint",
+        eps: float = 1e-6,
+        normalizer: str = "selected",
+        stats_policy: str = "old",
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         self.alpha1, self.alpha2, self.normalize, self.eps = alpha1, alpha2, normalize, eps
 
@@ -63,11 +76,12 @@ class GTPOSelector(TokenSelector):
                 share = torch.where(total > 0, weight / total.clamp_min(1e-300), active / count.clamp_min(1.0))
                 shaped[sign == side] = side * (self.alpha1 + self.alpha2 * share * count) * active
             scored = valid[rows] & (sign != 0)[:, None]
-            for part in ((scored,) if self.normalize == "joint" else
-                         (scored & (sign > 0)[:, None], scored & (sign < 0)[:, None])):
+            for part in (
+                (scored,) if self.normalize == "joint" else (scored & (sign > 0)[:, None], scored & (sign < 0)[:, None])
+            ):
                 values = shaped[part]
                 if values.numel() <= 1 or bool((values == values[0]).all()):
-                    shaped[part] = 0.0   # nothing to standardise (a lone row of a `separate` set): exactly 0
+                    shaped[part] = 0.0  # nothing to standardise (a lone row of a `separate` set): exactly 0
                 else:
                     shaped[part] = (values - values.mean()) / (values.std() + self.eps)
             out[rows] = shaped * scored

@@ -6,6 +6,7 @@ after Θ warm-up steps with every token, each response keeps its top ⌈ratio ·
 (`scope=sequence`, the paper's reading) and the Sparse-GRPO loss averages over the selected tokens.
 `ict_complement` keeps the other (1 − ratio) "frequent" tokens: the paper's 90%-frequent ablation.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,11 +21,22 @@ from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
 class ICTSelector(TokenSelector):
     name = "ict"
     requires = frozenset({"js"})
-    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES),
-                    "warmup_steps": integer(0), "js_peers": one_of(*JS_PEERS)}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "ratio": RATIO,
+        "scope": one_of(*SCOPES),
+        "warmup_steps": integer(0),
+        "js_peers": one_of(*JS_PEERS),
+    }
 
-    def __init__(self, ratio: float = 0.10, scope: str = "sequence", warmup_steps: int = 20,
-                 normalizer: str = "selected", js_peers: str = "all") -> None:
+    def __init__(
+        self,
+        ratio: float = 0.10,
+        scope: str = "sequence",
+        warmup_steps: int = 20,
+        normalizer: str = "selected",
+        js_peers: str = "all",
+    ) -> None:
         super().__init__(normalizer)
         self.ratio, self.scope, self.warmup_steps, self.js_peers = ratio, scope, warmup_steps, js_peers
 

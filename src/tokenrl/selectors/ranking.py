@@ -4,6 +4,7 @@ k = ⌈fraction · n⌉ (at least 1 when n > 0) of the n candidates with the hig
 by position (earlier row-major position first), so every scope is deterministic and a global selection
 over ranks equals the selection on the concatenated batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from tokenrl.records.rules import number
 from tokenrl.records.selection import SelectionBatch
 
 SCOPES = ("sequence", "batch", "global")
-RATIO = number(0, 1, low_open=True)   # the fraction a top-fraction selector keeps
+RATIO = number(0, 1, low_open=True)  # the fraction a top-fraction selector keeps
 
 
 def top_count(fraction: float, n: int) -> int:
@@ -26,7 +27,7 @@ def top_fraction(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     """Bool mask of the top ⌈fraction · n⌉ entries of a 1-D tensor (stable: earlier index wins ties)."""
     chosen = torch.zeros(scores.shape[0], dtype=torch.bool)
     order = torch.sort(scores, descending=True, stable=True).indices
-    chosen[order[:top_count(fraction, scores.shape[0])]] = True
+    chosen[order[: top_count(fraction, scores.shape[0])]] = True
     return chosen
 
 
@@ -46,6 +47,6 @@ def scoped_top_fraction(scores: torch.Tensor, batch: SelectionBatch, fraction: f
         return mask
     parts = batch.gather(local)
     chosen = top_fraction(torch.cat(parts), fraction)
-    start = sum(part.shape[0] for part in parts[:batch.rank])
-    mask[valid] = chosen[start:start + local.shape[0]]
+    start = sum(part.shape[0] for part in parts[: batch.rank])
+    mask[valid] = chosen[start : start + local.shape[0]]
     return mask

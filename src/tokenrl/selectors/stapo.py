@@ -6,6 +6,7 @@ candidates with H ≤ τ_h — the ⌈q·n⌉ lowest-entropy ones, ties at τ_h 
 and the loss is renormalised over the kept tokens. p and H are the current policy's (`stats_policy=current`,
 Algorithm 1 takes them at update time; docs/algorithms.md §7.14).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,11 +29,21 @@ def kth_smallest(values: torch.Tensor, q: float) -> torch.Tensor:
 class STAPOSelector(TokenSelector):
     name = "stapo"
     requires = frozenset({"logprobs", "entropy"})
-    config_rules = {**TokenSelector.config_rules, "tau_p": number(0, 1, low_open=True),
-                    "q": number(0, 1, low_open=True), "quantile_scope": one_of(*QUANTILE_SCOPES)}
+    config_rules = {
+        **TokenSelector.config_rules,
+        "tau_p": number(0, 1, low_open=True),
+        "q": number(0, 1, low_open=True),
+        "quantile_scope": one_of(*QUANTILE_SCOPES),
+    }
 
-    def __init__(self, tau_p: float = 0.002, q: float = 0.75, quantile_scope: str = "candidates",
-                 normalizer: str = "selected", stats_policy: str = "current") -> None:
+    def __init__(
+        self,
+        tau_p: float = 0.002,
+        q: float = 0.75,
+        quantile_scope: str = "candidates",
+        normalizer: str = "selected",
+        stats_policy: str = "current",
+    ) -> None:
         super().__init__(normalizer, stats_policy)
         self.tau_p, self.q, self.quantile_scope = tau_p, q, quantile_scope
 

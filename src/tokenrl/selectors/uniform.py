@@ -1,4 +1,5 @@
 """`uniform`: plain GRPO, every response token is updated (M ≡ 1; DeepSeekMath, arXiv 2402.03300)."""
+
 from __future__ import annotations
 
 import torch

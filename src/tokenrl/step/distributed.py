@@ -1,4 +1,5 @@
 """Collectives for selection thresholds and loss normalisers that must be counted over all ranks."""
+
 from __future__ import annotations
 
 import torch
@@ -26,10 +27,10 @@ def gather_variable(tensor: torch.Tensor, device: torch.device | str = "cpu") ->
     dist.all_gather(lengths, length)
     longest = int(max(lengths))
     padded = torch.zeros(longest, dtype=flat.dtype, device=device)
-    padded[:flat.numel()] = flat
+    padded[: flat.numel()] = flat
     parts = [torch.zeros_like(padded) for _ in range(size)]
     dist.all_gather(parts, padded)
-    return [part[:int(n)].to(tensor.device) for part, n in zip(parts, lengths)]
+    return [part[: int(n)].to(tensor.device) for part, n in zip(parts, lengths)]
 
 
 def all_reduce_sum(values: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:

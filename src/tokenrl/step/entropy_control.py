@@ -7,6 +7,7 @@ and step k+1 applies α = c_{k+1}·on_{k+1} (on_0 = 1, c_0 = `algorithm.entropy_
 sampled-token estimate −mean log π_old(o_t); tokenrl uses the full-vocabulary entropy its statistics already hold
 (the same quantity in expectation, without the sampling noise).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class EntropyControl:
     on: bool = True
 
     @classmethod
-    def of(cls, cfg: AlgorithmConfig) -> "EntropyControl":
+    def of(cls, cfg: AlgorithmConfig) -> EntropyControl:
         """The controller of `algorithm.entropy_coef`, `entropy_target`, `entropy_coef_delta` and `entropy_coef_max`."""
         return cls(cfg.entropy_coef, cfg.entropy_target, cfg.entropy_coef_delta, cfg.entropy_coef_max)
 

@@ -1,11 +1,13 @@
 """`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the shared prefix off a GPU
 only) and taken only where it is exact; `UpdatePath` says once per run which were taken and why not the others."""
+
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -14,9 +16,10 @@ from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
 from tokenrl.step.update import fused_blocker
 
-
-GPU_AUTO_OFF = ("fast_path.shared_prefix=auto on a GPU, where it measured slower: the update 4.2 s against 2.1 s on an "
-               "H200, docs/algorithms.md §12.1; true forces it")
+GPU_AUTO_OFF = (
+    "fast_path.shared_prefix=auto on a GPU, where it measured slower: the update 4.2 s against 2.1 s on an "
+    "H200, docs/algorithms.md §12.1; true forces it"
+)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class FastPath:
     shared_prefix_auto: bool = False
 
     @classmethod
-    def from_node(cls, node: Mapping[str, Any] | None, on_gpu: bool = False) -> "FastPath":
+    def from_node(cls, node: Mapping[str, Any] | None, on_gpu: bool = False) -> FastPath:
         """The record of the `fast_path` node (None: every shortcut on) for a run on a GPU or not (`shared_prefix:
         auto` is on only off a GPU); ValueError names an unknown or invalid key."""
         node = dict(node or {})
@@ -41,8 +44,9 @@ class FastPath:
             if key not in names:
                 raise ValueError(f"fast_path.{key} is not a setting (settings: {names})")
             if not isinstance(value, bool) and not (key == "shared_prefix" and value == "auto"):
-                raise ValueError(f"fast_path.{key}={value!r} must be true or false"
-                                 + (" or auto" if key == "shared_prefix" else ""))
+                raise ValueError(
+                    f"fast_path.{key}={value!r} must be true or false" + (" or auto" if key == "shared_prefix" else "")
+                )
         if node.get("shared_prefix") == "auto":
             node.update(shared_prefix=not on_gpu, shared_prefix_auto=True)
         return cls(**node)
@@ -59,21 +63,44 @@ class UpdatePath:
     reported: bool = False
 
     @classmethod
-    def of(cls, fast_path: FastPath, policy: nn.Module) -> "UpdatePath":
+    def of(cls, fast_path: FastPath, policy: nn.Module) -> UpdatePath:
         """The path `fast_path` asks for, as far as `policy` allows it (gradient checkpointing blocks the shared prefix
         with gradient: `shared_prefix_blocker`)."""
-        off = None if fast_path.shared_prefix else (GPU_AUTO_OFF if fast_path.shared_prefix_auto
-                                                     else "fast_path.shared_prefix=false")
-        return cls(fast_path, off or shared_prefix_blocker(policy, with_grad=False),
-                   off or shared_prefix_blocker(policy, with_grad=True))
+        off = (
+            None
+            if fast_path.shared_prefix
+            else (GPU_AUTO_OFF if fast_path.shared_prefix_auto else "fast_path.shared_prefix=false")
+        )
+        return cls(
+            fast_path,
+            off or shared_prefix_blocker(policy, with_grad=False),
+            off or shared_prefix_blocker(policy, with_grad=True),
+        )
 
-    def policy_passes(self, policy: nn.Module, reference: nn.Module | None, temperature: float, micro_batch_size: int,
-                      stats_chunk_size: int, with_js: bool, js_peers: str) -> PolicyPasses:
+    def policy_passes(
+        self,
+        policy: nn.Module,
+        reference: nn.Module | None,
+        temperature: float,
+        micro_batch_size: int,
+        stats_chunk_size: int,
+        with_js: bool,
+        js_peers: str,
+    ) -> PolicyPasses:
         """The policy's passes in the layouts this path takes: the shared prefix where it is not blocked, each
         micro-batch cut to its own widths with `pack`."""
-        return PolicyPasses(policy, reference, temperature, micro_batch_size, stats_chunk_size, with_js, js_peers,
-                            share_prefix=self.prefix_blocker is None,
-                            share_prefix_update=self.update_prefix_blocker is None, trim=self.fast_path.pack)
+        return PolicyPasses(
+            policy,
+            reference,
+            temperature,
+            micro_batch_size,
+            stats_chunk_size,
+            with_js,
+            js_peers,
+            share_prefix=self.prefix_blocker is None,
+            share_prefix_update=self.update_prefix_blocker is None,
+            trim=self.fast_path.pack,
+        )
 
     def statistics_blocker(self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
         """Why a step of `rows` rows takes π_old's statistics from a separate pass (None: from the update's forward)."""
@@ -81,8 +108,9 @@ class UpdatePath:
             return "fast_path.fused_statistics=false"
         return fused_blocker(cfg, selector, with_js, rows)
 
-    def fused_statistics(self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int,
-                         report: logging.Logger | None) -> bool:
+    def fused_statistics(
+        self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int, report: logging.Logger | None
+    ) -> bool:
         """Whether a step of `rows` rows takes π_old's statistics from the update's forward; the first call with a
         `report` logger logs the update's path there."""
         blocker = self.statistics_blocker(cfg, selector, with_js, rows)
@@ -92,11 +120,18 @@ class UpdatePath:
         return blocker is None
 
     def describe(self, statistics_blocker: str | None) -> str:
-        """The run log's line: where the shared prefix runs, where the statistics come from, how micro-batches are cut."""
+        """The run log's line: where the shared prefix runs, where the statistics come from, how micro-batches are
+        cut."""
         update, no_grad = self.update_prefix_blocker, self.prefix_blocker
-        prefix = (("on" if update is None else f"off ({update})") if update == no_grad
-                  else f"off in the update ({update}), on in the statistics and reference passes")
-        statistics = ("from the update's forward" if statistics_blocker is None
-                      else f"from a separate pass ({statistics_blocker})")
+        prefix = (
+            ("on" if update is None else f"off ({update})")
+            if update == no_grad
+            else f"off in the update ({update}), on in the statistics and reference passes"
+        )
+        statistics = (
+            "from the update's forward"
+            if statistics_blocker is None
+            else f"from a separate pass ({statistics_blocker})"
+        )
         cut = "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width"
         return f"update path: shared prefix {prefix}; statistics {statistics}; micro-batches {cut}"

@@ -1,4 +1,5 @@
 """The metrics a rollout step logs (train/*, time/*, memory/*), computed from its `TrainBatch` and update."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,14 @@ from tokenrl.step.update import UpdateResult
 from tokenrl.utils import StepTimer
 
 
-def step_metrics(batch: TrainBatch, update: UpdateResult, cfg: AlgorithmConfig, lr: float, timer: StepTimer,
-                 sampling: dict[str, float]) -> dict[str, float]:
+def step_metrics(
+    batch: TrainBatch,
+    update: UpdateResult,
+    cfg: AlgorithmConfig,
+    lr: float,
+    timer: StepTimer,
+    sampling: dict[str, float],
+) -> dict[str, float]:
     """Means over this rank's rows or response tokens; `lr` is the learning rate the update used; `sampling` holds
     dynamic sampling's round metrics. `train/rollout_step` counts the updates applied (1 after the first step)."""
     rollouts, stats = batch.rollouts, batch.stats
@@ -19,8 +26,8 @@ def step_metrics(batch: TrainBatch, update: UpdateResult, cfg: AlgorithmConfig, 
     tokens = resp.sum().clamp_min(1.0)
     gap = (rollouts.sampling_logprobs - stats.logprobs).abs() * resp
     metrics = {
-        "train/reward": batch.rewards.mean().item(),        # what the advantages see (after overlong shaping)
-        "train/score": batch.scores.mean().item(),          # the verifier's
+        "train/reward": batch.rewards.mean().item(),  # what the advantages see (after overlong shaping)
+        "train/score": batch.scores.mean().item(),  # the verifier's
         "train/accuracy": (batch.scores >= 1.0).float().mean().item(),
         "train/entropy": ((stats.entropy * resp).sum() / tokens).item(),
         "train/renyi2": ((stats.renyi2 * resp).sum() / tokens).item(),
@@ -41,5 +48,5 @@ def step_metrics(batch: TrainBatch, update: UpdateResult, cfg: AlgorithmConfig, 
         metrics["train/kl"] = ((kl * resp).sum() / tokens).item()
     metrics.update({f"time/{phase}": seconds for phase, seconds in timer.seconds.items()})
     metrics["time/step"] = sum(timer.seconds.values())
-    metrics.update({f"memory/{phase}_peak_gib": gib for phase, gib in timer.peak_gib.items()})   # GPU only
+    metrics.update({f"memory/{phase}_peak_gib": gib for phase, gib in timer.peak_gib.items()})  # GPU only
     return metrics

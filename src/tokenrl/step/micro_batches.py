@@ -6,13 +6,20 @@ its own longest prompt and response (models/response_forward.py: `trim`), spends
 effect of verl's length-balanced dynamic batches, at a fixed row count. The loss is a sum over micro-batches, so the
 order changes nothing but rounding.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def micro_batches(rows: torch.Tensor, group_ids: torch.Tensor, response_lengths: torch.Tensor, max_rows: int,
-                  whole_groups: bool = False, by_length: bool = False) -> list[torch.Tensor]:
+def micro_batches(
+    rows: torch.Tensor,
+    group_ids: torch.Tensor,
+    response_lengths: torch.Tensor,
+    max_rows: int,
+    whole_groups: bool = False,
+    by_length: bool = False,
+) -> list[torch.Tensor]:
     """Positions into `rows` (a mini-batch's row ids, sorted) of each micro-batch: at most `max_rows` rows, or whole
     groups of at most max(`max_rows`, the group's size) rows with `whole_groups`.
 

@@ -1,11 +1,12 @@
 """The passes a rollout step runs over its policy and reference: the no-grad statistics pass, the reference's
 log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in the layout
 `fast_path` asks for (models/response_forward.py) where the model allows it."""
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -29,8 +30,8 @@ class UpdateForward:
 
 def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
     """Why a pass over `model` cannot run the shared-prefix layout (None: it can): FSDP runs every pass through the
-    root's single forward; gradient checkpointing turns transformers' KV cache off, but only in the update (`with_grad`):
-    the no-grad passes pause it (`checkpointing_paused`)."""
+    root's single forward; gradient checkpointing turns transformers' KV cache off, but only in the update
+    (`with_grad`): the no-grad passes pause it (`checkpointing_paused`)."""
     if is_sharded(model):
         return "FSDP updates through the root module's own forward"
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -75,9 +76,17 @@ class PolicyPasses:
     def statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
         """log π, entropy, Rényi-2 (and JS when asked) of every response token under the current policy."""
         with gathered_root(self.policy), checkpointing_paused(self.policy):
-            return compute_token_stats(self.policy, rollouts, self.temperature, self.micro_batch_size,
-                                       self.stats_chunk_size, with_js=self.with_js if with_js is None else with_js,
-                                       js_peers=self.js_peers, share_prefix=self.share_prefix, trim=self.trim)
+            return compute_token_stats(
+                self.policy,
+                rollouts,
+                self.temperature,
+                self.micro_batch_size,
+                self.stats_chunk_size,
+                with_js=self.with_js if with_js is None else with_js,
+                js_peers=self.js_peers,
+                share_prefix=self.share_prefix,
+                trim=self.trim,
+            )
 
     @torch.no_grad()
     def reference_logprobs(self, rollouts: RolloutBatch) -> torch.Tensor:
@@ -87,8 +96,11 @@ class PolicyPasses:
         out = torch.zeros(rollouts.response_ids.shape)
         with gathered_root(model), adapters_off, checkpointing_paused(model):
             for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
-                out[rows] = response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix,
-                                              self.trim).float().cpu()
+                out[rows] = (
+                    response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix, self.trim)
+                    .float()
+                    .cpu()
+                )
         return out
 
     def update_forward(self, part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
@@ -99,13 +111,21 @@ class PolicyPasses:
         else:
             logits = response_logits(self.policy, part, self.share_prefix_update, self.trim)
         width = logits.shape[1]
-        log_pi = torch.log_softmax(logits.float() / self.temperature, dim=-1)   # shared by log π(o_t) and H_t
+        log_pi = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # shared by log π(o_t) and H_t
         logp = log_pi.gather(-1, part.response_ids[:, :width, None].to(logits.device)).squeeze(-1)
         logp = nn.functional.pad(logp, (0, part.response_ids.shape[1] - width))
         stats = None
         if with_stats:
-            stats = stats_from_logits(logits.detach(), part.response_ids, part.response_mask, part.group_ids,
-                                      self.temperature, self.stats_chunk_size, self.with_js, self.js_peers)
+            stats = stats_from_logits(
+                logits.detach(),
+                part.response_ids,
+                part.response_mask,
+                part.group_ids,
+                self.temperature,
+                self.stats_chunk_size,
+                self.with_js,
+                self.js_peers,
+            )
         entropy = None
         if with_entropy:
             entropy = nn.functional.pad(shannon_entropy(log_pi), (0, part.response_ids.shape[1] - width))

@@ -3,9 +3,10 @@
     lr(s) = lr · s / W for s < W, lr afterwards   (s = rollout steps done, W = `algorithm.lr_warmup_steps`)
 
 As verl's `get_constant_schedule_with_warmup` (stepped once per training step), which the DAPO-based recipes of
-20-Entropy (W = 10) and STAPO (W = 10) use; DAPO §4.1 warms up over 20 rollout steps (docs/algorithms.md §1.3, §3.2, §4.5).
-W = 0 is a constant lr. Note the first step (s = 0) updates with lr 0, as verl does.
+20-Entropy (W = 10) and STAPO (W = 10) use; DAPO §4.1 warms up over 20 rollout steps (docs/algorithms.md §1.3, §3.2,
+§4.5). W = 0 is a constant lr. Note the first step (s = 0) updates with lr 0, as verl does.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -24,6 +25,7 @@ def with_linear_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> t
     steps once per rollout step."""
     if not warmup_steps:
         return optimizer
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(constant_after_linear_warmup,
-                                                                    warmup_steps=warmup_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, partial(constant_after_linear_warmup, warmup_steps=warmup_steps)
+    )
     return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -1,9 +1,10 @@
 """`TrainBatch`: one rollout step's data on this rank, the single record every later phase reads."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import torch
 
@@ -38,14 +39,32 @@ class TrainBatch:
     forks: torch.Tensor | None = None
 
     @classmethod
-    def assemble(cls, step: int, rollouts: RolloutBatch, scores: torch.Tensor, rewards: torch.Tensor,
-                 cfg: AlgorithmConfig, passes: PolicyPasses, fused: bool, row_offset: int = 0,
-                 forks: torch.Tensor | None = None) -> "TrainBatch":
+    def assemble(
+        cls,
+        step: int,
+        rollouts: RolloutBatch,
+        scores: torch.Tensor,
+        rewards: torch.Tensor,
+        cfg: AlgorithmConfig,
+        passes: PolicyPasses,
+        fused: bool,
+        row_offset: int = 0,
+        forks: torch.Tensor | None = None,
+    ) -> TrainBatch:
         """The step's batch: group advantages, π_old's statistics (None where the update's forward gives them:
         `fused`) and the reference's log-probs (with a KL term)."""
         advantages = group_advantages(rewards, rollouts.group_ids, eps=cfg.adv_eps, std_normalize=cfg.adv_std_normalize)
-        return cls(step, rollouts, scores, rewards, advantages, None if fused else passes.statistics(rollouts),
-                   passes.reference_logprobs(rollouts) if cfg.uses_reference else None, row_offset, forks)
+        return cls(
+            step,
+            rollouts,
+            scores,
+            rewards,
+            advantages,
+            None if fused else passes.statistics(rollouts),
+            passes.reference_logprobs(rollouts) if cfg.uses_reference else None,
+            row_offset,
+            forks,
+        )
 
     def mean_entropy(self, device: torch.device | str = "cpu") -> float:
         """π_old's mean entropy over the response tokens of every rank's batch (the adaptive α's input); `device`:
@@ -64,12 +83,23 @@ class TrainBatch:
     def size(self) -> int:
         return self.rollouts.response_ids.shape[0]
 
-    def selection_view(self, rows: torch.Tensor, gather: Callable[[torch.Tensor], list[torch.Tensor]] = single_process,
-                       rank: int = 0, stats: TokenStats | None = None) -> SelectionBatch:
+    def selection_view(
+        self,
+        rows: torch.Tensor,
+        gather: Callable[[torch.Tensor], list[torch.Tensor]] = single_process,
+        rank: int = 0,
+        stats: TokenStats | None = None,
+    ) -> SelectionBatch:
         """What a selector sees of `rows` (sorted): their statistics (`stats` of those rows instead, when given, e.g.
         the current policy's), advantages, masks, groups, global row ids, the step and a cross-rank gather."""
         rows = rows.sort().values
-        return SelectionBatch(stats=self.stats.rows(rows) if stats is None else stats, advantages=self.advantages[rows],
-                              response_mask=self.rollouts.response_mask[rows],
-                              group_ids=self.rollouts.group_ids[rows], row_ids=rows + self.row_offset,
-                              step=self.step, gather=gather, rank=rank)
+        return SelectionBatch(
+            stats=self.stats.rows(rows) if stats is None else stats,
+            advantages=self.advantages[rows],
+            response_mask=self.rollouts.response_mask[rows],
+            group_ids=self.rollouts.group_ids[rows],
+            row_ids=rows + self.row_offset,
+            step=self.step,
+            gather=gather,
+            rank=rank,
+        )

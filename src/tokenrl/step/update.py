@@ -2,9 +2,9 @@
 
 Per mini-batch (docs/algorithms.md §1.2–1.4, §11): the selector weighs tokens on its view of the rows (and may set
 per-token clip ranges, KL weights, advantages, a drift penalty) and names its loss normaliser, which is counted over
-the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's share of
-the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and one
-optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
+the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's
+share of the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and
+one optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
 `GRPOModule`, a plain loop can supply another (tests/test_update.py runs it with no Trainer).
 
 Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`, see `fused_blocker` for
@@ -13,10 +13,11 @@ update's weights are π_old's. Each micro-batch selects on its own statistics, b
 and, once every micro-batch has selected, the gradients are divided by the mini-batch's normaliser (the loss is linear
 in 1/N, so this equals dividing first).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -68,11 +69,12 @@ class UpdateResult:
     first_epoch_shaping: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-SHAPING = ("clip_high", "kl_weights", "advantages", "drift_coef")   # the per-token fields the samples page shows
+SHAPING = ("clip_high", "kl_weights", "advantages", "drift_coef")  # the per-token fields the samples page shows
 
 
-def record_selection(weights: torch.Tensor, shaping: dict[str, torch.Tensor], rows: torch.Tensor,
-                     selection: Selection) -> None:
+def record_selection(
+    weights: torch.Tensor, shaping: dict[str, torch.Tensor], rows: torch.Tensor, selection: Selection
+) -> None:
     """Write `selection` (of `rows`) into the batch-wide `weights` and `shaping` tensors."""
     weights[rows] = selection.weights
     for name in SHAPING:
@@ -83,8 +85,16 @@ def record_selection(weights: torch.Tensor, shaping: dict[str, torch.Tensor], ro
 
 def local_normalizer(cfg: AlgorithmConfig, response_mask: torch.Tensor, selection: Selection) -> LossNormalizer:
     """This rank's share of the mini-batch's loss divisors for `selection` (`LossNormalizer.count`)."""
-    return LossNormalizer.count(response_mask, selection.weights, cfg.aggregation, selection.normalizer, cfg.kl_masked,
-                                cfg.entropy_masked, cfg.response_budget, selection.kl_weights)
+    return LossNormalizer.count(
+        response_mask,
+        selection.weights,
+        cfg.aggregation,
+        selection.normalizer,
+        cfg.kl_masked,
+        cfg.entropy_masked,
+        cfg.response_budget,
+        selection.kl_weights,
+    )
 
 
 def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
@@ -94,35 +104,54 @@ def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, 
     whole groups when it compares a row with its group; the gradient can be divided afterwards only by one
     normaliser."""
     if cfg.ppo_epochs * cfg.mini_batches > 1:
-        return (f"algorithm.ppo_epochs × mini_batches = {cfg.ppo_epochs * cfg.mini_batches} optimizer steps: every "
-                "step after the first needs π_old's statistics")
+        return (
+            f"algorithm.ppo_epochs × mini_batches = {cfg.ppo_epochs * cfg.mini_batches} optimizer steps: every "
+            "step after the first needs π_old's statistics"
+        )
     if rows > cfg.micro_batch_size:
         if not selector.row_local:
             scope = getattr(selector, "scope", None)
-            why = (f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
-                   if scope is not None else
-                   f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
-                   "row's choice depends only on that row and its group")
-            return (f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
-                    f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}: {why}")
+            why = (
+                f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
+                if scope is not None
+                else f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
+                "row's choice depends only on that row and its group"
+            )
+            return (
+                f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
+                f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}: {why}"
+            )
         if (with_js or selector.reads_groups) and cfg.micro_batch_size < cfg.group_size:
-            return (f"JS or the selection compares a group's {cfg.group_size} rows, more than "
-                    f"algorithm.micro_batch_size={cfg.micro_batch_size}")
+            return (
+                f"JS or the selection compares a group's {cfg.group_size} rows, more than "
+                f"algorithm.micro_batch_size={cfg.micro_batch_size}"
+            )
     if cfg.aggregation == "token-mean":
         selected = selector.normalizer == "selected"
         if cfg.uses_reference and (cfg.kl_masked != selected or selector.weighs_kl):
-            return ("the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
-                    f"{selector.normalizer}, algorithm.kl_masked={cfg.kl_masked}"
-                    + (", per-token KL weights)" if selector.weighs_kl else ")"))
+            return (
+                "the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
+                f"{selector.normalizer}, algorithm.kl_masked={cfg.kl_masked}"
+                + (", per-token KL weights)" if selector.weighs_kl else ")")
+            )
         if cfg.uses_entropy_bonus and cfg.entropy_masked != selected:
-            return ("the policy-gradient and entropy terms are divided by different token counts (selector.normalizer="
-                    f"{selector.normalizer}, algorithm.entropy_masked={cfg.entropy_masked})")
+            return (
+                "the policy-gradient and entropy terms are divided by different token counts (selector.normalizer="
+                f"{selector.normalizer}, algorithm.entropy_masked={cfg.entropy_masked})"
+            )
     return None
 
 
-def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig, backend: Backend,
-               shuffle: torch.Generator, by_length: bool = False, entropy_coef: float | None = None,
-               with_js: bool = False) -> UpdateResult:
+def ppo_update(
+    batch: TrainBatch,
+    selector: TokenSelector,
+    cfg: AlgorithmConfig,
+    backend: Backend,
+    shuffle: torch.Generator,
+    by_length: bool = False,
+    entropy_coef: float | None = None,
+    with_js: bool = False,
+) -> UpdateResult:
     """`cfg.ppo_epochs` passes over `batch` in `cfg.mini_batches` shuffled mini-batches (`shuffle` orders them); one
     pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward computes JS, so
     its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
@@ -135,19 +164,22 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
     is_weights = None if cfg.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
-    terms: list[torch.Tensor] = []   # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
+    terms: list[torch.Tensor] = []  # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
     on_policy = cfg.ppo_epochs * cfg.mini_batches == 1
     # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
     # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
-    whole = (selector.select(batch.selection_view(torch.arange(batch.size), backend.gather, backend.rank))
-             if selector.stats_policy == "old" else None)
+    whole = (
+        selector.select(batch.selection_view(torch.arange(batch.size), backend.gather, backend.rank))
+        if selector.stats_policy == "old"
+        else None
+    )
     steps = 0
     for epoch in range(cfg.ppo_epochs):
         for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.mini_batches):
             minibatch = minibatch.sort().values
             if whole is not None:
                 selection = whole.rows(minibatch)
-            else:   # stats_policy=current: ranked on this mini-batch by π_θ (π_old for the first; it has moved since)
+            else:  # stats_policy=current: ranked on this mini-batch by π_θ (π_old for the first; it has moved since)
                 current = backend.current_stats(rollouts.rows(minibatch)) if steps > 0 else None
                 selection = selector.select(batch.selection_view(minibatch, backend.gather, backend.rank, current))
             if epoch == 0:
@@ -160,24 +192,32 @@ def ppo_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig,
                 # one optimizer step: π_old is the weights of this very forward, so r = 1 exactly (a separate pass in
                 # another layout or precision would leave rounding in r: GSPO's 1e-4 clip and KL-Cov's |Δ| see it)
                 old = forward.logprobs.detach() if on_policy else batch.stats.logprobs[rows]
-                out = micro_batch_loss(batch, rows, forward, old, selection.rows(local), normalizer, cfg, is_weights,
-                                       entropy_coef)
+                out = micro_batch_loss(
+                    batch, rows, forward, old, selection.rows(local), normalizer, cfg, is_weights, entropy_coef
+                )
                 backend.backward(out.loss, index == len(parts) - 1)
                 terms.append(loss_terms(out))
             backend.optimizer_step()
             steps += 1
-    return UpdateResult(update_metrics(terms, steps, cfg, batch, is_weights), first_epoch_weights, steps,
-                        first_epoch_shaping=shaping)
+    return UpdateResult(
+        update_metrics(terms, steps, cfg, batch, is_weights), first_epoch_weights, steps, first_epoch_shaping=shaping
+    )
 
 
-def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfig, backend: Backend,
-                 by_length: bool, entropy_coef: float, whole_groups: bool) -> UpdateResult:
+def fused_update(
+    batch: TrainBatch,
+    selector: TokenSelector,
+    cfg: AlgorithmConfig,
+    backend: Backend,
+    by_length: bool,
+    entropy_coef: float,
+    whole_groups: bool,
+) -> UpdateResult:
     """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
     is_weights = None if cfg.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
-    parts = [rows.sort().values
-             for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
+    parts = [rows.sort().values for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
     weights = torch.zeros(shape)
     shaping: dict[str, torch.Tensor] = {}
     local = LossNormalizer(0.0, 0.0, 0.0)
@@ -193,8 +233,9 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
         if is_weights is not None:
             for whole, share in zip(is_weights, engine_weights(cfg, forward.stats.logprobs, part)):
                 whole[rows] = share.to(whole.device)
-        out = micro_batch_loss(batch, rows, forward, forward.logprobs.detach(), selection, UNIT, cfg, is_weights,
-                               entropy_coef)   # π_old = this forward's weights: r = 1 exactly, as the separate path
+        out = micro_batch_loss(
+            batch, rows, forward, forward.logprobs.detach(), selection, UNIT, cfg, is_weights, entropy_coef
+        )  # π_old = this forward's weights: r = 1 exactly, as the separate path
         backend.backward(out.loss, index == len(parts) - 1)
         terms.append(loss_terms(out))
     divisor = max(backend.reduce_normalizer(local).pg, 1.0)
@@ -206,25 +247,42 @@ def fused_update(batch: TrainBatch, selector: TokenSelector, cfg: AlgorithmConfi
     return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping)
 
 
-def engine_weights(cfg: AlgorithmConfig, trainer_logp: torch.Tensor,
-                   rollouts: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_weights(
+    cfg: AlgorithmConfig, trainer_logp: torch.Tensor, rollouts: RolloutBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's importance weights of `rollouts` and which tokens' ratios fell outside their bounds
     (`grpo.engine_is_weights` with `algorithm.tis_mode` / `tis_min` / `tis_cap`; docs/algorithms.md §1.6)."""
-    return engine_is_weights(trainer_logp, rollouts.sampling_logprobs.to(trainer_logp.device),
-                             rollouts.response_mask.to(trainer_logp.device), cfg.tis_mode, cfg.tis_cap, cfg.tis_min)
+    return engine_is_weights(
+        trainer_logp,
+        rollouts.sampling_logprobs.to(trainer_logp.device),
+        rollouts.response_mask.to(trainer_logp.device),
+        cfg.tis_mode,
+        cfg.tis_cap,
+        cfg.tis_min,
+    )
 
 
-def batch_parts(batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool,
-                by_length: bool) -> list[torch.Tensor]:
+def batch_parts(
+    batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool, by_length: bool
+) -> list[torch.Tensor]:
     """Positions into `rows` of each micro-batch (step/micro_batches.py)."""
     rollouts = batch.rollouts
-    return micro_batches(rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.micro_batch_size, whole_groups,
-                         by_length)
+    return micro_batches(
+        rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.micro_batch_size, whole_groups, by_length
+    )
 
 
-def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, forward: UpdateForward, old_logp: torch.Tensor,
-                     selection: Selection, normalizer: LossNormalizer, cfg: AlgorithmConfig,
-                     is_weights: tuple[torch.Tensor, torch.Tensor] | None, entropy_coef: float) -> LossOutput:
+def micro_batch_loss(
+    batch: TrainBatch,
+    rows: torch.Tensor,
+    forward: UpdateForward,
+    old_logp: torch.Tensor,
+    selection: Selection,
+    normalizer: LossNormalizer,
+    cfg: AlgorithmConfig,
+    is_weights: tuple[torch.Tensor, torch.Tensor] | None,
+    entropy_coef: float,
+) -> LossOutput:
     """`policy_loss` of the micro-batch `rows` with the configured loss, clip, KL, entropy bonus and aggregation, and
     the selection's per-token fields where it sets them; `is_weights`: the engine's (weights, outside) of the batch."""
     logp = forward.logprobs
@@ -235,26 +293,50 @@ def micro_batch_loss(batch: TrainBatch, rows: torch.Tensor, forward: UpdateForwa
 
     advantages = batch.advantages[rows] if selection.advantages is None else selection.advantages
     return policy_loss(
-        logp, old_logp.to(device), advantages.to(device), batch.rollouts.response_mask[rows].to(device),
-        selection.weights.to(device), normalizer, aggregation=cfg.aggregation, norm=selection.normalizer,
+        logp,
+        old_logp.to(device),
+        advantages.to(device),
+        batch.rollouts.response_mask[rows].to(device),
+        selection.weights.to(device),
+        normalizer,
+        aggregation=cfg.aggregation,
+        norm=selection.normalizer,
         clip_low=cfg.clip_low if selection.clip_low is None else selection.clip_low.to(device),
         clip_high=cfg.clip_high if selection.clip_high is None else selection.clip_high.to(device),
-        kl_coef=cfg.kl_coef, kl_masked=cfg.kl_masked, dual_clip=cfg.dual_clip, kl_estimator=cfg.kl_estimator,
+        kl_coef=cfg.kl_coef,
+        kl_masked=cfg.kl_masked,
+        dual_clip=cfg.dual_clip,
+        kl_estimator=cfg.kl_estimator,
         ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
-        is_weights=None if is_weights is None else is_weights[0][rows].to(device), kind=cfg.policy_loss,
-        kl_weights=here(selection.kl_weights), drift_coef=here(selection.drift_coef), entropy=forward.entropy,
-        entropy_coef=entropy_coef, entropy_masked=cfg.entropy_masked,
-        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high), sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg))
+        is_weights=None if is_weights is None else is_weights[0][rows].to(device),
+        kind=cfg.policy_loss,
+        kl_weights=here(selection.kl_weights),
+        drift_coef=here(selection.drift_coef),
+        entropy=forward.entropy,
+        entropy_coef=entropy_coef,
+        entropy_masked=cfg.entropy_masked,
+        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high),
+        sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg),
+    )
 
 
 def loss_terms(out: LossOutput) -> torch.Tensor:
     """(loss, clipped, dual-clipped, selected) of a micro-batch, kept on the device and read once at the end."""
-    return torch.stack([term.detach().double() for term in (
-        out.loss, out.clipped_tokens, out.dual_clipped_tokens, out.selected_tokens)])
+    return torch.stack(
+        [
+            term.detach().double()
+            for term in (out.loss, out.clipped_tokens, out.dual_clipped_tokens, out.selected_tokens)
+        ]
+    )
 
 
-def update_metrics(terms: list[torch.Tensor], steps: int, cfg: AlgorithmConfig, batch: TrainBatch,
-                   is_weights: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, float]:
+def update_metrics(
+    terms: list[torch.Tensor],
+    steps: int,
+    cfg: AlgorithmConfig,
+    batch: TrainBatch,
+    is_weights: tuple[torch.Tensor, torch.Tensor] | None,
+) -> dict[str, float]:
     """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share) and the
     engine's importance weights: their mean and the share of response tokens whose ratio fell outside [tis_min,
     tis_cap] (truncated or masked)."""
