@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 HUB_CONNECT_TIMEOUT_S = 3.0
 
 
-class DataUnavailableError(RuntimeError):
-    """Neither the Hub nor a local copy can provide a dataset; the message names both routes."""
+class DataUnavailableError(FileNotFoundError):
+    """Neither the Hub nor a local copy can provide a dataset; the message names both routes. A FileNotFoundError, so
+    the entry points report it as a user's error (one line, status 2)."""
 
 
 @dataclass(frozen=True)
