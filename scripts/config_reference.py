@@ -1,14 +1,13 @@
-"""Write docs/configuration.md, the configuration reference, from configs/**/*.yaml: every config group, every file of
-it and every key of every file, with the value the file sets and the comment the file writes beside it.
+"""The configuration reference, docs/configuration.md, from configs/**/*.yaml: every config group, every file of it
+and every key of every file, with the value the file sets and the comment the file writes beside it.
 
-    python scripts/config_reference.py            # rewrite docs/configuration.md
-    python scripts/config_reference.py --check    # exit 1 if the committed page differs from what the configs give
+    python scripts/config_reference.py            # write docs/configuration.md (git ignores it) to read locally
 
-The page is generated so that it cannot drift: tests/test_config_reference.py fails while the committed page differs
-from this script's output, and checks that every key YAML parses out of every file appears on it. The YAML is read
-line by line (PyYAML drops comments): `key: value  # comment`, with a comment continued on the following comment-only
-lines that start in the same column; a comment block on lines of its own belongs to the key below it; the comment
-lines above the first key describe the file.
+The page is not committed: the docs site builds it from the configs (scripts/mkdocs_hooks.py), so it cannot drift and
+a new config file needs no step of its own; tests/test_config_reference.py checks that every key YAML parses out of
+every file appears on it. The YAML is read line by line (PyYAML drops comments): `key: value  # comment`, with a
+comment continued on the following comment-only lines that start in the same column; a comment block on lines of its
+own belongs to the key below it; the comment lines above the first key describe the file.
 """
 
 from __future__ import annotations
@@ -280,16 +279,8 @@ def render(configs: list[ConfigFile]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/configuration.md is stale")
-    args = parser.parse_args(argv)
-    page = render(files())
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != page:
-            print(f"{OUT.relative_to(ROOT)} is stale: run python scripts/config_reference.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(page, encoding="utf-8")
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
+    OUT.write_text(render(files()), encoding="utf-8")
     print(f"wrote {OUT.relative_to(ROOT)}")
     return 0
 

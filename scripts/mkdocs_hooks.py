@@ -1,4 +1,8 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the committed study reports and benchmark records are part of the site.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the configuration reference is built from the configs, and the committed study
+reports and benchmark records are part of the site.
+
+`configuration.md` is generated here from configs/**/*.yaml (scripts/config_reference.py), never committed: a new
+config file is on the site's reference without a step of its own.
 
 The pages under docs/ link to them as files of the repository (`../reports/cpu_study/report.md`), which is what works
 when the Markdown is read on a forge or in an editor. The site serves `reports/` and `benchmarks/` under the same
@@ -12,11 +16,15 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import scripts.config_reference as config_reference  # noqa: E402  (the repository on the path)
+
 SERVED = ("reports", "benchmarks")  # repository folders served in the site under their own paths
 INPUTS = {"reading.md"}  # a report's reading is an input of scripts/report.py, inside report.md
 LINK = re.compile(r"(\]\()(?P<target>[^)\s]+)(\))")
@@ -27,6 +35,10 @@ def served(path: Path) -> bool:
 
 
 def on_files(files: Files, config) -> Files:
+    reference = config_reference.OUT.relative_to(ROOT / "docs").as_posix()
+    if files.get_file_from_path(reference) is not None:  # a local copy the script wrote: the configs' page wins
+        files.remove(files.get_file_from_path(reference))
+    files.append(File.generated(config, reference, content=config_reference.render(config_reference.files())))
     for folder in SERVED:
         for path in sorted((ROOT / folder).rglob("*")):
             if served(path):
@@ -54,7 +66,7 @@ def site_path(path: str, docs_dir: str) -> str | None:
 
 
 def on_page_markdown(markdown: str, page, config, files: Files) -> str:
-    here = os.path.dirname(page.file.abs_src_path)
+    here = os.path.dirname(page.file.abs_src_path or os.path.join(config.docs_dir, page.file.src_uri))
     site_dir = posixpath.dirname(page.file.src_uri)
 
     def rewrite(match: re.Match) -> str:
