@@ -12,8 +12,8 @@ import torch
 
 from tests.test_training import Crash, CrashAfter, Recorder, fit
 from tokenrl.algorithms.dapo import varied_groups
-from tokenrl.data.datamodule import PromptBatch
 from tokenrl.records.problem import Problem
+from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups, concat_scored
 

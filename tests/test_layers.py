@@ -114,3 +114,15 @@ def test_the_package_root_holds_only_what_every_layer_uses():
     """Every module lives in a folder of the layer table; the root keeps the helpers all layers share."""
     loose = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert loose == ["__init__.py", "paths.py", "utils.py"], "a new module belongs in a folder (docs/architecture.md)"
+
+
+def test_the_math_imports_only_the_records():
+    """algorithms/ is the math, pure functions of tensors checked against float64 references: it imports no tokenrl
+    unit but records/ (and its own modules), so a pass that runs a model lives in step/ (docs/architecture.md)."""
+    reached = {
+        f"{path.relative_to(PACKAGE)} line {line}: {target}"
+        for path in sorted((PACKAGE / "algorithms").rglob("*.py"))
+        for line, target in imports(path.read_text(), module_name(path), path.name == "__init__.py")
+        if unit_of(target) not in ("records", "algorithms")
+    }
+    assert sorted(reached) == [], "algorithms/ imports beyond records/"

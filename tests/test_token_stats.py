@@ -1,4 +1,4 @@
-"""algorithms/token_stats.py: the chunked statistics pass vs float64 brute force."""
+"""step/statistics.py: the chunked statistics pass vs float64 brute force."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny import rollouts
-from tokenrl.algorithms.token_stats import compute_token_stats
+from tokenrl.step.statistics import compute_token_stats
 
 
 def brute_force_stats(model, batch, temperature):

@@ -155,7 +155,7 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
     statistics rank the whole step once, before the first update."""
     import copy
 
-    from tokenrl.algorithms.token_stats import compute_token_stats
+    from tokenrl.step.statistics import compute_token_stats
 
     calls = []
 
@@ -205,7 +205,7 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
     """`selector.js_peers=others` reaches the statistics pass: ICT ranks by the leave-one-out JS."""
     import copy
 
-    from tokenrl.algorithms.token_stats import compute_token_stats
+    from tokenrl.step.statistics import compute_token_stats
 
     seen = []
 

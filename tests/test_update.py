@@ -9,11 +9,11 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from tokenrl.algorithms.token_stats import compute_token_stats
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.run.training import build_components
 from tokenrl.step.passes import UpdateForward
+from tokenrl.step.statistics import compute_token_stats
 from tokenrl.step.update import Backend, ppo_update
 from tokenrl.utils import derived_seed
 

@@ -102,7 +102,7 @@ def naive_stats(model, batch, temperature=1.0):
 def run_variant(args) -> None:
     import torch
 
-    from tokenrl.algorithms.token_stats import compute_token_stats
+    from tokenrl.step.statistics import compute_token_stats
 
     torch.set_num_threads(args.threads)
     model, batch = workload(args)

@@ -1,6 +1,7 @@
-"""Per-response-token statistics and log-probs from the policy, at the sampling temperature.
+"""Per-response-token statistics and log-probs from logits, at the sampling temperature: the math, a pure function
+of tensors (the pass that runs the policy to get the logits is step/statistics.py).
 
-One no-grad pass, chunked so that at most `chunk_size` response tokens have logits at a time: peak memory
+Group by group and chunk by chunk, so that at most `chunk_size` response tokens have logits at a time: peak memory
 O(chunk × vocab), never O(batch × length × vocab) (the failure users report most with Qwen's 151,936 vocab).
 With π = softmax(z / T), T the sampling temperature (docs/algorithms.md §1.5, §2.2–2.3):
   log π(o_t);  Shannon H = −Σ π log π;  Rényi-2 H₂ = −log Σ π²;
@@ -15,10 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
-from tokenrl.models.response_forward import decoder_and_head, response_hidden
-from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import ALL_STATISTICS, TokenStats, zero_statistics
 
 JS_PEERS = ("all", "others")
@@ -93,56 +91,9 @@ def check_js_peers(js_peers: str) -> None:
         raise ValueError(f"selector.js_peers={js_peers!r} is not one of {JS_PEERS}")
 
 
-def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
+def group_rows(group_ids: torch.Tensor) -> list[torch.Tensor]:
+    """The row indices of each group, groups in ascending id order."""
     return [(group_ids == g).nonzero().squeeze(1) for g in group_ids.unique(sorted=True)]
-
-
-@torch.no_grad()
-def compute_token_stats(
-    model: nn.Module,
-    batch: RolloutBatch,
-    temperature: float,
-    micro_batch_size: int,
-    chunk_size: int,
-    with_js: bool = False,
-    js_peers: str = "all",
-    share_prefix: bool = False,
-    trim: bool = False,
-) -> TokenStats:
-    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
-    (layouts: models/response_forward.py)."""
-    check_js_peers(js_peers)
-    device = next(model.parameters()).device
-    _, head = decoder_and_head(model)
-    out = zero_statistics(batch.response_ids.shape, with_js)
-    local = torch.full((batch.response_ids.shape[0],), -1, dtype=torch.long)
-
-    def flush(pending: list[torch.Tensor]) -> None:
-        rows = torch.cat(pending)
-        local[rows] = torch.arange(len(rows))
-        hidden, _ = response_hidden(model, batch.rows(rows), share_prefix, trim)
-        for group_rows in pending:
-            group_statistics(
-                lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
-                group_rows,
-                batch.response_ids,
-                batch.response_mask,
-                temperature,
-                chunk_size,
-                with_js,
-                out,
-                js_peers,
-            )
-
-    pending: list[torch.Tensor] = []
-    for group in _groups(batch.group_ids):
-        if pending and sum(map(len, pending)) + len(group) > max(micro_batch_size, len(group)):
-            flush(pending)
-            pending = []
-        pending.append(group)
-    if pending:
-        flush(pending)
-    return TokenStats(**out)
 
 
 @torch.no_grad()
@@ -159,7 +110,7 @@ def stats_from_logits(
     """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
     check_js_peers(js_peers)
     out = zero_statistics(response_ids.shape, with_js)
-    for group in _groups(group_ids):
+    for group in group_rows(group_ids):
         group_statistics(
             lambda row, pos: logits[row, pos],
             group,

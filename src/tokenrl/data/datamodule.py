@@ -18,23 +18,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
 from tokenrl.records.problem import Problem
+from tokenrl.records.prompt_batch import PromptBatch, rank_shard
 from tokenrl.rewards.verifiers import resolve
 
 log = logging.getLogger(__name__)
-
-
-class PromptBatch:
-    """The prompts of rollout step `step`: problems and their tokenised prompts.
-
-    A plain class, not a dataclass: Lightning's precision plugins walk a batch with `apply_to_collection`, which
-    rebuilds dataclasses field by field and refuses the frozen `Problem` records inside (trainer=fsdp stopped at its
-    first batch); prompts stay on the host as they are."""
-
-    def __init__(self, step: int, problems: list[Problem], prompt_ids: list[list[int]]) -> None:
-        self.step, self.problems, self.prompt_ids = step, problems, prompt_ids
-
-    def __repr__(self) -> str:
-        return f"PromptBatch(step={self.step}, {len(self.problems)} problems)"
 
 
 @lru_cache(maxsize=8)
@@ -50,13 +37,6 @@ def stream_indices(n: int, label: str, start: int, count: int) -> list[int]:
     return [
         _epoch_order(n, label, epoch)[pos] for epoch, pos in (divmod(flat, n) for flat in range(start, start + count))
     ]
-
-
-def rank_shard(count: int, rank: int, world_size: int, field: str) -> slice:
-    """Rank r's contiguous slice of a global batch of `count` prompts."""
-    if count % world_size:
-        raise ValueError(f"{field}={count} must be divisible by the {world_size} training processes")
-    return slice(rank * count // world_size, (rank + 1) * count // world_size)
 
 
 class PromptSchedule(IterableDataset):

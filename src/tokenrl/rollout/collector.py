@@ -12,7 +12,7 @@ import torch
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.dapo import overlong_penalty
-from tokenrl.data.datamodule import PromptBatch, rank_shard
+from tokenrl.records.prompt_batch import PromptBatch, rank_shard
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenrl.algorithms.dapo import varied_groups
-from tokenrl.data.datamodule import PromptBatch
+from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 
 

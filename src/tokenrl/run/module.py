@@ -21,13 +21,13 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import needs_js
-from tokenrl.data.datamodule import PromptBatch
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.evaluation.runner import Validator
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.observe.samples import SampleWriter
+from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector

@@ -1,6 +1,6 @@
-"""The passes a rollout step runs over its policy and reference: the no-grad statistics pass, the reference's
-log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in the layout
-`fast_path` asks for (models/response_forward.py) where the model allows it."""
+"""The passes a rollout step runs over its policy and reference: the no-grad statistics pass (statistics.py), the
+reference's log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in
+the layout `fast_path` asks for (models/response_forward.py) where the model allows it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import compute_token_stats, stats_from_logits
+from tokenrl.algorithms.token_stats import stats_from_logits
 from tokenrl.models.response_forward import forward_response_logits, response_logits, response_logprobs, shannon_entropy
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
+from tokenrl.step.statistics import compute_token_stats
 
 
 @dataclass

@@ -1,0 +1,64 @@
+"""The statistics pass: one no-grad forward of the policy over a rollout batch, whole groups per forward, and the
+statistics of every response token from its logits (the math: algorithms/token_stats.py; the layouts of the forward:
+models/response_forward.py).
+
+Each forward holds at most max(micro_batch_size, G) rows of hidden states; the head turns them into logits chunk by
+chunk inside `group_statistics`, so at most `chunk_size` response tokens have logits at a time."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tokenrl.algorithms.token_stats import check_js_peers, group_rows, group_statistics
+from tokenrl.models.response_forward import decoder_and_head, response_hidden
+from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.token_stats import TokenStats, zero_statistics
+
+
+@torch.no_grad()
+def compute_token_stats(
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    micro_batch_size: int,
+    chunk_size: int,
+    with_js: bool = False,
+    js_peers: str = "all",
+    share_prefix: bool = False,
+    trim: bool = False,
+) -> TokenStats:
+    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
+    (layouts: models/response_forward.py)."""
+    check_js_peers(js_peers)
+    device = next(model.parameters()).device
+    _, head = decoder_and_head(model)
+    out = zero_statistics(batch.response_ids.shape, with_js)
+    local = torch.full((batch.response_ids.shape[0],), -1, dtype=torch.long)
+
+    def flush(pending: list[torch.Tensor]) -> None:
+        rows = torch.cat(pending)
+        local[rows] = torch.arange(len(rows))
+        hidden, _ = response_hidden(model, batch.rows(rows), share_prefix, trim)
+        for group in pending:
+            group_statistics(
+                lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
+                group,
+                batch.response_ids,
+                batch.response_mask,
+                temperature,
+                chunk_size,
+                with_js,
+                out,
+                js_peers,
+            )
+
+    pending: list[torch.Tensor] = []
+    for group in group_rows(batch.group_ids):
+        if pending and sum(map(len, pending)) + len(group) > max(micro_batch_size, len(group)):
+            flush(pending)
+            pending = []
+        pending.append(group)
+    if pending:
+        flush(pending)
+    return TokenStats(**out)
