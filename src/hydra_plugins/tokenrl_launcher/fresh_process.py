@@ -1,6 +1,6 @@
 """Run each job of a Hydra multirun in a new process, `n_jobs` at a time, in Hydra's multirun folder layout.
 
-Why: an in-process vLLM engine never gives all of its memory back (≈ 0.9 GiB per engine on CPU, vllm#21073), a
+Why: an in-process vLLM engine never gives all of its memory back (vllm#21073), a
 second engine in the same process fails to start on a GPU, and vLLM's sleep mode allows one engine per process.
 Hydra's basic launcher runs every job in the launching process, and joblib's loky workers are reused across jobs;
 here every job gets a spawned process of its own that exits after it, so job k starts as clean as job 0.

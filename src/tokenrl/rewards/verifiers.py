@@ -245,7 +245,7 @@ def _golds_letter(answers: list[str]) -> list[bool]:
     return [answer.strip().upper() in ("A", "B", "C", "D") for answer in answers]
 
 
-_MATH_VERIFY_CHECKS = 200  # golds math_forms rejects that math-verify then reads, at most (~0.5-2 ms each)
+_MATH_VERIFY_CHECKS = 200  # golds math_forms rejects that math-verify then reads, at most (each a parse)
 
 
 def _golds_math(answers: list[str]) -> list[bool]:
