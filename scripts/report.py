@@ -10,25 +10,17 @@ empty folder, a single run's folder) is one `error:` line on stderr and exit sta
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from tokenrl.cli.errors import OneLineParser  # noqa: E402
 from tokenrl.report import build_report  # noqa: E402
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's parser; a bad command line is one `error:` line and exit status 2, as every bad input here."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (python scripts/report.py --help lists the options)\n")
-
-
 def main() -> None:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python scripts/report.py", description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a multirun folder (logs/<task_name>/multiruns/<time>)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <folder>/report)")
     parser.add_argument("--baseline", default="uniform", help="group the paired differences are taken against")

@@ -69,3 +69,33 @@ def test_a_checkpoint_of_another_model_is_named_with_how_many_weights_differ(sav
         assert error is None
     else:
         assert str(error) == f"ckpt_path=run/last.ckpt: a checkpoint of another model ({message}): use its model"
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--only", "gpu"], "argument --only: invalid choice: 'gpu'"),
+        (["--timeout", "soon"], "argument --timeout: invalid float value: 'soon'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_doctor_command_line_is_one_error_line(argv, message, capsys):
+    from tokenrl.cli.doctor import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: tokenrl-doctor: ") and message in err and "tokenrl-doctor --help" in err
+
+
+def test_the_doctor_refuses_a_report_it_cannot_write_before_any_check(tmp_path, capsys, monkeypatch):
+    import tokenrl.cli.doctor as doctor
+
+    monkeypatch.setattr(doctor, "environment", lambda: pytest.fail("a check ran before --out was checked"))
+    (tmp_path / "a_file").write_text("")
+    for out, reason in ((tmp_path, "is a folder"), (tmp_path / "a_file" / "doctor.json", "cannot create its folder")):
+        with pytest.raises(SystemExit) as stop:
+            doctor.main(["--out", str(out)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and f"--out {out}" in err and reason in err

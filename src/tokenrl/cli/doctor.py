@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from hydra_plugins.tokenrl_launcher.run_id import run_id
+from tokenrl.cli.errors import OneLineParser
 from tokenrl.paths import ROOT
 
 LOG_DIR = ROOT / "logs" / "doctor"  # a folder per report, named as run folders are
@@ -249,12 +250,20 @@ def report_path(out: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog="tokenrl-doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, help="the report (JSON); default: logs/doctor/<new folder>/doctor.json")
     parser.add_argument("--only", nargs="+", choices=["hf", "vllm", "ddp"], help="run only these checks")
     parser.add_argument("--extra", nargs="*", default=[], help="overrides added to every check's run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per check")
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.is_dir():
+        parser.error(f"--out {args.out} is a folder: name the report's file, e.g. --out {args.out / 'doctor.json'}")
+    try:
+        out = report_path(args.out)  # before the checks: a report that cannot be written is known at once
+    except OSError as err:
+        parser.error(f"--out {args.out}: cannot create its folder ({err.strerror})")
     env = environment()
     print("\n".join(f"{key:<18} {value}" for key, value in env.items()))
     device = "cuda:0" if env["gpus"] else "cpu"
@@ -282,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
         "memory_plan": plan,
         "checks": results,
     }
-    out = report_path(args.out)
     out.write_text(json.dumps(report, indent=2))
     print(f"{'all checks passed' if ok else 'a check FAILED'}; report: {out}")
     return 0 if ok else 1

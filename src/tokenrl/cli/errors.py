@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 DEBUG_ENV = "TOKENRL_DEBUG"  # =1: the traceback of a user error on the console too
@@ -26,3 +28,11 @@ def report_user_error(err: BaseException) -> None:
         import traceback
 
         traceback.print_exception(err)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose bad command line is one `error:` line and exit status 2, as every bad input is
+    (docs/errors.md), not argparse's usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} ({self.prog} --help lists the options)\n")

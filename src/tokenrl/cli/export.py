@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
 
 import tokenrl.paths  # noqa: F401 — sets TOKENRL_ROOT, which the saved config's paths.* read
+from tokenrl.cli.errors import OneLineParser
 from tokenrl.data.hub import hub_reachable
 from tokenrl.export.hf_folder import export_dtype, model_card, saved_tokenizer, staged, write_model_folder
 from tokenrl.models import DTYPES, _load_pretrained, build_model, build_tokenizer, torch_dtype
@@ -276,7 +277,7 @@ def push_to_hub(folder: Path, repo: str, private: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tokenrl-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
