@@ -13,6 +13,7 @@ experiment (which states all three) and sweeps (`-m`: their jobs may run on othe
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import re
 import sys
@@ -65,6 +66,8 @@ def machine_overrides(argv: list[str], gpu: bool, vllm: bool) -> list[str]:
 
 def with_machine_defaults(argv: list[str]) -> list[str]:
     """`argv` completed for this machine, with one line on stderr saying what was added and how to choose otherwise."""
+    if any(arg in ("-h", "--help", "--hydra-help") for arg in argv):
+        return argv  # help is the same on every machine: no need to load torch to ask for a GPU
     import torch
 
     gpu = torch.cuda.is_available()
@@ -90,3 +93,59 @@ def run_dir_override(argv: list[str]) -> list[str]:
     if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
         return argv  # a checkpoint outside a run folder: a new run folder
     return [*argv, f"hydra.run.dir={folder.parent}"]
+
+
+def unknown_key_problem(argv: list[str]) -> str | None:
+    """The error of an override `key=value` whose key the composed config lacks, or None. Hydra's own message for it
+    suggests `+key=value`, which adds a key that nothing reads (a selector without a ratio does not start taking one);
+    this says which presets of the group have the key, or which keys the node has. Single runs only (a sweep's values
+    are not one config)."""
+    if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
+        return None
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    def composed(chosen: list[str]) -> Any:
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+                return compose("train", overrides=chosen, return_hydra_config=True)
+        finally:
+            GlobalHydra.instance().clear()
+
+    try:
+        composed(overrides)
+        return None
+    except ConfigCompositionException as err:
+        match = re.search(r"Could not override '([\w.]+)'", str(err))
+        if match is None:
+            return None  # Hydra's own message names the problem
+        key = match[1]
+    given = next(arg for arg in overrides if arg.split("=", 1)[0] == key)
+    parent, _, leaf = key.rpartition(".")
+    try:
+        cfg = composed([arg for arg in overrides if arg != given])
+    except ConfigCompositionException:
+        return None
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    keys = sorted(k for k in (node.keys() if hasattr(node, "keys") else []) if k not in ("hydra", "_target_"))
+    close = difflib.get_close_matches(leaf, keys, n=1)
+    choice = cfg.hydra.runtime.choices.get(parent) if parent else None
+    if close:
+        hint = f"did you mean {parent + '.' if parent else ''}{close[0]}?"
+    elif choice is not None:
+        having = sorted(
+            path.stem for path in (Path(CONFIG_DIR) / parent).glob("*.yaml") if preset_value(parent, path.stem, leaf)
+        )
+        hint = (
+            f"the {parent} presets that have it: {', '.join(having)} (e.g. {parent}={having[0]} {given})"
+            if having
+            else f"no {parent} preset has it"
+        )
+    else:
+        hint = f"{parent or 'the config'}'s keys: {', '.join(keys)}"
+    where = f"{parent}={choice}" if choice is not None else (parent or "the config")
+    return f"{given}: {where} has no setting '{leaf}' (its settings: {', '.join(keys)}); {hint}"
