@@ -1,2 +1,3 @@
-"""The records every layer shares (docs/architecture.md): a rollout batch, per-token statistics, a selection, a
-problem. Plain dataclasses over tensors, importing nothing of tokenrl, so that every package can sit above them."""
+"""The records one layer hands another (docs/architecture.md): a step's prompts, a rollout batch, per-token
+statistics, a selection, a micro-batch's loss inputs, a problem, the rules of a setting. Plain dataclasses over tensors,
+importing nothing of tokenrl, so that every package can sit above them."""
