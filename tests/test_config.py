@@ -18,12 +18,13 @@ def node(*overrides: str) -> dict:
 @pytest.mark.parametrize("preset", ["grpo", "dapo"])
 def test_every_preset_is_a_valid_record_with_typed_fields(preset):
     cfg = AlgorithmConfig.from_node(node(f"algorithm={preset}"), max_new_tokens=1024)
-    assert isinstance(cfg.group_size, int) and isinstance(cfg.clip_high, float) and isinstance(cfg.kl_masked, bool)
-    assert (cfg.aggregation, cfg.dual_clip) == (
+    assert isinstance(cfg.batch.group_size, int) and isinstance(cfg.loss.clip_high, float)
+    assert isinstance(cfg.loss.kl_masked, bool)
+    assert (cfg.loss.aggregation, cfg.loss.dual_clip) == (
         ("seq-mean-token-mean", None) if preset == "grpo" else ("token-mean", 10.0)
     )
     with pytest.raises(AttributeError):
-        cfg.kl_coef = 1.0  # frozen: the hot path reads, never writes
+        cfg.loss.kl_coef = 1.0  # frozen: the hot path reads, never writes
 
 
 @pytest.mark.parametrize(

@@ -129,7 +129,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     assert float(on_trainer.callback_metrics["train/fused_statistics"]) == 1.0
     assert float(off_trainer.callback_metrics["train/fused_statistics"]) == 0.0
     assert on.train.stats is None and off.train.stats is not None  # fused: the update computes them
-    assert on.train.size == 32 and on_module.cfg.micro_batch_size == 12 and on_module.cfg.uses_reference
+    assert on.train.size == 32 and on_module.cfg.batch.micro_batch_size == 12 and on_module.cfg.uses_reference
 
     # the same step: the same rollouts from the same weights, ICT really selecting
     assert torch.equal(on.train.rollouts.response_ids, off.train.rollouts.response_ids)

@@ -40,9 +40,10 @@ from tokenrl.selectors import (
     STAPOSelector,
     UniformSelector,
 )
+from tokenrl.step.fast_path import fused_blocker
 from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import Backend, UpdateForward, fused_blocker, ppo_update
+from tokenrl.step.update import Backend, UpdateForward, ppo_update
 
 VOCAB = 128
 PAD, EOS = 0, 1
@@ -171,7 +172,7 @@ def algorithm(**settings) -> AlgorithmConfig:
         tis_cap=None,
         response_budget=16,
     )
-    config = AlgorithmConfig(**{**base, **settings})
+    config = AlgorithmConfig.of(**{**base, **settings})
     config.validate(max_new_tokens=16)
     return config
 
@@ -251,7 +252,7 @@ def make_passes(policy, selector, cfg, share_prefix=True, trim=True, with_js=Non
         policy,
         None,
         TEMPERATURE,
-        cfg.micro_batch_size,
+        cfg.batch.micro_batch_size,
         CHUNK,
         "js" in selector.requires if with_js is None else with_js,
         selector.js_peers,
@@ -473,9 +474,9 @@ def test_fused_update_equals_the_separate_pass_for_every_token_level_method(
     )
     blocker = fused_blocker(cfg, selector, "js" in selector.requires, batch.response_ids.shape[0])
     selected = selector.normalizer == "selected"  # token-mean divides each term by its own count of tokens
-    if cfg.aggregation == "token-mean" and (
+    if cfg.loss.aggregation == "token-mean" and (
         (with_kl and (not selected or selector.weighs_kl))
-        or (cfg.uses_entropy_bonus and cfg.entropy_masked != selected)
+        or (cfg.uses_entropy_bonus and cfg.loss.entropy_masked != selected)
     ):
         assert blocker is not None and "different token counts" in blocker
         return

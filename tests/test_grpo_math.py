@@ -9,8 +9,75 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
-from tokenrl.algorithms.config import POLICY_LOSSES, TIS_MODES, AlgorithmConfig
+from tokenrl.algorithms.config import TIS_MODES, AlgorithmConfig, LossSettings
 from tokenrl.algorithms.grpo import LossNormalizer, engine_is_weights, group_advantages, policy_loss
+from tokenrl.algorithms.surrogates import BUILT_IN_SURROGATES as POLICY_LOSSES
+from tokenrl.algorithms.surrogates import SURROGATES, dppo_dropped
+from tokenrl.records.loss_inputs import LossInputs
+
+
+def loss_of(
+    logp,
+    old_logp,
+    advantages,
+    response_mask,
+    token_mask,
+    normalizer,
+    *,
+    aggregation,
+    norm,
+    clip_low,
+    clip_high,
+    ref_logp=None,
+    kl_coef=0.0,
+    kl_masked=True,
+    is_weights=None,
+    dual_clip=None,
+    kl_estimator="k3",
+    kind="ppo",
+    kl_weights=None,
+    drift_coef=None,
+    entropy=None,
+    entropy_coef=0.0,
+    entropy_masked=False,
+    dppo=("tv", 0.15, 0.15),
+    sapo=(1.0, 1.05),
+):
+    """`policy_loss(LossInputs, normalizer, LossSettings)` with these tests' names: the micro-batch's tensors and
+    the selection's fields go into `LossInputs`, the settings (`kind`: `algorithm.policy_loss`) into `LossSettings`."""
+    inputs = LossInputs(
+        logp=logp,
+        old_logp=old_logp,
+        advantages=advantages,
+        response_mask=response_mask,
+        weights=token_mask,
+        normalizer=norm,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        kl_weights=kl_weights,
+        drift_coef=drift_coef,
+        ref_logp=ref_logp,
+        is_weights=is_weights,
+        entropy=entropy,
+    )
+    settings = LossSettings(
+        aggregation=aggregation,
+        clip_low=clip_low if not isinstance(clip_low, torch.Tensor) else 0.0,
+        clip_high=clip_high if not isinstance(clip_high, torch.Tensor) else 0.0,
+        policy_loss=kind,
+        dual_clip=dual_clip,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        kl_masked=kl_masked,
+        entropy_coef=entropy_coef,
+        entropy_masked=entropy_masked,
+        dppo_divergence=dppo[0],
+        dppo_low=dppo[1],
+        dppo_high=dppo[2],
+        sapo_tau_pos=sapo[0],
+        sapo_tau_neg=sapo[1],
+    )
+    return policy_loss(inputs, normalizer, settings)
 
 
 def reference_advantages(rewards, groups, eps=1e-6):
@@ -80,10 +147,10 @@ def test_policy_loss_matches_float64_loop(agg, norm, kl_masked, seed):
     logp, old, adv, resp, sel, ref = random_case(seed)
     kwargs = dict(aggregation=agg, norm=norm, clip_low=0.2, clip_high=0.28, kl_coef=0.04, kl_masked=kl_masked)
     normalizer = LossNormalizer.count(resp, sel, agg, norm, kl_masked)
-    whole = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
+    whole = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
     # micro-batches with the mini-batch normaliser must add up to the whole-batch loss
     parts = sum(
-        policy_loss(logp[r], old[r], adv[r], resp[r], sel[r], normalizer, ref_logp=ref[r], **kwargs).loss
+        loss_of(logp[r], old[r], adv[r], resp[r], sel[r], normalizer, ref_logp=ref[r], **kwargs).loss
         for r in torch.arange(7).split(3)
     )
     expected = reference_loss(
@@ -109,7 +176,7 @@ def test_policy_loss_gradient_moves_towards_positive_advantage():
     resp = torch.ones(2, 3)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     normalizer = LossNormalizer.count(resp, resp, "token-mean", "selected", True)
-    out = policy_loss(
+    out = loss_of(
         logp,
         logp.detach(),
         adv,
@@ -146,7 +213,7 @@ def test_equal_rewards_give_zero_advantage_and_no_nan():
     resp = torch.ones(8, 5)
     normalizer = LossNormalizer.count(resp, resp, "seq-mean-token-mean", "selected", True)
     logp = torch.zeros(8, 5, requires_grad=True)
-    out = policy_loss(
+    out = loss_of(
         logp,
         logp.detach(),
         adv,
@@ -167,7 +234,7 @@ def test_empty_selection_gives_zero_loss_not_nan():
     nothing = torch.zeros(3, 4)
     for agg in ("seq-mean-token-mean", "token-mean"):
         normalizer = LossNormalizer.count(resp, nothing, agg, "selected", True)
-        out = policy_loss(
+        out = loss_of(
             torch.zeros(3, 4),
             torch.zeros(3, 4),
             torch.ones(3),
@@ -203,7 +270,7 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     assert (weights == cap).any() and (weights < 1).any()  # the cap and down-weighting both occur
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_masked=True)
     normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
-    got = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, is_weights=weights, **kwargs).loss
+    got = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, is_weights=weights, **kwargs).loss
     expected = reference_loss(
         logp.tolist(),
         old.tolist(),
@@ -220,7 +287,7 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
         weights=expected_w,
     )
     assert float(got) == pytest.approx(expected, abs=1e-9)
-    plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
+    plain = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
     assert float(plain) != pytest.approx(expected, abs=1e-6)  # the weights really enter the loss
 
 
@@ -232,7 +299,7 @@ def test_dual_clip_matches_float64_loop(agg, seed):
     c = 1.4
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_masked=True)
     normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
-    out = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, dual_clip=c, **kwargs)
+    out = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, dual_clip=c, **kwargs)
     expected = reference_loss(
         logp.tolist(),
         old.tolist(),
@@ -252,7 +319,7 @@ def test_dual_clip_matches_float64_loop(agg, seed):
     ratio = (logp - old).clamp(-20, 20).exp()
     capped = (adv[:, None] < 0) & (ratio > c) & (resp * sel).bool()
     assert float(out.dual_clipped_tokens) == float(capped.sum()) > 0  # counted where the cap binds, and it does
-    plain = policy_loss(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs)
+    plain = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs)
     assert float(plain.loss) != pytest.approx(expected, abs=1e-6) and float(plain.dual_clipped_tokens) == 0
 
 
@@ -269,7 +336,7 @@ def test_low_var_kl_clamps_like_verl(agg):
     ref = ref.clone()
     ref[0, :3] = logp[0, :3] + torch.tensor([4.0, 30.0, -25.0], dtype=torch.float64)  # k3 = 49.6, e^30, 24
     resp[0, :3], sel[0, :3] = 1.0, 1.0  # all three count in the loss
-    got = policy_loss(
+    got = loss_of(
         logp,
         old,
         adv,
@@ -314,7 +381,7 @@ def test_low_var_kl_clamps_like_verl(agg):
         rows = [i for i in range(len(w)) if sum(w[i]) > 0]
         expected = pg_only + 0.01 * sum(sum(k * m for k, m in zip(kl[i], w[i])) / sum(w[i]) for i in rows) / len(rows)
     assert float(got) == pytest.approx(expected, abs=1e-9)
-    k3 = policy_loss(
+    k3 = loss_of(
         logp,
         old,
         adv,
@@ -334,7 +401,7 @@ def test_low_var_kl_clamps_like_verl(agg):
     with pytest.raises(
         ValueError, match=r"algorithm.kl_estimator='k5' is not one of \('k1', 'k2', 'k3', 'low_var_kl'\)"
     ):
-        policy_loss(
+        loss_of(
             logp,
             old,
             adv,
@@ -637,9 +704,7 @@ def both_losses(case, w=None, adv=None, **settings):
                 settings.get("kl_w"),
             )
             kwargs = {IMPL_NAMES[k]: v for k, v in settings.items()}
-            out = policy_loss(
-                logp, case["old"], adv, case["resp"], w, normalizer, ref_logp=ref, entropy=entropy, **kwargs
-            )
+            out = loss_of(logp, case["old"], adv, case["resp"], w, normalizer, ref_logp=ref, entropy=entropy, **kwargs)
             loss, norm, clipped = out.loss, (normalizer.pg, normalizer.kl, normalizer.entropy), int(out.clipped_tokens)
         else:
             loss, norm, clipped = loop_policy_loss(
@@ -725,9 +790,8 @@ def test_gspo_token_loss_and_gradient_match_the_loop(agg, norm, seed):
                     expected = -a * s[i] / divisor[i]
             assert float(impl["grad"][i, t]) == pytest.approx(expected, abs=1e-13, rel=1e-10), (i, t)
     # the per-token ratio value is s_i: pg_t = −min(s_i·Â, clip(s_i)·Â) on every token of the row
-    from tokenrl.algorithms.grpo import surrogate
-
-    pg, _, _ = surrogate(logp, old, adv[:, None], resp * sel, "gspo", lo, hi, None)
+    inputs = LossInputs(logp, old, adv, resp, sel, clip_low=lo, clip_high=hi)
+    pg = SURROGATES["gspo"](inputs, LossSettings("token-mean", lo, hi, policy_loss="gspo")).pg
     for i, value in s.items():
         a = float(adv[i])
         expected = -min(value * a, min(max(value, 1 - lo), 1 + hi) * a)
@@ -813,7 +877,7 @@ def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
     normalizer = LossNormalizer.count(resp, case["sel"], "seq-mean-token-sum-norm", "selected", True, False, budget)
     parts = sum(
         float(
-            policy_loss(
+            loss_of(
                 case["logp"][r],
                 case["old"][r],
                 case["adv"][r],
@@ -848,7 +912,7 @@ def test_sum_norm_loss_is_independent_of_selection_count():
         for name, w in (("all", sel), ("fewer", fewer)):
             normalizer = LossNormalizer.count(resp, w, agg, "selected", True, budget=10)
             logp = case["logp"].clone().requires_grad_(True)
-            policy_loss(
+            loss_of(
                 logp,
                 case["old"],
                 case["adv"],
@@ -1139,8 +1203,6 @@ def test_dppo_loss_and_gradient_match_the_loop(divergence, delta, agg, norm, see
     dppo = (divergence, delta, 1.5 * delta)
     impl, ref = both_losses(case, kind="dppo", dppo=dppo, agg=agg, norm=norm, beta=0.03, budget=9)
     assert_same(impl, ref)
-    from tokenrl.algorithms.grpo import dppo_dropped
-
     dropped = dppo_dropped(case["logp"], case["old"], case["adv"][:, None], *dppo)
     cells = quadrants(case, dropped)
     assert cells.get(("+", "up", True)) and cells.get(("-", "down", True))  # both unsafe sides drop
@@ -1165,7 +1227,7 @@ def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
     logp = p.log().requires_grad_(True)
     old = torch.full_like(p, 0.5).log()
     resp = torch.ones(1, 5)
-    out = policy_loss(
+    out = loss_of(
         logp,
         old,
         adv,
@@ -1187,8 +1249,6 @@ def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
     )
     assert float(out.clipped_tokens) == 2.0
     # binary KL: KL(Bern(0.5) ‖ Bern(0.8)) = 0.5·ln(0.5/0.8) + 0.5·ln(0.5/0.2) = 0.2231: over δ = 0.2, under δ = 0.25
-    from tokenrl.algorithms.grpo import dppo_dropped
-
     kl = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log((0.5 + 1e-8) / (0.2 + 1e-8))
     assert kl == pytest.approx(0.22314, abs=1e-5)
     assert dppo_dropped(p.log(), old, adv, "kl", 0.2, 0.2).tolist() == [[True, False, True, False, False]]
@@ -1233,7 +1293,7 @@ def test_sapo_gate_values_of_trl_and_its_on_policy_gradient_is_grpos():
     grads = {}
     for kind, taus in (("sapo", (1.0, 1.0)), ("sapo", (2.0, 5.0)), ("ppo", (1.0, 1.05))):
         logp = torch.full((2, 4), -1.3, dtype=torch.float64, requires_grad=True)
-        out = policy_loss(
+        out = loss_of(
             logp,
             logp.detach(),
             adv,
@@ -1428,6 +1488,11 @@ def test_bad_dppo_sapo_and_engine_weight_settings_are_named(changes, message):
 
 def test_new_losses_are_named_and_valid_with_their_settings():
     for kind in ("gspo_seq", "dppo", "sapo"):
-        assert algorithm_config(policy_loss=kind).policy_loss == kind
+        assert algorithm_config(policy_loss=kind).loss.policy_loss == kind
     cfg = algorithm_config(tis_mode="sequence_mask", tis_min=0.5, tis_cap=5.0, dppo_divergence="kl")
-    assert (cfg.tis_mode, cfg.tis_min, cfg.tis_cap, cfg.dppo_divergence) == ("sequence_mask", 0.5, 5.0, "kl")
+    assert (cfg.engine_is.tis_mode, cfg.engine_is.tis_min, cfg.engine_is.tis_cap, cfg.loss.dppo_divergence) == (
+        "sequence_mask",
+        0.5,
+        5.0,
+        "kl",
+    )

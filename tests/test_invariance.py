@@ -166,7 +166,7 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
         record.micro_batches.append(len(pending))
         pending.clear()
         record.grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]).clone())
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), algorithm.grad_clip)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), algorithm.schedule.grad_clip)
         optimizer.step()
         optimizer.zero_grad()
         if len(record.grads) == 1 and not fused:

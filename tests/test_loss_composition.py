@@ -22,8 +22,9 @@ import torch
 
 from tests.helpers.grids import all_pairs, uncovered_pairs
 from tests.test_grpo_math import loop_policy_loss
-from tokenrl.algorithms.config import POLICY_LOSSES, AlgorithmConfig
+from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
+from tokenrl.algorithms.surrogates import BUILT_IN_SURROGATES as POLICY_LOSSES
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (
@@ -100,7 +101,7 @@ def case():
 
 def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
     kl_coef, estimator, kl_masked = KL[kl]
-    config = AlgorithmConfig(
+    config = AlgorithmConfig.of(
         group_size=3,
         prompts_per_step=4,
         micro_batch_size=8,
@@ -152,9 +153,8 @@ def implementation(batch, logp, selection, cfg, rows=None):
         batch.stats.logprobs[rows],
         selection.rows(rows),
         normalizer,
-        cfg,
+        cfg.loss,
         None,
-        0.0,
     )
     out.loss.backward()
     return float(out.loss.detach()), leaf.grad, (normalizer.pg, normalizer.kl, normalizer.entropy)
@@ -169,20 +169,20 @@ def reference(batch, logp, selection, cfg):
         batch.advantages.double() if selection.advantages is None else selection.advantages.double(),
         batch.rollouts.response_mask,
         selection.weights,
-        kind=cfg.policy_loss,
-        agg=cfg.aggregation,
+        kind=cfg.loss.policy_loss,
+        agg=cfg.loss.aggregation,
         norm=selection.normalizer,
-        lo=cfg.clip_low if selection.clip_low is None else selection.clip_low.double(),
-        hi=cfg.clip_high if selection.clip_high is None else selection.clip_high.double(),
+        lo=cfg.loss.clip_low if selection.clip_low is None else selection.clip_low.double(),
+        hi=cfg.loss.clip_high if selection.clip_high is None else selection.clip_high.double(),
         ref=batch.ref_logprobs.double(),
-        beta=cfg.kl_coef,
-        estimator=cfg.kl_estimator,
-        kl_masked=cfg.kl_masked,
+        beta=cfg.loss.kl_coef,
+        estimator=cfg.loss.kl_estimator,
+        kl_masked=cfg.loss.kl_masked,
         kl_w=selection.kl_weights,
         drift=selection.drift_coef,
-        budget=cfg.response_budget,
-        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high),
-        sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg),
+        budget=cfg.loss.response_budget,
+        dppo=(cfg.loss.dppo_divergence, cfg.loss.dppo_low, cfg.loss.dppo_high),
+        sapo=(cfg.loss.sapo_tau_pos, cfg.loss.sapo_tau_neg),
     )
     loss.backward()
     return float(loss.detach()), leaf.grad, normaliser
@@ -253,7 +253,7 @@ def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregati
     torch.testing.assert_close(shares[0][1] + shares[1][1], whole[1], rtol=1e-12, atol=1e-15)
 
     # zero the weight of the selected token with the largest policy-gradient gradient: that gradient becomes exactly 0
-    pg_only = dataclasses.replace(cfg, kl_coef=0.0)
+    pg_only = cfg.replace(kl_coef=0.0)
     _, pg_grad, _ = implementation(batch, logp, selection, pg_only)
     candidates = torch.where(selection.weights != 0, pg_grad.abs(), torch.zeros_like(pg_grad))
     i, t = divmod(int(candidates.argmax()), candidates.shape[1])
@@ -296,9 +296,8 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
             batch.stats.logprobs,
             selection,
             normalizer,
-            cfg,
+            cfg.loss,
             None,
-            0.0,
         )
         halves.append(float(out.loss))
     assert halves[1] == pytest.approx(halves[0] / 2, rel=1e-12) and halves[0] != 0.0

@@ -174,7 +174,7 @@ def replay(captured_step, *overrides: str, batch=None):
         shuffle,
         by_length=True,
     )
-    assert result.optimizer_steps == algorithm.mini_batches
+    assert result.optimizer_steps == algorithm.batch.mini_batches
     return torch.cat([p.detach().flatten() for p in policy.parameters()]), result.metrics
 
 

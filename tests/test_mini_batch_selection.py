@@ -94,7 +94,7 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
         return selection
 
     selector.select = recording
-    passes = PolicyPasses(policy, None, 1.0, algorithm.micro_batch_size, 64, False, "all")
+    passes = PolicyPasses(policy, None, 1.0, algorithm.batch.micro_batch_size, 64, False, "all")
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)  # the policy moves between mini-batches
 
     def optimizer_step() -> None:
@@ -110,7 +110,7 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
         reduce_normalizer=lambda local: local,
     )
     result = ppo_update(
-        batch, selector, algorithm, backend, torch.Generator().manual_seed(11), entropy_coef=algorithm.entropy_coef
+        batch, selector, algorithm, backend, torch.Generator().manual_seed(11), entropy_coef=algorithm.loss.entropy_coef
     )
     assert bool(seen.all()) and result.optimizer_steps == mini_batches
     return applied

@@ -11,7 +11,8 @@ import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 
-from tests.conftest import ROOT, compose_config
+from tests.conftest import compose_config
+from tests.helpers.readme import recipe_files
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import stats_from_logits
 from tokenrl.records.token_stats import TokenStats
@@ -25,7 +26,7 @@ from tokenrl.selectors import (
     TokenSelector,
     UniformSelector,
 )
-from tokenrl.step.update import fused_blocker
+from tokenrl.step.fast_path import fused_blocker
 
 
 # ---------------------------------------------------------------------------------------- brute force
@@ -281,42 +282,19 @@ def test_bad_selector_settings_fail_with_the_setting_named(override, message):
 
 
 # the README's "Add a selector" recipe, exactly as it shows it
-RARE_RECIPE = '''# src/tokenrl/selectors/rare.py
-"""`rare`: the top `ratio` of response tokens by surprisal −log π(o_t) (example)."""
-import torch
-
-from tokenrl.records.rules import one_of
-from tokenrl.records.selection import SelectionBatch
-from tokenrl.selectors.base import TokenSelector
-from tokenrl.selectors.ranking import RATIO, SCOPES, scoped_top_fraction
-
-
-class RareSelector(TokenSelector):
-    name = "rare"                              # its name (configs/selector/rare.yaml points at the class)
-    requires = frozenset({"logprobs"})         # statistics it reads (checked at start-up)
-    # a rule per keyword: checked at start-up before anything loads, naming the key as the user typed it
-    config_rules = {**TokenSelector.config_rules, "ratio": RATIO, "scope": one_of(*SCOPES)}
-
-    def __init__(self, ratio: float = 0.1, scope: str = "sequence", normalizer: str = "selected") -> None:
-        super().__init__(normalizer)
-        self.ratio, self.scope = ratio, scope
-
-    def mask(self, batch: SelectionBatch) -> torch.Tensor:
-        return scoped_top_fraction(-batch.stats.logprobs, batch, self.ratio, self.scope).float()
-'''
+RARE_RECIPE = recipe_files()["src/tokenrl/selectors/rare.py"]  # the README's module, verbatim
 
 
 def test_readme_recipe_selector_takes_the_fast_path_and_others_are_told_why_not():
     """Copied verbatim, the README's RareSelector (scope=sequence) is row-local, so the fused statistics admit it over
     several micro-batches; at scope=batch, or without a scope or `row_local`, the blocker says why and what to set."""
-    assert RARE_RECIPE in (ROOT / "README.md").read_text()
     namespace = {}
     exec(RARE_RECIPE, namespace)
     rare = namespace["RareSelector"]
     cfg = compose_config(["algorithm.micro_batch_size=4"])
     algorithm = AlgorithmConfig.from_node(cfg.algorithm, cfg.rollout.max_new_tokens)
-    assert algorithm.ppo_epochs * algorithm.mini_batches == 1
-    rows = 2 * algorithm.group_size  # several micro-batches of whole groups
+    assert algorithm.batch.ppo_epochs * algorithm.batch.mini_batches == 1
+    rows = 2 * algorithm.batch.group_size  # several micro-batches of whole groups
     assert rare().row_local and fused_blocker(algorithm, rare(), False, rows) is None
     batch_scoped = fused_blocker(algorithm, rare(scope="batch"), False, rows)
     assert "selector rare" in batch_scoped and "selector.scope=batch ranks across rows" in batch_scoped

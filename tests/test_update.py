@@ -44,7 +44,7 @@ class CaptureUpdate(L.Callback):
 
 def plain_backend(policy, cfg, temperature, optimizer, chunk):
     def optimizer_step():
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.schedule.grad_clip)
         optimizer.step()
         optimizer.zero_grad()
 
@@ -60,7 +60,7 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
         current_stats=lambda rows: compute_token_stats(
-            policy, rows, temperature, cfg.micro_batch_size, chunk, with_js=False
+            policy, rows, temperature, cfg.batch.micro_batch_size, chunk, with_js=False
         ),
         reduce_normalizer=lambda local: local,
     )

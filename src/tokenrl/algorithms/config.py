@@ -1,10 +1,16 @@
 """`AlgorithmConfig`: the `algorithm` node as one frozen, validated record, built once at start-up.
 
-Every check of the GRPO/DAPO settings lives here, and every error names the key as the command line writes it
-(`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is loaded; the hot path reads typed attributes.
-The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 and §11.13 (the
-engine's importance weights: truncated or masked, per token or per sequence), §11 (loss variants — GSPO, CISPO, DPPO,
-SAPO —, KL estimators, the entropy bonus and its adaptive coefficient).
+The YAML stays flat (`algorithm.clip_low`); the record groups its keys by who reads them: `batch` (how a step is cut
+into prompts, groups, mini- and micro-batches and generation rounds), `loss` (the surrogate, its clip, KL, entropy
+bonus and aggregation: what `policy_loss` reads), `engine_is` (the engine's importance weights), `shaping` (rewards
+and advantages before the loss: normalisation, overlong shaping, dynamic sampling's filter) and `schedule` (what
+changes over steps or acts on the gradient: lr warm-up, gradient clip, the adaptive entropy coefficient).
+Each group checks its own fields (`validate`), `AlgorithmConfig.validate` the rules across groups, and every error
+names the key as the command line writes it (`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is
+loaded; the hot path reads typed attributes. The valid `algorithm.policy_loss` values are the registered surrogates
+(algorithms/surrogates.py). The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked
+loss), §1.6 and §11.13 (the engine's importance weights: truncated or masked, per token or per sequence), §11 (loss
+variants — GSPO, CISPO, DPPO, SAPO —, KL estimators, the entropy bonus and its adaptive coefficient).
 """
 
 from __future__ import annotations
@@ -12,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-POLICY_LOSSES = ("ppo", "gspo", "gspo_seq", "cispo", "dppo", "sapo")
 TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 DPPO_DIVERGENCES = ("tv", "kl")
 FILTER_METRICS = ("acc", "reward")
@@ -24,87 +29,33 @@ NOT_LOSS_SETTINGS = ("name", "optimizer")  # keys of the node that other code re
 DERIVED = ("response_budget",)  # fields set from other nodes, not from `algorithm`
 
 
+def policy_losses() -> tuple[str, ...]:
+    """The valid `algorithm.policy_loss` values: every registered surrogate (user code may register more)."""
+    from tokenrl.algorithms.surrogates import SURROGATES  # imports torch: only when a config is checked
+
+    return tuple(SURROGATES)
+
+
 @dataclass(frozen=True)
-class AlgorithmConfig:
-    """GRPO with the DAPO switches (configs/algorithm/grpo.yaml documents each field)."""
+class BatchSettings:
+    """How one rollout step is cut: `prompts_per_step` prompts × `group_size` rollouts, `ppo_epochs` passes of
+    `mini_batches` optimizer steps, forwards of `micro_batch_size` rows; with dynamic sampling, rounds of
+    `gen_prompts_per_step` prompts, at most `max_gen_rounds`."""
 
     group_size: int
     prompts_per_step: int
     micro_batch_size: int
-    aggregation: str
-    clip_low: float
-    clip_high: float
-    dual_clip: float | None
-    kl_coef: float
-    kl_estimator: str
-    kl_masked: bool
-    adv_std_normalize: bool
-    adv_eps: float
     ppo_epochs: int
     mini_batches: int
-    grad_clip: float | None
-    overlong_buffer: int
-    overlong_penalty_factor: float
-    lr_warmup_steps: int
-    filter_groups: str | None
     gen_prompts_per_step: int
     max_gen_rounds: int
-    tis_cap: float | None
-    policy_loss: str = "ppo"
-    tis_mode: str = "token_truncate"
-    tis_min: float | None = None
-    dppo_divergence: str = "tv"
-    dppo_low: float = 0.15
-    dppo_high: float = 0.15
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    entropy_coef: float = 0.0
-    entropy_masked: bool = False
-    entropy_target: float | None = None
-    entropy_coef_delta: float = 1e-4
-    entropy_coef_max: float = 5e-3
-    response_budget: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
 
-    @classmethod
-    def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> AlgorithmConfig:
-        """The record of a composed `algorithm` node; `max_new_tokens` (rollout.max_new_tokens) bounds the overlong
-        buffer. Raises ValueError naming the key for an unknown, missing or invalid setting."""
-        fields = {field.name: field for field in dataclasses.fields(cls) if field.name not in DERIVED}
-        unknown = sorted(set(node) - set(fields) - set(NOT_LOSS_SETTINGS))
-        if unknown:
-            raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
-        missing = sorted(set(fields) - set(node))
-        if missing:
-            raise ValueError(f"algorithm.{missing[0]} is missing from the algorithm config")
-        values = {name: _typed(name, node[name], field.type) for name, field in fields.items()}
-        config = cls(**values, response_budget=max_new_tokens)
-        config.validate(max_new_tokens)
-        return config
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per rollout step."""
+        return self.ppo_epochs * self.mini_batches
 
-    def validate(self, max_new_tokens: int) -> None:
-        """Every rule the settings must satisfy, in one place."""
-        _one_of("aggregation", self.aggregation, AGGREGATIONS)
-        _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _one_of("policy_loss", self.policy_loss, POLICY_LOSSES)
-        _one_of("tis_mode", self.tis_mode, TIS_MODES)
-        _one_of("dppo_divergence", self.dppo_divergence, DPPO_DIVERGENCES)
-        if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
-            raise ValueError(
-                "algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
-                f"{self.response_budget}; build the config with the response budget"
-            )
-        if self.policy_loss == "cispo" and self.dual_clip is not None:
-            raise ValueError(
-                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=cispo (its "
-                "IS weight is already clipped and detached); set algorithm.dual_clip=null"
-            )
-        if self.policy_loss == "sapo" and self.dual_clip is not None:
-            raise ValueError(
-                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss=sapo (its "
-                "soft gate is already bounded by 4/τ·|Â|); set algorithm.dual_clip=null"
-            )
-        if self.filter_groups is not None:
-            _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
+    def validate(self) -> None:
         if self.group_size < 2:
             raise ValueError(
                 f"algorithm.group_size={self.group_size} must be >= 2: GRPO's advantage compares each "
@@ -120,11 +71,72 @@ class AlgorithmConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What `policy_loss` reads (docs/algorithms.md §1.2, §1.4, §11): the surrogate (`policy_loss`, a name of
+    `algorithms/surrogates.py::SURROGATES`) with its ε, dual clip, DPPO trust region and SAPO temperatures, the KL term,
+    the entropy bonus and the aggregation. The defaults after `clip_high` turn every extra term off."""
+
+    aggregation: str
+    clip_low: float
+    clip_high: float
+    policy_loss: str = "ppo"
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_masked: bool = True
+    entropy_coef: float = 0.0
+    entropy_masked: bool = False
+    dppo_divergence: str = "tv"
+    dppo_low: float = 0.15
+    dppo_high: float = 0.15
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    response_budget: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
+
+    def validate(self) -> None:
+        from tokenrl.algorithms.surrogates import REFUSES_DUAL_CLIP
+
+        _one_of("aggregation", self.aggregation, AGGREGATIONS)
+        _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        _one_of("policy_loss", self.policy_loss, policy_losses())
+        _one_of("dppo_divergence", self.dppo_divergence, DPPO_DIVERGENCES)
+        if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
+            raise ValueError(
+                "algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
+                f"{self.response_budget}; build the config with the response budget"
+            )
+        if self.policy_loss in REFUSES_DUAL_CLIP and self.dual_clip is not None:
+            raise ValueError(
+                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss={self.policy_loss} "
+                f"({REFUSES_DUAL_CLIP[self.policy_loss]}); set algorithm.dual_clip=null"
+            )
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(
                 f"algorithm.dual_clip={self.dual_clip} must be > 1 (verl's clip_ratio_c; 3 or 10 typical) "
                 "or null for off"
             )
+        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
+        for name in ("dppo_low", "dppo_high", "sapo_tau_pos", "sapo_tau_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be > 0")
+
+
+@dataclass(frozen=True)
+class EngineISSettings:
+    """The engine's importance weights on the policy-gradient term (docs/algorithms.md §1.6, §11.13): upper bound
+    `tis_cap` (None: off), `tis_mode`, lower bound `tis_min` (None: none)."""
+
+    tis_cap: float | None = None
+    tis_mode: str = "token_truncate"
+    tis_min: float | None = None
+
+    def validate(self) -> None:
+        _one_of("tis_mode", self.tis_mode, TIS_MODES)
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} must be > 0 (or null to turn the correction off)")
         for name, off in (("tis_mode", "token_truncate"), ("tis_min", None)):
@@ -139,11 +151,45 @@ class AlgorithmConfig:
                 f"algorithm.tis_min={self.tis_min} must lie in (0, algorithm.tis_cap={self.tis_cap}) "
                 "(or null for no lower bound)"
             )
+
+
+@dataclass(frozen=True)
+class ShapingSettings:
+    """Rewards and advantages before the loss (docs/algorithms.md §1.1, §1.3): the group std division and its ε, DAPO's
+    overlong shaping (`overlong_buffer` tokens, 0 = off) and dynamic sampling's filter metric (None: off)."""
+
+    adv_std_normalize: bool
+    adv_eps: float
+    overlong_buffer: int
+    overlong_penalty_factor: float
+    filter_groups: str | None
+
+    def validate(self, max_new_tokens: int) -> None:
+        if self.filter_groups is not None:
+            _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
         if not 0 <= self.overlong_buffer <= max_new_tokens:
             raise ValueError(
                 f"algorithm.overlong_buffer={self.overlong_buffer} must lie in [0, rollout.max_new_tokens="
                 f"{max_new_tokens}] (0 turns the shaping off)"
             )
+        for name in ("adv_eps", "overlong_penalty_factor"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    """What acts across steps or on the gradient: the lr warm-up (rollout steps, 0 = constant), the gradient-norm clip
+    (None: none) and the adaptive entropy coefficient (`entropy_target` None: a fixed `loss.entropy_coef`;
+    docs/algorithms.md §11.5)."""
+
+    lr_warmup_steps: int
+    grad_clip: float | None
+    entropy_target: float | None = None
+    entropy_coef_delta: float = 1e-4
+    entropy_coef_max: float = 5e-3
+
+    def validate(self) -> None:
         if self.lr_warmup_steps < 0:
             raise ValueError(f"algorithm.lr_warmup_steps={self.lr_warmup_steps} must be >= 0 (0 = constant lr)")
         if self.entropy_target is not None and not self.entropy_target > 0:
@@ -151,38 +197,108 @@ class AlgorithmConfig:
                 f"algorithm.entropy_target={self.entropy_target} must be > 0 nats (or null for a fixed "
                 "algorithm.entropy_coef)"
             )
-        if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
-            raise ValueError(
-                f"algorithm.entropy_coef={self.entropy_coef} must be <= algorithm.entropy_coef_max="
-                f"{self.entropy_coef_max} (the adaptive coefficient's start and cap)"
-            )
-        for name in (
-            "clip_low",
-            "clip_high",
-            "kl_coef",
-            "adv_eps",
-            "overlong_penalty_factor",
-            "entropy_coef",
-            "entropy_coef_delta",
-            "entropy_coef_max",
-        ):
+        for name in ("entropy_coef_delta", "entropy_coef_max"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
-        for name in ("dppo_low", "dppo_high", "sapo_tau_pos", "sapo_tau_neg"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be > 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"algorithm.grad_clip={self.grad_clip} must be > 0 (or null for no clipping)")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """GRPO with the DAPO switches (configs/algorithm/grpo.yaml documents each key), grouped by reader."""
+
+    batch: BatchSettings
+    loss: LossSettings
+    engine_is: EngineISSettings
+    shaping: ShapingSettings
+    schedule: ScheduleSettings
+
+    GROUPS: ClassVar[dict[str, type]] = {
+        "batch": BatchSettings,
+        "loss": LossSettings,
+        "engine_is": EngineISSettings,
+        "shaping": ShapingSettings,
+        "schedule": ScheduleSettings,
+    }
+
+    @classmethod
+    def fields(cls) -> dict[str, dataclasses.Field]:
+        """Every flat key of the record (`algorithm.<key>`, the derived `response_budget` included) → its field."""
+        return {field.name: field for group in cls.GROUPS.values() for field in dataclasses.fields(group)}
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The keys of the `algorithm` node that the record reads (every field but the derived ones)."""
+        return tuple(name for name in cls.fields() if name not in DERIVED)
+
+    @classmethod
+    def of(cls, **values: Any) -> AlgorithmConfig:
+        """The record of flat keyword values (unchecked: `from_node` checks them); a group's key left out takes its
+        default where it has one."""
+        fields = cls.fields()
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
+        return cls(
+            **{
+                name: group(**{f.name: values[f.name] for f in dataclasses.fields(group) if f.name in values})
+                for name, group in cls.GROUPS.items()
+            }
+        )
+
+    def replace(self, **values: Any) -> AlgorithmConfig:
+        """A copy with flat keys changed (`cfg.replace(kl_coef=0.0)`), unchecked."""
+        fields = self.fields()
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
+        changes = {}
+        for name in self.GROUPS:
+            group = getattr(self, name)
+            own = {key: value for key, value in values.items() if key in {f.name for f in dataclasses.fields(group)}}
+            if own:
+                changes[name] = dataclasses.replace(group, **own)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> AlgorithmConfig:
+        """The record of a composed `algorithm` node; `max_new_tokens` (rollout.max_new_tokens) bounds the overlong
+        buffer. Raises ValueError naming the key for an unknown, missing or invalid setting."""
+        fields = {name: field for name, field in cls.fields().items() if name not in DERIVED}
+        unknown = sorted(set(node) - set(fields) - set(NOT_LOSS_SETTINGS))
+        if unknown:
+            raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
+        missing = sorted(set(fields) - set(node))
+        if missing:
+            raise ValueError(f"algorithm.{missing[0]} is missing from the algorithm config")
+        values = {name: _typed(name, node[name], field.type) for name, field in fields.items()}
+        config = cls.of(**values, response_budget=max_new_tokens)
+        config.validate(max_new_tokens)
+        return config
+
+    def validate(self, max_new_tokens: int) -> None:
+        """Every group's rules, then the rules across groups."""
+        self.loss.validate()
+        self.engine_is.validate()
+        self.shaping.validate(max_new_tokens)
+        self.batch.validate()
+        self.schedule.validate()
+        if self.schedule.entropy_target is not None and self.loss.entropy_coef > self.schedule.entropy_coef_max:
+            raise ValueError(
+                f"algorithm.entropy_coef={self.loss.entropy_coef} must be <= algorithm.entropy_coef_max="
+                f"{self.schedule.entropy_coef_max} (the adaptive coefficient's start and cap)"
+            )
 
     @property
     def uses_entropy_bonus(self) -> bool:
         """The update's forward must return the entropy with its gradient (a fixed or an adaptive bonus)."""
-        return self.entropy_coef > 0 or self.entropy_target is not None
+        return self.loss.entropy_coef > 0 or self.schedule.entropy_target is not None
 
     @property
     def uses_reference(self) -> bool:
         """A KL term to the frozen initial policy is on."""
-        return self.kl_coef > 0
+        return self.loss.kl_coef > 0
 
 
 def _one_of(name: str, value: Any, allowed: tuple[str, ...], suffix: str = "") -> None:

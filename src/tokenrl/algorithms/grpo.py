@@ -1,5 +1,6 @@
-"""GRPO math in one place: group advantages, the per-token policy loss (clipped PPO, GSPO-token or -sequence, CISPO,
-DPPO or SAPO) with its KL, entropy and drift terms, loss aggregation, and the engine's importance weights.
+"""GRPO math in one place: group advantages, the per-token policy loss — the surrogate of algorithms/surrogates.py
+(clipped PPO, GSPO-token or -sequence, CISPO, DPPO, SAPO or a registered one) with its KL, entropy and drift terms —,
+loss aggregation, and the engine's importance weights.
 
 Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and
 token-mean; docs/algorithms.md §1.4 for the masked interface and §11 for the token-level terms implemented here.
@@ -7,11 +8,14 @@ token-mean; docs/algorithms.md §1.4 for the masked interface and §11 for the t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from tokenrl.algorithms.config import AGGREGATIONS, DPPO_DIVERGENCES, KL_ESTIMATORS, POLICY_LOSSES, TIS_MODES
+from tokenrl.algorithms.config import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, LossSettings
+from tokenrl.algorithms.surrogates import get_surrogate
+from tokenrl.records.loss_inputs import LossInputs
 
 NORMALIZERS = ("selected", "all")
 
@@ -102,146 +106,50 @@ class LossOutput:
     dual_clipped_tokens: torch.Tensor
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    token_mask: torch.Tensor,
-    normalizer: LossNormalizer,
-    *,
-    aggregation: str,
-    norm: str,
-    clip_low: float | torch.Tensor,
-    clip_high: float | torch.Tensor,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_masked: bool = True,
-    is_weights: torch.Tensor | None = None,
-    dual_clip: float | None = None,
-    kl_estimator: str = "k3",
-    kind: str = "ppo",
-    kl_weights: torch.Tensor | None = None,
-    drift_coef: torch.Tensor | None = None,
-    entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-    entropy_masked: bool = False,
-    dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
-    sapo: tuple[float, float] = (1.0, 1.05),
-) -> LossOutput:
+def policy_loss(inputs: LossInputs, normalizer: LossNormalizer, settings: LossSettings) -> LossOutput:
     """This micro-batch's share of the mini-batch loss (to minimise); summing shares gives the full loss.
 
-    Per token (docs/algorithms.md §1.2, §11): pg_t = −min(r_t Â_t, clip(r_t, 1−ε_low,t, 1+ε_high,t) Â_t) (`ppo`),
-    r_t = exp(logp − old_logp) (log-ratio clamped to ±20); `gspo` uses r_t = exp(logp − sg(logp) + sg(log s_i)), log s_i
-    the mean log-ratio of the row's selected tokens (GSPO-token, arXiv 2507.18071), `gspo_seq` r_t = s_i with its
-    gradient (GSPO's sequence form, §11.10); `cispo` is pg_t = −sg(clip(r_t, 1−ε_low, 1+ε_high)) Â_t logp_t
-    (MiniMax-M1, arXiv 2506.13585); `dppo` is pg_t = −r_t Â_t, 0 where the token left the trust region (`dppo` =
-    (divergence, δ_low, δ_high), `dppo_dropped`, §11.11); `sapo` is pg_t = −σ(τ(r_t − 1))·4/τ·Â_t, τ = τ_pos where
-    Â > 0 else τ_neg (`sapo` = (τ_pos, τ_neg), §11.12). Dual-clip c (arXiv 1912.09729; verl's `clip_ratio_c`): where
-    Â < 0 the unweighted pg_t is capped at −c·Â. Then pg_t += β_t·|logp − old_logp| (`drift_coef`, KL-Cov), pg_t ·= w_t
-    (`is_weights`, the engine's importance weights) and the token's weight (`token_mask`: 0/1 for a mask). kl_t =
-    `kl_estimate` × `kl_weights`; the entropy bonus −α·H_t (`entropy`, with gradient). ε may be a float or a (b, T)
-    tensor (DPPO and SAPO have no ε); `advantages` is (b,) (Â_i on every token) or (b, T) (per-token advantages).
+    Per token (docs/algorithms.md §1.2, §1.4, §11.1): pg_t is the surrogate `settings.policy_loss` names
+    (algorithms/surrogates.py: ppo, gspo, gspo_seq, cispo, dppo, sapo or one registered by user code, with its dual
+    clip), then pg_t += β_t·|log π_θ − log π_old| (`inputs.drift_coef`, KL-Cov), pg_t ·= w_t (`inputs.is_weights`, the
+    engine's importance weights, detached) and the token's weight (`inputs.weights`: 0/1 for a mask); kl_t =
+    `kl_estimate` × `inputs.kl_weights`, times `settings.kl_coef`; the entropy bonus −α·H_t (`inputs.entropy`, with
+    gradient; α = `settings.entropy_coef`). Each term is aggregated as `settings.aggregation` over `normalizer`'s
+    divisors. A selection's ε (`inputs.clip_low` / `clip_high`) replaces `settings`' where it is set.
     """
-    resp = response_mask.float()
-    selected = resp * (token_mask != 0)
-    w_pg = resp * token_mask.to(logp.dtype)
-    w_kl = (selected if kl_masked else resp) * (1.0 if kl_weights is None else kl_weights.to(logp.dtype))
-    w_entropy = selected if entropy_masked else resp
-    denominator = denominator_mask(response_mask, token_mask, norm)
-    adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logp.dtype)
-    pg, is_clipped, dual_clipped = surrogate(
-        logp, old_logp, adv, selected, kind, clip_low, clip_high, dual_clip, dppo, sapo
-    )
-    if drift_coef is not None:
-        pg = pg + drift_coef.to(pg.dtype) * (logp - old_logp).abs()
-    if is_weights is not None:
-        pg = pg * is_weights.to(pg.dtype).detach()
-    terms = [(pg, w_pg, denominator, normalizer.pg)]
-    if ref_logp is not None and kl_coef > 0:
-        terms.append((kl_coef * kl_estimate(logp, ref_logp, kl_estimator), w_kl, w_kl, normalizer.kl))
-    if entropy is not None and entropy_coef > 0:
-        terms.append((-entropy_coef * entropy, w_entropy, w_entropy, normalizer.entropy))
-    loss = aggregate(terms, denominator, aggregation)
-    return LossOutput(
-        loss, (is_clipped * selected).sum().detach(), selected.sum().detach(), (dual_clipped * selected).sum().detach()
-    )
-
-
-def surrogate(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    adv: torch.Tensor,
-    selected: torch.Tensor,
-    kind: str,
-    clip_low: float | torch.Tensor,
-    clip_high: float | torch.Tensor,
-    dual_clip: float | None,
-    dppo: tuple[str, float, float] = ("tv", 0.15, 0.15),
-    sapo: tuple[float, float] = (1.0, 1.05),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pg_t, clipped?, dual-clipped?) of `policy_loss`'s policy-gradient term, before any weight; `clipped` is the
-    clipped branch being the active minimum, for `dppo` the token being dropped, never for `sapo`."""
-    if kind not in POLICY_LOSSES:
-        raise ValueError(f"algorithm.policy_loss={kind!r} is not one of {POLICY_LOSSES}")
-    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
-    if kind in ("gspo", "gspo_seq"):
-        sequence = (log_ratio * selected).sum(1) / selected.sum(1).clamp_min(1.0)
-        log_ratio = (
-            logp - logp.detach() + sequence.detach()[:, None] if kind == "gspo" else sequence[:, None].expand_as(logp)
+    surrogate = get_surrogate(settings.policy_loss)
+    if inputs.clip_low is None or inputs.clip_high is None:
+        inputs = dataclasses.replace(
+            inputs,
+            clip_low=settings.clip_low if inputs.clip_low is None else inputs.clip_low,
+            clip_high=settings.clip_high if inputs.clip_high is None else inputs.clip_high,
         )
-    ratio = torch.exp(log_ratio)
-    none = torch.zeros_like(logp)
-    if kind == "sapo":
-        tau = torch.full_like(adv, sapo[1]).masked_fill(adv > 0, sapo[0])
-        return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, none, none
-    if kind == "dppo":
-        dropped = dppo_dropped(logp, old_logp, adv, *dppo)
-        pg, is_clipped = torch.where(dropped, 0.0, -ratio * adv), dropped.to(logp.dtype)
-    else:
-        bounded = clip_ratio(ratio, clip_low, clip_high)
-        if kind == "cispo":
-            return -bounded.detach() * adv * logp, (bounded != ratio).to(logp.dtype), none
-        unclipped, clipped = ratio * adv, bounded * adv
-        pg = -torch.minimum(unclipped, clipped)
-        is_clipped = (clipped < unclipped).to(pg.dtype)  # the clipped branch is the active minimum
-    dual_clipped = none
-    if dual_clip is not None:
-        bound = -adv * dual_clip
-        dual_clipped = ((adv < 0) & (pg > bound)).to(pg.dtype)
-        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-    return pg, is_clipped, dual_clipped
-
-
-def dppo_dropped(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, divergence: str, low: float, high: float
-) -> torch.Tensor:
-    """DPPO's "drop rather than clip" (Qi et al., arXiv 2602.04879; prime-rl's default loss, verl's `dppo_tv` /
-    `dppo_kl`): with p = π_θ(o_t), p_old = π_old(o_t) and D the binary TV |p − p_old| (`tv`) or the binary KL
-    p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p + 1e-8)) (`kl`, verl's and TRL's form), a token
-    is dropped where it left the trust region the way its advantage pushes it: Â > 0, p > p_old and D > δ_high, or
-    Â < 0, p < p_old and D > δ_low. Detached (a 0/1 gate)."""
-    with torch.no_grad():
-        p, p_old = torch.exp(logp), torch.exp(old_logp)
-        if divergence == "tv":
-            distance = (p - p_old).abs()
-        elif divergence == "kl":
-            eps = 1e-8
-            distance = p_old * (old_logp - logp) + (1.0 - p_old) * torch.log((1.0 - p_old + eps) / (1.0 - p + eps))
-        else:
-            raise ValueError(f"algorithm.dppo_divergence={divergence!r} is not one of {DPPO_DIVERGENCES}")
-        return ((adv > 0) & (p > p_old) & (distance > high)) | ((adv < 0) & (p < p_old) & (distance > low))
-
-
-def clip_ratio(ratio: torch.Tensor, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor) -> torch.Tensor:
-    """clip(r, 1 − ε_low, 1 + ε_high) with ε a float or a per-token tensor (ε_high = inf: no upper bound)."""
-    if not isinstance(clip_low, torch.Tensor) and not isinstance(clip_high, torch.Tensor):
-        return torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    low, high = (
-        1.0 + sign * torch.as_tensor(eps, dtype=ratio.dtype, device=ratio.device)
-        for sign, eps in ((-1.0, clip_low), (1.0, clip_high))
+    logp, weights, resp = inputs.logp, inputs.weights, inputs.response_mask.float()
+    selected = inputs.selected
+    w_pg = resp * weights.to(logp.dtype)
+    kl_weights = inputs.kl_weights
+    w_kl = (selected if settings.kl_masked else resp) * (1.0 if kl_weights is None else kl_weights.to(logp.dtype))
+    w_entropy = selected if settings.entropy_masked else resp
+    denominator = denominator_mask(inputs.response_mask, weights, inputs.normalizer)
+    terms = surrogate(inputs, settings)
+    pg = terms.pg
+    if inputs.drift_coef is not None:
+        pg = pg + inputs.drift_coef.to(pg.dtype) * (logp - inputs.old_logp).abs()
+    if inputs.is_weights is not None:
+        pg = pg * inputs.is_weights.to(pg.dtype).detach()
+    parts = [(pg, w_pg, denominator, normalizer.pg)]
+    if inputs.ref_logp is not None and settings.kl_coef > 0:
+        kl = settings.kl_coef * kl_estimate(logp, inputs.ref_logp, settings.kl_estimator)
+        parts.append((kl, w_kl, w_kl, normalizer.kl))
+    if inputs.entropy is not None and settings.entropy_coef > 0:
+        parts.append((-settings.entropy_coef * inputs.entropy, w_entropy, w_entropy, normalizer.entropy))
+    loss = aggregate(parts, denominator, settings.aggregation)
+    return LossOutput(
+        loss,
+        (terms.clipped * selected).sum().detach(),
+        selected.sum().detach(),
+        (terms.dual_clipped * selected).sum().detach(),
     )
-    return torch.minimum(torch.maximum(ratio, low), high)
 
 
 def aggregate(

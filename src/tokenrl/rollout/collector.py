@@ -43,11 +43,11 @@ class RolloutCollector:
 
     def check_sizes(self, rank: int, world: int) -> None:
         """Dynamic sampling's sizes must be able to fill a step, shared evenly by the ranks (fails at start-up)."""
-        rank_shard(self.cfg.prompts_per_step, rank, world, "algorithm.prompts_per_step")
-        if self.cfg.gen_prompts_per_step * self.cfg.max_gen_rounds < self.cfg.prompts_per_step:
+        rank_shard(self.cfg.batch.prompts_per_step, rank, world, "algorithm.prompts_per_step")
+        if self.cfg.batch.gen_prompts_per_step * self.cfg.batch.max_gen_rounds < self.cfg.batch.prompts_per_step:
             raise ValueError(
-                f"algorithm.gen_prompts_per_step={self.cfg.gen_prompts_per_step} × max_gen_rounds="
-                f"{self.cfg.max_gen_rounds} cannot supply prompts_per_step={self.cfg.prompts_per_step} "
+                f"algorithm.gen_prompts_per_step={self.cfg.batch.gen_prompts_per_step} × max_gen_rounds="
+                f"{self.cfg.batch.max_gen_rounds} cannot supply prompts_per_step={self.cfg.batch.prompts_per_step} "
                 "groups; raise one of them"
             )
 
@@ -68,14 +68,14 @@ class RolloutCollector:
         def generate(prompts: PromptBatch, round_index: int) -> ScoredRollouts:
             return self.generate(engine, prompts, who, round_index, timer, engine_context)
 
-        if self.cfg.filter_groups is None:
+        if self.cfg.shaping.filter_groups is None:
             return generate(batch, 0), {}
-        quota = self.cfg.prompts_per_step // who.world
+        quota = self.cfg.batch.prompts_per_step // who.world
         scored, metrics = collect_varied_groups(
             batch,
             quota,
-            self.cfg.filter_groups,
-            self.cfg.max_gen_rounds,
+            self.cfg.shaping.filter_groups,
+            self.cfg.batch.max_gen_rounds,
             generate,
             refill,
             everyone_done,
@@ -89,8 +89,8 @@ class RolloutCollector:
                 metrics["filled_groups"],
                 quota,
                 who.step,
-                self.cfg.filter_groups,
-                self.cfg.max_gen_rounds,
+                self.cfg.shaping.filter_groups,
+                self.cfg.batch.max_gen_rounds,
             )
         return scored, metrics
 
@@ -121,8 +121,8 @@ class RolloutCollector:
             penalty = overlong_penalty(
                 rollouts.response_mask.sum(1),
                 self.sampling.max_new_tokens,
-                self.cfg.overlong_buffer,
-                self.cfg.overlong_penalty_factor,
+                self.cfg.shaping.overlong_buffer,
+                self.cfg.shaping.overlong_penalty_factor,
             )
             forks = (
                 None

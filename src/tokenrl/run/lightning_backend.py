@@ -76,7 +76,7 @@ def scale_gradients(module: Any, factor: float) -> None:
 def optimizer_step(module: Any, optimizer: Any) -> None:
     """Clip the global gradient norm to `algorithm.grad_clip` (FSDP: the root's `clip_grad_norm_` over every rank's
     shards — Lightning's FSDP precision plugin refuses 'norm' clipping), step, zero the gradients."""
-    max_norm = module.cfg.grad_clip
+    max_norm = module.cfg.schedule.grad_clip
     if max_norm is not None and is_sharded(module.policy):
         module.policy.clip_grad_norm_(max_norm)
     elif max_norm is not None:

@@ -81,7 +81,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self.entropy_control = EntropyControl.of(self.cfg)
         self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
         self.with_js = needs_js(selector.requires, type(selector).__name__, js_diagnostics)
-        self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.group_size)
+        self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.batch.group_size)
         self.collector = RolloutCollector(
             self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed, tokenizer.pad_token_id, fork_marker
         )
@@ -116,14 +116,14 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
             policy,
             references[0] if references else None,
             self.sampling.temperature,
-            self.cfg.micro_batch_size,
+            self.cfg.batch.micro_batch_size,
             int(self.model_cfg["stats_chunk_size"]),
             self.with_js,
             self.selector.js_peers,
         )
 
     def on_fit_start(self) -> None:
-        if self.cfg.filter_groups is not None:
+        if self.cfg.shaping.filter_groups is not None:
             self.collector.check_sizes(self.global_rank, self.trainer.world_size)
         for reference in (r for r in self._reference if not is_sharded(r)):  # FSDP placed a sharded one
             reference.to(self.device)
@@ -160,7 +160,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
         """The optimizer, with a linear lr warm-up over `algorithm.lr_warmup_steps` rollout steps when set."""
         optimizer = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
-        return with_linear_warmup(optimizer, self.cfg.lr_warmup_steps)
+        return with_linear_warmup(optimizer, self.cfg.schedule.lr_warmup_steps)
 
     def transfer_batch_to_device(self, batch: PromptBatch, device: torch.device, dataloader_idx: int) -> PromptBatch:
         return batch  # prompts stay on the host; rollouts are moved by the engine and the update
@@ -198,7 +198,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         with timer("update"):
             lr, update = self._update(train)
         train = dataclasses.replace(train, stats=update.stats) if fused else train  # the update's statistics
-        if self.cfg.entropy_target is not None:
+        if self.cfg.schedule.entropy_target is not None:
             self.entropy_control.observe(train.mean_entropy(self.device))
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.optimizer_steps)
@@ -237,11 +237,11 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         prompts = self.trainer.datamodule.refill_prompts(
             self.rollout_step,
             self.refill_position,
-            self.cfg.gen_prompts_per_step,
+            self.cfg.batch.gen_prompts_per_step,
             self.global_rank,
             self.trainer.world_size,
         )
-        self.refill_position += self.cfg.gen_prompts_per_step
+        self.refill_position += self.cfg.batch.gen_prompts_per_step
         return prompts
 
     def check_preempted(self) -> None:

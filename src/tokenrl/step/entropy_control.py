@@ -29,7 +29,10 @@ class EntropyControl:
     @classmethod
     def of(cls, cfg: AlgorithmConfig) -> EntropyControl:
         """The controller of `algorithm.entropy_coef`, `entropy_target`, `entropy_coef_delta` and `entropy_coef_max`."""
-        return cls(cfg.entropy_coef, cfg.entropy_target, cfg.entropy_coef_delta, cfg.entropy_coef_max)
+        schedule = cfg.schedule
+        return cls(
+            cfg.loss.entropy_coef, schedule.entropy_target, schedule.entropy_coef_delta, schedule.entropy_coef_max
+        )
 
     @property
     def alpha(self) -> float:

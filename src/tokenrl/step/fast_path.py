@@ -1,5 +1,7 @@
 """`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the shared prefix off a GPU
-only) and taken only where it is exact; `UpdatePath` says once per run which were taken and why not the others."""
+only) and taken only where it is exact. This module alone decides which path a step takes — the shared prefix
+(`shared_prefix_blocker`), statistics from the update's forward (`fused_blocker`), micro-batches by length — and
+`UpdatePath` says once per run which were taken and why not the others; step/update.py only runs the path chosen."""
 
 from __future__ import annotations
 
@@ -14,12 +16,56 @@ from torch import nn
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
-from tokenrl.step.update import fused_blocker
 
 GPU_AUTO_OFF = (
     "fast_path.shared_prefix=auto on a GPU, where it measured slower: the update 4.2 s against 2.1 s on an "
     "H200, docs/algorithms.md §12.1; true forces it"
 )
+
+
+def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
+    """Why the statistics cannot come from the update's forward for a batch of `rows` rows on this rank (None: they
+    can, exactly). The first optimizer step must be the only one (π_θ = π_old), and the selection of each micro-batch
+    must be the mini-batch's: one micro-batch, or a selector that chooses row by row (`row_local`) on micro-batches of
+    whole groups when it compares a row with its group; the gradient can be divided afterwards only by one
+    normaliser."""
+    if cfg.batch.optimizer_steps > 1:
+        return (
+            f"algorithm.ppo_epochs × mini_batches = {cfg.batch.optimizer_steps} optimizer steps: every "
+            "step after the first needs π_old's statistics"
+        )
+    if rows > cfg.batch.micro_batch_size:
+        if not selector.row_local:
+            scope = getattr(selector, "scope", None)
+            why = (
+                f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
+                if scope is not None
+                else f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
+                "row's choice depends only on that row and its group"
+            )
+            return (
+                f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
+                f"micro-batches of algorithm.micro_batch_size={cfg.batch.micro_batch_size}: {why}"
+            )
+        if (with_js or selector.reads_groups) and cfg.batch.micro_batch_size < cfg.batch.group_size:
+            return (
+                f"JS or the selection compares a group's {cfg.batch.group_size} rows, more than "
+                f"algorithm.micro_batch_size={cfg.batch.micro_batch_size}"
+            )
+    if cfg.loss.aggregation == "token-mean":
+        selected = selector.normalizer == "selected"
+        if cfg.uses_reference and (cfg.loss.kl_masked != selected or selector.weighs_kl):
+            return (
+                "the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
+                f"{selector.normalizer}, algorithm.kl_masked={cfg.loss.kl_masked}"
+                + (", per-token KL weights)" if selector.weighs_kl else ")")
+            )
+        if cfg.uses_entropy_bonus and cfg.loss.entropy_masked != selected:
+            return (
+                "the policy-gradient and entropy terms are divided by different token counts (selector.normalizer="
+                f"{selector.normalizer}, algorithm.entropy_masked={cfg.loss.entropy_masked})"
+            )
+    return None
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,10 @@ def step_metrics(
         "train/rollout_step": float(batch.step + 1),
         **{f"train/{key}": value for key, value in sampling.items()},
     }
-    if cfg.overlong_buffer:
+    if cfg.shaping.overlong_buffer:
         metrics["train/overlong_penalty"] = (batch.rewards - batch.scores).mean().item()
     if batch.ref_logprobs is not None:
-        kl = kl_estimate(stats.logprobs, batch.ref_logprobs, cfg.kl_estimator)
+        kl = kl_estimate(stats.logprobs, batch.ref_logprobs, cfg.loss.kl_estimator)
         metrics["train/kl"] = ((kl * resp).sum() / tokens).item()
     metrics.update({f"time/{phase}": seconds for phase, seconds in timer.seconds.items()})
     metrics["time/step"] = sum(timer.seconds.values())

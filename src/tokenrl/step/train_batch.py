@@ -53,7 +53,9 @@ class TrainBatch:
     ) -> TrainBatch:
         """The step's batch: group advantages, π_old's statistics (None where the update's forward gives them:
         `fused`) and the reference's log-probs (with a KL term)."""
-        advantages = group_advantages(rewards, rollouts.group_ids, eps=cfg.adv_eps, std_normalize=cfg.adv_std_normalize)
+        advantages = group_advantages(
+            rewards, rollouts.group_ids, eps=cfg.shaping.adv_eps, std_normalize=cfg.shaping.adv_std_normalize
+        )
         return cls(
             step,
             rollouts,

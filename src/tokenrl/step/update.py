@@ -7,22 +7,23 @@ share of the loss is back-propagated (`Backend.backward` is told which one is th
 one optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
 `GRPOModule`, a plain loop can supply another (tests/test_update.py runs it with no Trainer).
 
-Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`, see `fused_blocker` for
-when that is exact) takes π_old's statistics from the update's own forward — with one epoch and one mini-batch the
-update's weights are π_old's. Each micro-batch selects on its own statistics, back-propagates its loss as a plain sum
-and, once every micro-batch has selected, the gradients are divided by the mini-batch's normaliser (the loss is linear
-in 1/N, so this equals dividing first).
+Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`; step/fast_path.py alone
+decides when that is exact) takes π_old's statistics from the update's own forward — with one epoch and one mini-batch
+the update's weights are π_old's. Each micro-batch selects on its own statistics, back-propagates its loss as a plain
+sum and, once every micro-batch has selected, the gradients are divided by the mini-batch's normaliser (the loss is
+linear in 1/N, so this equals dividing first).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.algorithms.config import AlgorithmConfig, LossSettings
 from tokenrl.algorithms.grpo import LossNormalizer, LossOutput, engine_is_weights, policy_loss
+from tokenrl.records.loss_inputs import LossInputs
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import Selection, single_process
 from tokenrl.records.token_stats import TokenStats
@@ -85,61 +86,17 @@ def record_selection(
 
 def local_normalizer(cfg: AlgorithmConfig, response_mask: torch.Tensor, selection: Selection) -> LossNormalizer:
     """This rank's share of the mini-batch's loss divisors for `selection` (`LossNormalizer.count`)."""
+    loss = cfg.loss
     return LossNormalizer.count(
         response_mask,
         selection.weights,
-        cfg.aggregation,
+        loss.aggregation,
         selection.normalizer,
-        cfg.kl_masked,
-        cfg.entropy_masked,
-        cfg.response_budget,
+        loss.kl_masked,
+        loss.entropy_masked,
+        loss.response_budget,
         selection.kl_weights,
     )
-
-
-def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
-    """Why the statistics cannot come from the update's forward for a batch of `rows` rows on this rank (None: they
-    can, exactly). The first optimizer step must be the only one (π_θ = π_old), and the selection of each micro-batch
-    must be the mini-batch's: one micro-batch, or a selector that chooses row by row (`row_local`) on micro-batches of
-    whole groups when it compares a row with its group; the gradient can be divided afterwards only by one
-    normaliser."""
-    if cfg.ppo_epochs * cfg.mini_batches > 1:
-        return (
-            f"algorithm.ppo_epochs × mini_batches = {cfg.ppo_epochs * cfg.mini_batches} optimizer steps: every "
-            "step after the first needs π_old's statistics"
-        )
-    if rows > cfg.micro_batch_size:
-        if not selector.row_local:
-            scope = getattr(selector, "scope", None)
-            why = (
-                f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
-                if scope is not None
-                else f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
-                "row's choice depends only on that row and its group"
-            )
-            return (
-                f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
-                f"micro-batches of algorithm.micro_batch_size={cfg.micro_batch_size}: {why}"
-            )
-        if (with_js or selector.reads_groups) and cfg.micro_batch_size < cfg.group_size:
-            return (
-                f"JS or the selection compares a group's {cfg.group_size} rows, more than "
-                f"algorithm.micro_batch_size={cfg.micro_batch_size}"
-            )
-    if cfg.aggregation == "token-mean":
-        selected = selector.normalizer == "selected"
-        if cfg.uses_reference and (cfg.kl_masked != selected or selector.weighs_kl):
-            return (
-                "the policy-gradient and KL terms are divided by different token counts (selector.normalizer="
-                f"{selector.normalizer}, algorithm.kl_masked={cfg.kl_masked}"
-                + (", per-token KL weights)" if selector.weighs_kl else ")")
-            )
-        if cfg.uses_entropy_bonus and cfg.entropy_masked != selected:
-            return (
-                "the policy-gradient and entropy terms are divided by different token counts (selector.normalizer="
-                f"{selector.normalizer}, algorithm.entropy_masked={cfg.entropy_masked})"
-            )
-    return None
 
 
 def ppo_update(
@@ -152,20 +109,20 @@ def ppo_update(
     entropy_coef: float | None = None,
     with_js: bool = False,
 ) -> UpdateResult:
-    """`cfg.ppo_epochs` passes over `batch` in `cfg.mini_batches` shuffled mini-batches (`shuffle` orders them); one
-    pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward computes JS, so
-    its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
-    (step/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's
-    current value; None: `cfg.entropy_coef`)."""
-    entropy_coef = cfg.entropy_coef if entropy_coef is None else entropy_coef
+    """`cfg.batch.ppo_epochs` passes over `batch` in `cfg.batch.mini_batches` shuffled mini-batches (`shuffle` orders
+    them); one pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward
+    computes JS, so its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
+    (step/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's current
+    value; None: `cfg.loss.entropy_coef`)."""
+    settings = cfg.loss if entropy_coef is None else replace(cfg.loss, entropy_coef=entropy_coef)
     if batch.stats is None:
-        return fused_update(batch, selector, cfg, backend, by_length, entropy_coef, with_js or selector.reads_groups)
+        return fused_update(batch, selector, cfg, backend, by_length, settings, with_js or selector.reads_groups)
     rollouts = batch.rollouts
-    is_weights = None if cfg.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
+    is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []  # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
-    on_policy = cfg.ppo_epochs * cfg.mini_batches == 1
+    on_policy = cfg.batch.optimizer_steps == 1
     # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
     # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
     whole = (
@@ -174,8 +131,8 @@ def ppo_update(
         else None
     )
     steps = 0
-    for epoch in range(cfg.ppo_epochs):
-        for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.mini_batches):
+    for epoch in range(cfg.batch.ppo_epochs):
+        for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.batch.mini_batches):
             minibatch = minibatch.sort().values
             if whole is not None:
                 selection = whole.rows(minibatch)
@@ -188,12 +145,12 @@ def ppo_update(
             parts = batch_parts(batch, minibatch, cfg, False, by_length)
             for index, local in enumerate(parts):
                 rows = minibatch[local]
-                forward = backend.forward(rollouts.rows(rows), False, entropy_coef > 0)
+                forward = backend.forward(rollouts.rows(rows), False, settings.entropy_coef > 0)
                 # one optimizer step: π_old is the weights of this very forward, so r = 1 exactly (a separate pass in
                 # another layout or precision would leave rounding in r: GSPO's 1e-4 clip and KL-Cov's |Δ| see it)
                 old = forward.logprobs.detach() if on_policy else batch.stats.logprobs[rows]
                 out = micro_batch_loss(
-                    batch, rows, forward, old, selection.rows(local), normalizer, cfg, is_weights, entropy_coef
+                    batch, rows, forward, old, selection.rows(local), normalizer, settings, is_weights
                 )
                 backend.backward(out.loss, index == len(parts) - 1)
                 terms.append(loss_terms(out))
@@ -210,13 +167,14 @@ def fused_update(
     cfg: AlgorithmConfig,
     backend: Backend,
     by_length: bool,
-    entropy_coef: float,
+    settings: LossSettings,
     whole_groups: bool,
 ) -> UpdateResult:
-    """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
+    """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring);
+    `settings`: the loss's, with this step's entropy coefficient."""
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
-    is_weights = None if cfg.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
+    is_weights = None if cfg.engine_is.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
     parts = [rows.sort().values for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
     weights = torch.zeros(shape)
     shaping: dict[str, torch.Tensor] = {}
@@ -225,7 +183,7 @@ def fused_update(
     part_stats: list[TokenStats] = []
     for index, rows in enumerate(parts):
         part = rollouts.rows(rows)
-        forward = backend.forward(part, True, entropy_coef > 0)
+        forward = backend.forward(part, True, settings.entropy_coef > 0)
         part_stats.append(forward.stats)
         selection = selector.select(batch.selection_view(rows, backend.gather, backend.rank, forward.stats))
         record_selection(weights, shaping, rows, selection)
@@ -234,7 +192,7 @@ def fused_update(
             for whole, share in zip(is_weights, engine_weights(cfg, forward.stats.logprobs, part)):
                 whole[rows] = share.to(whole.device)
         out = micro_batch_loss(
-            batch, rows, forward, forward.logprobs.detach(), selection, UNIT, cfg, is_weights, entropy_coef
+            batch, rows, forward, forward.logprobs.detach(), selection, UNIT, settings, is_weights
         )  # π_old = this forward's weights: r = 1 exactly, as the separate path
         backend.backward(out.loss, index == len(parts) - 1)
         terms.append(loss_terms(out))
@@ -256,9 +214,9 @@ def engine_weights(
         trainer_logp,
         rollouts.sampling_logprobs.to(trainer_logp.device),
         rollouts.response_mask.to(trainer_logp.device),
-        cfg.tis_mode,
-        cfg.tis_cap,
-        cfg.tis_min,
+        cfg.engine_is.tis_mode,
+        cfg.engine_is.tis_cap,
+        cfg.engine_is.tis_min,
     )
 
 
@@ -268,7 +226,7 @@ def batch_parts(
     """Positions into `rows` of each micro-batch (step/micro_batches.py)."""
     rollouts = batch.rollouts
     return micro_batches(
-        rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.micro_batch_size, whole_groups, by_length
+        rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.batch.micro_batch_size, whole_groups, by_length
     )
 
 
@@ -279,12 +237,13 @@ def micro_batch_loss(
     old_logp: torch.Tensor,
     selection: Selection,
     normalizer: LossNormalizer,
-    cfg: AlgorithmConfig,
+    settings: LossSettings,
     is_weights: tuple[torch.Tensor, torch.Tensor] | None,
-    entropy_coef: float,
 ) -> LossOutput:
-    """`policy_loss` of the micro-batch `rows` with the configured loss, clip, KL, entropy bonus and aggregation, and
-    the selection's per-token fields where it sets them; `is_weights`: the engine's (weights, outside) of the batch."""
+    """`policy_loss` of the micro-batch `rows` under `settings` (`cfg.loss`, with this step's entropy coefficient): its
+    `LossInputs` are the forward's log-probs and entropy, π_old's and the reference's log-probs, the rows' advantages
+    and the selection's weights and per-token fields where it sets them; `is_weights`: the engine's (weights,
+    outside) of the batch."""
     logp = forward.logprobs
     device = logp.device
 
@@ -292,32 +251,22 @@ def micro_batch_loss(
         return None if tensor is None else tensor.to(device)
 
     advantages = batch.advantages[rows] if selection.advantages is None else selection.advantages
-    return policy_loss(
-        logp,
-        old_logp.to(device),
-        advantages.to(device),
-        batch.rollouts.response_mask[rows].to(device),
-        selection.weights.to(device),
-        normalizer,
-        aggregation=cfg.aggregation,
-        norm=selection.normalizer,
-        clip_low=cfg.clip_low if selection.clip_low is None else selection.clip_low.to(device),
-        clip_high=cfg.clip_high if selection.clip_high is None else selection.clip_high.to(device),
-        kl_coef=cfg.kl_coef,
-        kl_masked=cfg.kl_masked,
-        dual_clip=cfg.dual_clip,
-        kl_estimator=cfg.kl_estimator,
-        ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
-        is_weights=None if is_weights is None else is_weights[0][rows].to(device),
-        kind=cfg.policy_loss,
+    inputs = LossInputs(
+        logp=logp,
+        old_logp=old_logp.to(device),
+        advantages=advantages.to(device),
+        response_mask=batch.rollouts.response_mask[rows].to(device),
+        weights=selection.weights.to(device),
+        normalizer=selection.normalizer,
+        clip_low=settings.clip_low if selection.clip_low is None else selection.clip_low.to(device),
+        clip_high=settings.clip_high if selection.clip_high is None else selection.clip_high.to(device),
         kl_weights=here(selection.kl_weights),
         drift_coef=here(selection.drift_coef),
+        ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
+        is_weights=None if is_weights is None else is_weights[0][rows].to(device),
         entropy=forward.entropy,
-        entropy_coef=entropy_coef,
-        entropy_masked=cfg.entropy_masked,
-        dppo=(cfg.dppo_divergence, cfg.dppo_low, cfg.dppo_high),
-        sapo=(cfg.sapo_tau_pos, cfg.sapo_tau_neg),
     )
+    return policy_loss(inputs, normalizer, settings)
 
 
 def loss_terms(out: LossOutput) -> torch.Tensor:
@@ -342,7 +291,7 @@ def update_metrics(
     tis_cap] (truncated or masked)."""
     loss, clipped, dual_clipped, selected = torch.stack(terms).sum(0).tolist() if terms else (0.0, 0.0, 0.0, 0.0)
     metrics = {"loss": loss / max(steps, 1), "clip_frac": clipped / max(selected, 1.0)}
-    if cfg.dual_clip is not None:
+    if cfg.loss.dual_clip is not None:
         metrics["dual_clip_frac"] = dual_clipped / max(selected, 1.0)
     if is_weights is not None:
         weights, outside = is_weights
