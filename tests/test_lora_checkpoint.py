@@ -25,7 +25,7 @@ LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_p
 RUN = [
     LORA,
     "task.verifier=tests.helpers.rewards:length_reward",
-    "total_steps=3",
+    "total_steps=2",
     "checkpoint.enabled=true",
     "checkpoint.every_n_steps=1",
 ]
@@ -58,13 +58,13 @@ def nbytes(tensors) -> int:
 def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_the_merged_policy(tiny_cfg, tmp_path):
     straight = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'straight'}"))
     with pytest.raises(Crash):
-        fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'interrupted'}"), CrashAfter(2))
+        fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'interrupted'}"), CrashAfter(1))
     last = tmp_path / "interrupted" / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
 
     adapters = {f"policy.{name}": param for name, param in straight.policy.named_parameters() if param.requires_grad}
     assert set(checkpoint["state_dict"]) == set(adapters) and all("lora_" in key for key in adapters)
-    assert checkpoint["tokenrl"]["rollout_step"] == 2 and checkpoint["optimizer_states"][0]["state"]
+    assert checkpoint["tokenrl"]["rollout_step"] == 1 and checkpoint["optimizer_states"][0]["state"]
     assert set(checkpoint["tokenrl"]["base"]) == {"source", "init", "dtype", "seed", "fingerprint"}
     base_bytes = nbytes(straight.policy.state_dict().values()) - nbytes(adapters.values())
     # 41 KiB: 3.5 KiB of adapters, twice that of AdamW's moments, RNG states and torch.save's per-record overhead;
@@ -72,7 +72,7 @@ def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_
     assert last.stat().st_size < base_bytes / 4
 
     resumed = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
-    assert resumed.rollout_step == 3 and resumed.reward_history == straight.reward_history
+    assert resumed.rollout_step == 2 and resumed.reward_history == straight.reward_history
     assert digest(resumed.policy) == digest(straight.policy)
 
     folders = {
@@ -97,7 +97,7 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
     base = tmp_path / "base"
     model_cfg = OmegaConf.to_container(tiny_cfg().model, resolve=True)
     build_model(model_cfg, seed=0).save_pretrained(base)
-    pretrained = [*RUN, "model.init=pretrained", f"model.source={base}", "total_steps=2"]
+    pretrained = [*RUN, "model.init=pretrained", f"model.source={base}", "total_steps=1"]
     fit(tiny_cfg(*pretrained, f"paths.output_dir={tmp_path / 'first'}"))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
 
@@ -108,7 +108,7 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
         r"this run's \(the same settings, but the weights at model.source changed; "
         r"base fingerprint \w{12} there, \w{12} here\)",
     ):
-        fit(tiny_cfg(*pretrained, "total_steps=3", f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
+        fit(tiny_cfg(*pretrained, "total_steps=2", f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
     with pytest.raises(ValueError, match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights"):
         export(last, tmp_path / "export")
     assert not (tmp_path / "export").exists()
@@ -131,12 +131,17 @@ def test_under_fsdp_a_lora_checkpoint_of_either_kind_holds_the_adapters_and_resu
 
     from tests.helpers.fsdp_fit import SNAPSHOTS
 
-    def fsdp_fit(*runs: list) -> list[dict]:
-        done = forked_python(["tests/helpers/fsdp_fit.py", *[str(arg) for run in runs for arg in ("--then", *run)][1:]])
-        assert done.returncode == 0, done.stderr[-3000:]
-        return [torch.load(Path(run[0]) / "result.pt", weights_only=True) for run in runs]
+    # one launch of the two ranks: the uninterrupted run (writing both step-1 checkpoints), then a resume from each
+    # (each a trainer of its own; a second launch cost a start-up of both ranks, ~30 s here)
+    runs = [[tmp_path / "straight", "-", "--snapshot", "total_steps=2", LORA]] + [
+        [tmp_path / f"{kind}_resumed", tmp_path / "straight" / path, "total_steps=2", LORA]
+        + [f"trainer.strategy.state_dict_type={kind}"]
+        for kind, path in SNAPSHOTS.items()
+    ]
+    done = forked_python(["tests/helpers/fsdp_fit.py", *[str(arg) for run in runs for arg in ("--then", *run)][1:]])
+    assert done.returncode == 0, done.stderr[-3000:]
+    straight, *resumes = [torch.load(Path(run[0]) / "result.pt", weights_only=True) for run in runs]
 
-    [straight] = fsdp_fit([tmp_path / "straight", "-", "--snapshot", "total_steps=2", LORA])
     adapters = {name: weight for name, weight in straight["step1_weights"].items() if "lora_" in name}
     for kind, path in SNAPSHOTS.items():
         saved = policy_state_dict(tmp_path / "straight" / path)
@@ -144,18 +149,6 @@ def test_under_fsdp_a_lora_checkpoint_of_either_kind_holds_the_adapters_and_resu
     stored = FileSystemReader(tmp_path / "straight" / SNAPSHOTS["sharded"]).read_metadata().state_dict_metadata
     tensors = [key for key in stored if key.startswith(("model.", "optimizer_0.state."))]
     assert tensors and all("lora_" in key for key in tensors)  # the weights and AdamW's moments of adapters alone
-    resumes = fsdp_fit(
-        *(
-            [
-                tmp_path / f"{kind}_resumed",
-                tmp_path / "straight" / path,
-                "total_steps=2",
-                LORA,
-                f"trainer.strategy.state_dict_type={kind}",
-            ]
-            for kind, path in SNAPSHOTS.items()
-        )
-    )
     for kind, resumed in zip(SNAPSHOTS, resumes):
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         assert all(torch.equal(resumed["weights"][name], weight) for name, weight in straight["weights"].items()), kind
