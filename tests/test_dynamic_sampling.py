@@ -155,19 +155,19 @@ def test_rounds_keep_the_first_varied_groups_in_order(quota, max_rounds):
 
 
 class CaptureUpdates(L.Callback):
-    """The advantages and group count of every update, via the module's `_update`."""
+    """The advantages and group count of every update, via the module's `update_step`."""
 
     def __init__(self) -> None:
         self.updates: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def on_train_start(self, trainer, module) -> None:
-        update = module._update
+        update = module.update_step
 
-        def spy(train):
+        def spy(train, rollout_step):
             self.updates.append((train.advantages.clone(), train.rollouts.group_ids.clone()))
-            return update(train)
+            return update(train, rollout_step)
 
-        module._update = spy
+        module.update_step = spy
 
 
 def test_every_trained_group_has_a_nonzero_advantage(tiny_cfg):
@@ -181,7 +181,7 @@ def test_every_trained_group_has_a_nonzero_advantage(tiny_cfg):
     metrics = trainer.callback_metrics
     assert float(metrics["train/filled_groups"]) == 0.0
     assert 0.0 < float(metrics["train/kept_group_frac"]) < 1.0  # odd answers were really dropped
-    assert module.refill_position > 0 and module.refill_position % 2 == 0
+    assert module.run_state.refill_position > 0 and module.run_state.refill_position % 2 == 0
 
 
 def test_dynamic_sampling_run_resumes_to_the_same_weights(tiny_cfg, tmp_path):
@@ -196,7 +196,7 @@ def test_dynamic_sampling_run_resumes_to_the_same_weights(tiny_cfg, tmp_path):
         resumed_rec,
         ckpt_path=str(tmp_path / "interrupted" / "checkpoints" / "last.ckpt"),
     )
-    assert resumed.refill_position == plain.refill_position
+    assert resumed.run_state.refill_position == plain.run_state.refill_position
     assert resumed_rec.after_step[0] == straight.after_step[2]
 
 

@@ -78,14 +78,14 @@ class Capture(L.Callback):
     """The step's TrainBatch as the update received it, and the policy's weights before and after the step."""
 
     def on_train_start(self, trainer, module) -> None:
-        update = module._update
+        update = module.update_step
         self.before = copy.deepcopy(module.policy.state_dict())
 
-        def spy(train):
+        def spy(train, rollout_step):
             self.train = train
-            return update(train)
+            return update(train, rollout_step)
 
-        module._update = spy
+        module.update_step = spy
 
     def on_train_end(self, trainer, module) -> None:
         self.after = copy.deepcopy(module.policy.state_dict())
@@ -159,4 +159,4 @@ def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog)
     )
     assert lines[0].endswith("micro-batches by length, cut to their own widths")
     assert float(trainer.callback_metrics["train/fused_statistics"]) == 0.0
-    assert capture.train.stats is not None and module.optimizer_steps == 2
+    assert capture.train.stats is not None and module.run_state.optimizer_steps == 2

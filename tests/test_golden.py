@@ -86,7 +86,7 @@ class Trajectory(L.Callback):
         self.steps: list[dict[str, float]] = []
 
     def on_train_start(self, trainer, module) -> None:
-        module.engine = DisagreeingEngine(module.policy, module.tokenizer, module.optimizer_steps)
+        module.engine = DisagreeingEngine(module.policy, module.tokenizer, module.run_state.optimizer_steps)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         logged = {key: float(value) for key, value in trainer.callback_metrics.items() if key in EXACT + CLOSE}

@@ -99,7 +99,7 @@ def fit_one_step(tmp_path, *overrides: str):
 @pytest.mark.parametrize("model", [["model=tiny"], QWEN_RANDOM], ids=["tiny", "qwen0.5b-random"])
 def test_one_bf16_mixed_step_on_a_gpu(tmp_path, model):
     module, trainer, initial, devices = fit_one_step(tmp_path, "trainer=gpu", "trainer.precision=bf16-mixed", *model)
-    assert module.rollout_step == 1 and module.optimizer_steps == 1
+    assert module.run_state.rollout_step == 1 and module.run_state.optimizer_steps == 1
     assert [device.type for device in devices] == ["cuda"]
     metrics = {key: float(value) for key, value in trainer.callback_metrics.items()}
     for key in ("train/loss", "train/kl", "train/entropy", "train/logprob_gap_max"):

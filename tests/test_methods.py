@@ -84,7 +84,7 @@ def test_the_method_catalogue_is_complete():
 def test_every_method_trains_end_to_end(tiny_cfg, method):
     cfg = tiny_cfg(*ONE_STEP, f"method={method}")
     module, metrics = fit(cfg)
-    assert module.optimizer_steps == cfg.algorithm.mini_batches * cfg.algorithm.ppo_epochs
+    assert module.run_state.optimizer_steps == cfg.algorithm.mini_batches * cfg.algorithm.ppo_epochs
     step = metrics.steps[-1]
     assert torch.isfinite(torch.tensor(step["train/loss"])) and 0 < step["select/fraction"] <= 1
     records = [

@@ -36,7 +36,7 @@ class AutocastRecordingEngine(HFEngine):
 
 class SwapEngine(L.Callback):
     def on_train_start(self, trainer, module) -> None:
-        module.engine = AutocastRecordingEngine(module.policy, module.tokenizer, module.optimizer_steps)
+        module.engine = AutocastRecordingEngine(module.policy, module.tokenizer, module.run_state.optimizer_steps)
 
 
 def test_engine_calls_run_with_autocast_off(tiny_cfg):

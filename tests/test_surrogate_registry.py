@@ -231,7 +231,7 @@ def test_a_registered_surrogate_trains_the_tiny_model(reinforce, tiny_cfg):
 
     trainer.callbacks.append(Before())
     trainer.fit(module, datamodule=datamodule)
-    assert module.optimizer_steps == 1 and CALLS  # the update went through the registered surrogate
+    assert module.run_state.optimizer_steps == 1 and CALLS  # the update went through the registered surrogate
     moved = max(float((weight - before[name]).abs().max()) for name, weight in module.policy.state_dict().items())
     assert moved > 0.0
     with pytest.raises(ConfigError, match=r"algorithm.policy_loss='reinforce_nobody' is not one of"):

@@ -39,7 +39,7 @@ class Recorder(L.Callback):
         generate = module.engine.generate
 
         def spy(prompt_ids, params, seed):
-            self.at_generate.append((module.rollout_step, fingerprint(module.policy)))
+            self.at_generate.append((module.run_state.rollout_step, fingerprint(module.policy)))
             batch = generate(prompt_ids, params, seed)
             self.first = self.first or batch
             return batch
@@ -63,7 +63,7 @@ def fit(cfg, *callbacks, ckpt_path=None):
 def test_three_step_fit_raises_the_objective_and_logs(tiny_cfg):
     recorder = Recorder()
     module, trainer = fit(tiny_cfg(*LEARNABLE), recorder)
-    assert module.rollout_step == 3 and module.optimizer_steps == 3
+    assert module.run_state.rollout_step == 3 and module.run_state.optimizer_steps == 3
     metrics = trainer.callback_metrics
     for key in (
         "train/reward",
@@ -110,7 +110,7 @@ def test_lr_warms_up_linearly_over_rollout_steps(tiny_cfg):
     module, _ = fit(cfg, recorder)
     lr = float(cfg.algorithm.optimizer.lr)
     assert recorder.lrs == pytest.approx([0.0, lr / 2, lr], rel=1e-6)  # lr · min(1, s / W), logged as float32
-    assert module.optimizer_steps == 6  # the schedule steps per rollout, not per update
+    assert module.run_state.optimizer_steps == 6  # the schedule steps per rollout, not per update
     assert recorder.after_step[0] == recorder.initial  # lr 0 (weight decay 0): nothing moved
     assert recorder.after_step[1] != recorder.after_step[0]
 
@@ -295,7 +295,7 @@ def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, ext
 
     resumed_rec = Recorder()
     resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'resumed'}"), resumed_rec, ckpt_path=str(last))
-    assert resumed.rollout_step == 3 and len(resumed_rec.losses) == 1
+    assert resumed.run_state.rollout_step == 3 and len(resumed_rec.losses) == 1
     assert resumed_rec.losses[0] == pytest.approx(straight.losses[2], abs=1e-7)
     assert resumed_rec.after_step[0] == straight.after_step[2]  # identical weights after step 3
 
@@ -311,7 +311,7 @@ class CopyLastCheckpoint(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         last = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
         if last.is_file():
-            shutil.copy(last, self.folder / f"after{module.rollout_step}.ckpt")
+            shutil.copy(last, self.folder / f"after{module.run_state.rollout_step}.ckpt")
 
 
 @pytest.mark.parametrize(
@@ -346,15 +346,15 @@ def test_resume_from_any_point_of_a_six_step_run_finishes_it_exactly(tiny_cfg, t
     ]
     copies = tmp_path / "copies"
     straight, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / 'straight'}"), CopyLastCheckpoint(copies))
-    assert straight.rollout_step == 6 and len(straight.reward_history) == 6
+    assert straight.run_state.rollout_step == 6 and len(straight.run_state.reward_history) == 6
     best = next((tmp_path / "straight" / "checkpoints").glob("step*.ckpt"))
     points = [copies / "after2.ckpt", copies / "after4.ckpt"]
     if torch.load(best, weights_only=True)["tokenrl"]["rollout_step"] < 6:
         points.append(best)
     for n, point in enumerate(points):
         resumed, _ = fit(tiny_cfg(*overrides, f"paths.output_dir={tmp_path / f'resumed{n}'}"), ckpt_path=str(point))
-        assert resumed.rollout_step == 6, point.name
-        assert resumed.reward_history == straight.reward_history, point.name
+        assert resumed.run_state.rollout_step == 6, point.name
+        assert resumed.run_state.reward_history == straight.run_state.reward_history, point.name
         assert fingerprint(resumed.policy) == fingerprint(straight.policy), point.name
 
 
@@ -365,7 +365,7 @@ def test_a_finished_run_resumed_with_a_larger_total_steps_trains_the_new_steps(t
     longer = [*base[1:], "total_steps=4", f"paths.output_dir={tmp_path / 'longer'}"]
     resumed, _ = fit(tiny_cfg(*longer), ckpt_path=str(tmp_path / "first" / "checkpoints" / "last.ckpt"))
     straight, _ = fit(tiny_cfg(*longer[:-1], f"paths.output_dir={tmp_path / 'straight'}"))
-    assert resumed.rollout_step == 4 and resumed.reward_history == straight.reward_history
+    assert resumed.run_state.rollout_step == 4 and resumed.run_state.reward_history == straight.run_state.reward_history
 
 
 def test_a_short_run_writes_one_last_checkpoint(tiny_cfg, tmp_path):

@@ -31,15 +31,15 @@ class CaptureUpdate(L.Callback):
     """The TrainBatch of the step and the policy's weights just before and after the module's update."""
 
     def on_train_start(self, trainer, module) -> None:
-        update = module._update
+        update = module.update_step
 
-        def spy(train):
+        def spy(train, rollout_step):
             self.train, self.before = train, copy.deepcopy(module.policy.state_dict())
-            result = update(train)
+            result = update(train, rollout_step)
             self.after = copy.deepcopy(module.policy.state_dict())
             return result
 
-        module._update = spy
+        module.update_step = spy
 
 
 def plain_backend(policy, cfg, temperature, optimizer, chunk):
@@ -73,7 +73,7 @@ def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
     capture = CaptureUpdate()
     trainer.callbacks.append(capture)
     trainer.fit(module, datamodule=datamodule)
-    assert module.optimizer_steps == 2
+    assert module.run_state.optimizer_steps == 2
 
     policy = build_model(module.model_cfg, seed=cfg.seed)
     policy.load_state_dict(capture.before)

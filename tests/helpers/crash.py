@@ -17,5 +17,5 @@ class CrashAfter(L.Callback):
         self.steps = steps
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if module.rollout_step >= self.steps:
+        if module.run_state.rollout_step >= self.steps:
             raise Crash(f"stopped after step {self.steps}")

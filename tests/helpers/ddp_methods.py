@@ -106,15 +106,15 @@ class Capture(L.Callback):
         module.engine = DisagreeingEngine(module.policy, module.tokenizer)
         module.engine.per_prompt = True
         self.initial = full_weights(module.policy)
-        update = module._update
+        update = module.update_step
 
-        def spy(train):
-            lr, result = update(train)
+        def spy(train, rollout_step):
+            lr, result = update(train, rollout_step)
             self.rows = torch.arange(train.size) + train.row_offset
             self.selection = {"weights": result.first_epoch_weights, **result.first_epoch_shaping}
             return lr, result
 
-        module._update = spy
+        module.update_step = spy
 
 
 def one_step(out: Path, world: int, method: str, per_rank: int) -> None:
@@ -138,7 +138,7 @@ def one_step(out: Path, world: int, method: str, per_rank: int) -> None:
             "weights": full_weights(module.policy),
             "rows": capture.rows,
             "selection": capture.selection,
-            "optimizer_steps": module.optimizer_steps,
+            "optimizer_steps": module.run_state.optimizer_steps,
         },
         out / f"rank{trainer.global_rank}.pt",
     )

@@ -134,7 +134,7 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
     probe = Probe()
     trainer.callbacks.append(probe)
     trainer.fit(module, datamodule=datamodule)
-    counts = torch.tensor([probe.synced_backwards, module.optimizer_steps], device=module.device)
+    counts = torch.tensor([probe.synced_backwards, module.run_state.optimizer_steps], device=module.device)
     weights = full_weights(module.policy)
     checkpoint_keys = list(module.state_dict())  # what a checkpoint's state_dict holds (FSDP: gathered, collective)
     if torch.distributed.is_initialized():

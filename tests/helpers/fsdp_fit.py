@@ -34,7 +34,7 @@ class SnapshotAfterStep1(L.Callback):
         self.out, self.weights = out, None
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if module.rollout_step != 1:
+        if module.run_state.rollout_step != 1:
             return
         kept = trainer.strategy._state_dict_type
         for kind, path in SNAPSHOTS.items():
@@ -73,8 +73,8 @@ def fit(out: Path, ckpt: str, overrides: list[str]) -> None:
     if trainer.is_global_zero:
         torch.save(
             {
-                "reward_history": module.reward_history,
-                "rollout_step": module.rollout_step,
+                "reward_history": module.run_state.reward_history,
+                "rollout_step": module.run_state.rollout_step,
                 "weights": weights,
                 "step1_weights": snapshot and snapshot.weights,
             },

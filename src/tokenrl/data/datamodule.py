@@ -151,7 +151,9 @@ class RolloutDataModule(L.LightningDataModule):
         return PromptBatch(step, [self.train_problems[i] for i in idx], [self.train_prompt_ids[i] for i in idx])
 
     def state_dict(self) -> dict[str, int]:
-        return {"next_step": self.trainer.lightning_module.rollout_step if self.trainer else self.next_step}
+        """The step the schedule resumes at: the rollout steps the module has completed (its `run_state`)."""
+        module = self.trainer.lightning_module if self.trainer else None
+        return {"next_step": module.run_state.rollout_step if module is not None else self.next_step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.next_step = int(state["next_step"])

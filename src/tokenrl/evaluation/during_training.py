@@ -24,11 +24,11 @@ class PeriodicValidation(L.Callback):
         self.validator, self.every, self.total_steps = validator, every_n_steps, total_steps
 
     def on_train_batch_start(self, trainer: L.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
-        if module.rollout_step % self.every == 0:
+        if module.run_state.rollout_step % self.every == 0:
             self.validate(trainer, module)
 
     def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if module.rollout_step == self.total_steps:
+        if module.run_state.rollout_step == self.total_steps:
             self.validate(trainer, module)  # after the last update
 
     @staticmethod
@@ -51,7 +51,9 @@ class PeriodicValidation(L.Callback):
                 key: float(module.all_gather(torch.tensor(value, device=module.device)).mean())
                 for key, value in metrics.items()
             }
-        metrics.update({"val/at_step": float(module.rollout_step), "time/validate": time.perf_counter() - start})
+        metrics.update(
+            {"val/at_step": float(module.run_state.rollout_step), "time/validate": time.perf_counter() - start}
+        )
         module.last_validation = metrics
         if trainer.is_global_zero:
             log.info(self.line(metrics))

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -337,44 +338,43 @@ class RunCheckpoint(ModelCheckpoint):
         return Path(self.last_model_path)
 
 
+@dataclass
 class AdapterCheckpoints:
-    """Mixin of `GRPOModule` (before `RunState`): with LoRA its checkpoints hold only what trains (the adapters) and
-    the frozen base's reference (models/base_weights.py), on every strategy (FSDP's sharded state too); loading fills
-    the base back from the module's own, after checking it is the base the adapters were trained on."""
+    """With LoRA, what a `GRPOModule`'s checkpoints hold: only what trains (the adapters) and the frozen base's
+    reference (models/base_weights.py), on every strategy (FSDP's sharded state too); loading fills the base back from
+    the module's own, after checking it is the base the adapters were trained on. Owned by the module, whose
+    `state_dict`, `load_state_dict` and checkpoint hooks call it; without LoRA, every method leaves the state alone."""
 
     base: dict[str, Any] | None = None  # the frozen base's reference; None: not a LoRA run
     trained: frozenset[str] = frozenset()  # the state-dict keys that train, the only ones checkpoints hold
 
-    def remember_base(self, policy: torch.nn.Module, model_cfg: dict[str, Any], seed: int) -> None:
+    def remember_base(self, policy: torch.nn.Module, model_cfg: Mapping[str, Any], seed: int) -> None:
         """Record a LoRA `policy`'s base and its adapters' names (before any sharding); nothing without LoRA."""
         if not model_cfg.get("lora"):
             return
         self.base = base_reference(policy, model_cfg, seed)
         self.trained = frozenset(f"policy.{name}" for name in trained_names(policy))
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        state = super().state_dict(*args, **kwargs)
+    def saved_state(self, state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """The module's `state` without the frozen base's entries (`prefix`: the state dict's key prefix)."""
         if self.base is None:
             return state
-        prefix = kwargs.get("prefix", "")
         frozen = [key for key in state if key.startswith(f"{prefix}policy.") and key[len(prefix) :] not in self.trained]
         for key in frozen:
             del state[key]
         return state
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
-        if self.base is not None:  # the frozen entries a LoRA checkpoint leaves out are the module's own
-            state_dict = {**super().state_dict(), **state_dict}
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+    def loaded_state(self, state_dict: Mapping[str, Any], own: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A checkpoint's `state_dict` completed with the frozen entries it leaves out, from the module's `own`."""
+        return state_dict if self.base is None else {**own, **state_dict}
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        """Record the base's reference in the checkpoint's `tokenrl` entry."""
         if self.base is not None:
             checkpoint["tokenrl"]["base"] = self.base
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+    def check(self, checkpoint: dict[str, Any], ckpt_path: str | None) -> None:
         """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
         saved = checkpoint["tokenrl"].get("base")
         if saved is not None:  # a LoRA checkpoint (the path is for the message; restored outside a fit, none)
-            check_base(saved, self.base, self._trainer.ckpt_path if self._trainer is not None else "the checkpoint")
-        super().on_load_checkpoint(checkpoint)
+            check_base(saved, self.base, ckpt_path or "the checkpoint")

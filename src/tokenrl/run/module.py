@@ -2,8 +2,10 @@
 1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its
    memory);
 2. advantages, π_old's statistics (or, where exact, from the update's own forward: `fast_path.fused_statistics`) and
-   the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) with the
-   Lightning backend (run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step boundary.
+   the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) under
+   Lightning (`LightningUpdate`, run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step
+   boundary. The module owns its parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`)
+   and its update (`LightningUpdate`, built with the policy).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tokenrl.rollout.collector import Generation, RolloutCollector
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
 from tokenrl.run.checkpointing import AdapterCheckpoints
-from tokenrl.run.lightning_backend import lightning_update
+from tokenrl.run.lightning_backend import LightningUpdate
 from tokenrl.run.preemption import PreemptionWatch
 from tokenrl.run.run_state import RunState
 from tokenrl.selectors.base import TokenSelector
@@ -50,10 +52,8 @@ warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_devic
 log = logging.getLogger(__name__)
 
 
-class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
+class GRPOModule(L.LightningModule):
     """GRPO over a causal-LM policy with a pluggable `TokenSelector`."""
-
-    _update = lightning_update  # the step's PPO update (a method: tests wrap it to capture the step's TrainBatch)
 
     def __init__(
         self,
@@ -93,7 +93,9 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         self._reference: list[torch.nn.Module] = []  # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None
         self.last_validation: dict[str, float] = {}  # the latest held-out metrics (val/*)
-        self.init_run_state()  # step counters, reward history, refill position, the step boundary (run/run_state.py)
+        self.run_state = RunState()  # step counters, reward history, refill position, the step boundary
+        self.adapters = AdapterCheckpoints()  # LoRA: checkpoints hold the adapters alone
+        self.update_step: LightningUpdate | None = None  # the PPO update, built with the policy (configure_model)
 
     # ----------------------------------------------------------------------------------------- set-up
     def configure_model(self) -> None:
@@ -102,7 +104,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         if self.policy is not None:
             return
         policy = build_model(self.model_cfg, seed=self.seed).train()
-        self.remember_base(policy, self.model_cfg, self.seed)  # LoRA: checkpoints hold the adapters alone
+        self.adapters.remember_base(policy, self.model_cfg, self.seed)
         references = (
             [build_reference(policy, self.model_cfg.get("reference_dtype"))]
             if self.cfg.uses_reference and not self.model_cfg.get("lora")
@@ -121,6 +123,16 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
             self.with_js,
             self.selector.js_peers,
         )
+        self.update_step = LightningUpdate(
+            self,
+            self.passes,
+            self.selector,
+            self.cfg,
+            self.entropy_control,
+            self.seed,
+            by_length=self.fast_path.pack,
+            with_js=self.with_js,
+        )
 
     def on_fit_start(self) -> None:
         if self.cfg.shaping.filter_groups is not None:
@@ -132,20 +144,20 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
             self.rollout_cfg,
             self.policy,
             self.tokenizer,
-            self.optimizer_steps,
+            self.run_state.optimizer_steps,
             interrupt=lambda: self.preemption.requested,
         )
 
     def on_train_start(self) -> None:
         """Under FSDP Lightning restores a checkpoint after `on_fit_start` (`restore_checkpoint_after_setup`): the
         engine built there serves the weights from before the restore, so it is synced here to the restored ones."""
-        if self.engine.weights_version != self.optimizer_steps:
-            self.engine.sync_weights(self.policy, self.optimizer_steps)
-        self.mark_step_boundary()
+        if self.engine.weights_version != self.run_state.optimizer_steps:
+            self.engine.sync_weights(self.policy, self.run_state.optimizer_steps)
+        self.run_state.mark_step_boundary()
         if self.global_rank == 0:
             log.info(
                 "starting step %d/%d (a validation first when one is due; a line follows each step)",
-                self.rollout_step + 1,
+                self.run_state.rollout_step + 1,
                 self.total_steps,
             )
 
@@ -173,7 +185,9 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
         self.check_preempted()
         timer = StepTimer()
-        who = Generation(self.rollout_step, self.optimizer_steps, self.global_rank, self.trainer.world_size)
+        who = Generation(
+            self.run_state.rollout_step, self.run_state.optimizer_steps, self.global_rank, self.trainer.world_size
+        )
         scored, sampling_metrics = self.collector.collect(
             self.engine, batch, who, timer, self._refill, self._everyone, self.engine_context
         )
@@ -183,7 +197,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         fused = self.fused_statistics(len(scored.rollouts.texts))
         with timer("statistics"):
             train = TrainBatch.assemble(
-                self.rollout_step,
+                self.run_state.rollout_step,
                 scored.rollouts,
                 scored.scores,
                 scored.rewards,
@@ -196,14 +210,15 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
         entropy_coef = self.entropy_control.alpha  # this step's α (the update reads the same)
         self.check_preempted()  # the last safe point: an update that has begun runs to its end
         with timer("update"):
-            lr, update = self._update(train)
+            lr, update = self.update_step(train, self.run_state.rollout_step)
+        self.run_state.optimizer_steps += update.optimizer_steps
         train = dataclasses.replace(train, stats=update.stats) if fused else train  # the update's statistics
         if self.cfg.schedule.entropy_target is not None:
             self.entropy_control.observe(train.mean_entropy(self.device))
         with timer("sync"):
-            self.engine.sync_weights(self.policy, self.optimizer_steps)
-        self.rollout_step += 1
-        self.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
+            self.engine.sync_weights(self.policy, self.run_state.optimizer_steps)
+        self.run_state.rollout_step += 1
+        self.run_state.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
         whole = train.whole_view(self.device, self.global_rank)
         metrics = {
             **step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
@@ -224,7 +239,7 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
             )
         if self.sample_writer is not None:
             self.sample_writer.record(train, update, whole, self.global_rank)
-        self.mark_step_boundary()
+        self.run_state.mark_step_boundary()
 
     def fused_statistics(self, rows: int) -> bool:
         """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
@@ -235,13 +250,13 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""
         prompts = self.trainer.datamodule.refill_prompts(
-            self.rollout_step,
-            self.refill_position,
+            self.run_state.rollout_step,
+            self.run_state.refill_position,
             self.cfg.batch.gen_prompts_per_step,
             self.global_rank,
             self.trainer.world_size,
         )
-        self.refill_position += self.cfg.batch.gen_prompts_per_step
+        self.run_state.refill_position += self.cfg.batch.gen_prompts_per_step
         return prompts
 
     def check_preempted(self) -> None:
@@ -255,3 +270,19 @@ class GRPOModule(AdapterCheckpoints, RunState, L.LightningModule):
     def engine_context(self) -> Any:
         """The hf engine generates with the policy object itself: under FSDP its root unit must be gathered."""
         return gathered_root(self.policy) if isinstance(self.engine, HFEngine) else nullcontext()
+
+    # ------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.adapters.saved_state(super().state_dict(*args, **kwargs), kwargs.get("prefix", ""))
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        state_dict = self.adapters.loaded_state(state_dict, super().state_dict())
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokenrl"] = self.run_state.state_dict(self.entropy_control)
+        self.adapters.save(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.adapters.check(checkpoint, self._trainer.ckpt_path if self._trainer is not None else None)
+        self.run_state.load_state_dict(checkpoint["tokenrl"], self.entropy_control)

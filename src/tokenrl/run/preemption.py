@@ -89,11 +89,13 @@ class PreemptionWatch(L.Callback):
                 log.warning(
                     "preempted: wrote %s (the state after step %d) %.1f s after the signal",
                     self.saved,
-                    pl_module.rollout_step,
+                    pl_module.run_state.rollout_step,
                     time.monotonic() - self.received_at,
                 )
         elif self.requested:
-            log.warning("preempted at step %d; checkpointing is off, nothing was saved", pl_module.rollout_step)
+            log.warning(
+                "preempted at step %d; checkpointing is off, nothing was saved", pl_module.run_state.rollout_step
+            )
         previous = self.previous.get(exception.signum)
         self.restore()
         if callable(previous):

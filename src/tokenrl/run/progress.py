@@ -31,6 +31,12 @@ FIELDS = (
 )
 
 
+def rollout_steps_done(module: L.LightningModule, default: int) -> int:
+    """The rollout steps a `GRPOModule` has completed (its `run_state`); `default` for another module."""
+    state = getattr(module, "run_state", None)
+    return default if state is None else state.rollout_step
+
+
 class ProgressLog(L.Callback):
     """Logs `step k/N | reward … | acc … | entropy … | selected … | T s (phase t, …)` after every rollout step."""
 
@@ -61,7 +67,7 @@ class ProgressLog(L.Callback):
         step = (
             int(metrics["train/rollout_step"])
             if "train/rollout_step" in metrics
-            else getattr(pl_module, "rollout_step", batch_idx + 1)
+            else rollout_steps_done(pl_module, batch_idx + 1)
         )
         log.info(self.line(metrics, step))
 
@@ -76,7 +82,7 @@ class RolloutProgressBar(TQDMProgressBar):
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
-        done = int(getattr(pl_module, "rollout_step", 0))
+        done = int(rollout_steps_done(pl_module, 0))
         self.train_progress_bar.reset(total=self.total_steps)
         self.train_progress_bar.initial = done
         self.train_progress_bar.n = done

@@ -235,15 +235,15 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
             log.warning(
                 "stopped by %s after %d of %d rollout steps; %s",
                 signal.Signals(stop.signum).name,
-                module.rollout_step,
+                module.run_state.rollout_step,
                 cfg.total_steps,
                 f"resume with the same overrides and ckpt_path={saved}" if saved else "checkpointing was off",
             )
         raise SystemExit(128 + stop.signum) from None
-    history = module.reward_history
+    history = module.run_state.reward_history
     summary = {
-        "rollout_steps": module.rollout_step,
-        "optimizer_steps": module.optimizer_steps,
+        "rollout_steps": module.run_state.rollout_step,
+        "optimizer_steps": module.run_state.optimizer_steps,
         "reward_first5": sum(history[:5]) / max(len(history[:5]), 1),
         "reward_last5": sum(history[-5:]) / max(len(history[-5:]), 1),
         **{k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("train/", "select/", "forks/"))},
