@@ -72,7 +72,7 @@ def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_
     assert last.stat().st_size < base_bytes / 4
 
     resumed = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
-    assert resumed.rollout_step == 2 and resumed.reward_history == straight.reward_history
+    assert resumed.run_state.rollout_step == 2 and resumed.run_state.reward_history == straight.run_state.reward_history
     assert digest(resumed.policy) == digest(straight.policy)
 
     folders = {

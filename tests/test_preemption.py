@@ -36,7 +36,7 @@ class SignalDuringGeneration(L.Callback):
 
         def spy(*args, **kwargs):
             batch = generate(*args, **kwargs)
-            if module.rollout_step == self.step:
+            if module.run_state.rollout_step == self.step:
                 os.kill(os.getpid(), signal.SIGTERM)
             return batch
 
@@ -51,8 +51,8 @@ def test_a_signal_mid_step_saves_the_last_completed_step_and_the_resume_reproduc
     state = torch.load(last, weights_only=True)["tokenrl"]
     assert state["rollout_step"] == 2 and len(state["reward_history"]) == 2
     resumed, _ = fit(tiny_cfg(*RUN, f"paths.output_dir={tmp_path / 'resumed'}"), ckpt_path=str(last))
-    assert resumed.reward_history == straight.reward_history
-    assert resumed.refill_position == straight.refill_position
+    assert resumed.run_state.reward_history == straight.run_state.reward_history
+    assert resumed.run_state.refill_position == straight.run_state.refill_position
     assert fingerprint(resumed.policy) == fingerprint(straight.policy)
 
 
@@ -70,7 +70,9 @@ def test_check_raises_only_after_a_signal_and_the_previous_handler_runs_after_th
             watch.check()
         checkpoint = SimpleNamespace(save_last_now=lambda trainer: calls.append("saved") or "/run/last.ckpt")
         watch.on_exception(
-            SimpleNamespace(checkpoint_callback=checkpoint), SimpleNamespace(rollout_step=3), caught.value
+            SimpleNamespace(checkpoint_callback=checkpoint),
+            SimpleNamespace(run_state=SimpleNamespace(rollout_step=3)),
+            caught.value,
         )
         assert calls == ["saved", ("outer", signal.SIGUSR1)] and watch.saved == "/run/last.ckpt"
         assert signal.getsignal(signal.SIGUSR1) is not watch._handle  # restored
