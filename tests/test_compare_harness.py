@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, needs_data
+from tests.conftest import ROOT, needs_data, once_per_run
 
 sys.path.insert(0, str(ROOT))
 from scripts.compare_harness import (
@@ -38,6 +38,25 @@ needs_model = pytest.mark.skipif(
     not (DEFAULT_MODEL / "config.json").exists(),
     reason=f"the offline default model is not prepared: bash scripts/setup.sh ({DEFAULT_MODEL})",
 )
+
+
+@pytest.fixture
+def stock_index_once(monkeypatch, tmp_path_factory, worker_id):
+    """lm-eval's TaskManager, built anew by each `simple_evaluate` (once per task of a comparison), indexes every YAML
+    of its own stock tasks (~13,000 files, ~10-30 s here) before it loads the dict config the script passes: that scan
+    of the installed package is read once per test run (tests/conftest.py's once_per_run) and handed to each build as
+    a fresh copy, the index the scan gives. Any other path (none here) is scanned as before."""
+    from lm_eval.tasks import _index
+
+    build, stock = _index.TaskIndex.build, Path(_index.__file__).parent
+
+    def build_once(paths, **kwargs):
+        paths = list(paths)
+        if paths != [stock] or kwargs:
+            return build(paths, **kwargs)
+        return once_per_run(tmp_path_factory, worker_id, "lm_eval_stock_index", lambda folder: build(paths))
+
+    monkeypatch.setattr(_index.TaskIndex, "build", staticmethod(build_once))
 
 
 @pytest.mark.parametrize(
@@ -71,7 +90,7 @@ def test_math_extraction_and_harness_normalisation():
 @needs_harness
 @needs_model
 @needs_data
-def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path):
+def test_compare_harness_agrees_on_a_handful_of_problems(tmp_path, stock_index_once):
     out = tmp_path / "agreement.json"
     report = main(
         ["--limit", "3", "--limit-math", "2", "--max-new-tokens", "24", "--references-limit", "5", "--out", str(out)]
@@ -205,7 +224,7 @@ def test_both_arithmetic_scorers_accept_the_worked_sum_and_refuse_a_changed_one(
 @pytest.mark.slow
 @needs_harness
 @needs_model
-def test_compare_harness_on_arithmetic_needs_no_data_files(tmp_path, monkeypatch):
+def test_compare_harness_on_arithmetic_needs_no_data_files(tmp_path, monkeypatch, stock_index_once):
     """`--tasks arithmetic` runs without TOKENRL_DATA_DIR: 3 held-out problems, the offline model, both sides."""
     monkeypatch.delenv("TOKENRL_DATA_DIR", raising=False)
     report = main(
