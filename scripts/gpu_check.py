@@ -7,7 +7,7 @@ GPU is at hand.
 
 1. doctor       tokenrl-doctor: versions, devices, hf / vLLM / DDP steps on the GPU(s)
 2. tests        the GPU tests (tests/test_gpu.py: bf16-mixed steps, FSDP on one GPU = plain, FSDP export, vLLM)
-3. ddp_no_sync  DDP over NCCL all-reduces once per optimizer step (tests/test_distributed.py's check; ≥ 2 GPUs)
+3. ddp_no_sync  DDP over NCCL all-reduces once per optimizer step (tests/step/test_distributed.py's check; ≥ 2 GPUs)
 4. step_0.5b    scripts/bench/gpu_step.py, Qwen2.5-0.5B shape: fast path off / on (the preset: no checkpointing)
 5. step_0.5b_ckpt     the same with gradient checkpointing (the memory it saves, the time it costs)
 6. step_1.5b    Qwen2.5-1.5B shape, fast path on, gradient checkpointing on and off
@@ -55,7 +55,7 @@ def steps(gpus: int, work: Path) -> dict[str, list[list[str]] | str]:
                     "-m",
                     "pytest",
                     "-q",
-                    "tests/test_distributed.py",
+                    "tests/step/test_distributed.py",
                     "-k",
                     "all_reduces_once",
                 ]

@@ -100,7 +100,7 @@ optional_install() {
   fi
 }
 optional_install "lm-evaluation-harness" requirements-harness.txt .cache/setup.harness.stamp \
-  "lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it, tests/test_compare_harness.py skips"
+  "lm-eval not installed (not on this package index?): scripts/compare_harness.py needs it, tests/scripts/test_compare_harness.py skips"
 optional_install "the documentation tools" requirements-docs.txt .cache/setup.docs.stamp \
   "mkdocs not installed (not on this package index?): \`mkdocs build\` needs it, tests/test_docs.py's site build skips"
 

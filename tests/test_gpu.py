@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
+from tests.export.test_export import check_export_equals_unsharded, export_on_ranks
 from tests.helpers.ddp_step import one_step
 from tests.helpers.markers import requires_cuda, requires_vllm
-from tests.test_export import check_export_equals_unsharded, export_on_ranks
-from tests.test_vllm_engine import engine_completion_logprobs, raise_likelihood, trainer_completion_logprobs
+from tests.rollout.test_vllm_engine import engine_completion_logprobs, raise_likelihood, trainer_completion_logprobs
 
 pytestmark = requires_cuda
 QWEN_RANDOM = ["model=qwen0.5b", "model.init=random", "model.tokenizer=char"]  # the architecture, offline

@@ -5,7 +5,7 @@
   dropped, the Unicode minus read as `-`), skipped when it is part of a name (`H2O`, `x_2`), refused (score 0) when
   it is malformed (`1,2`, `1.5.3`), an operand of an arithmetic operator (`5-3`, `2 + 3`), a denominator
   (`\\frac{1}{2}`) or an exponent (`x**2`, `2^{3}`); then compared with the answer as an exact number (`7.0` = `7`,
-  `1,234` = `1234`). tests/test_compare_harness.py holds it to tokenrl's verifier on a table of responses.
+  `1,234` = `1234`). tests/scripts/test_compare_harness.py holds it to tokenrl's verifier on a table of responses.
 - flexible_extract: lm-eval's stock GSM8K flexible scorer, from lm-eval itself: the `flexible-extract` regex filter
   (the last match of `(-?[$0-9.,]{2,})|(-?[0-9]+)`) and exact_match with gsm8k's regexes_to_ignore.
 """

@@ -1,5 +1,6 @@
 """One rollout step of every given method under the real Trainer, on one process or WORLD Lightning DDP ranks (gloo,
-CPU), for tests/test_invariance.py's two-ranks test. All methods run in one launch (one process group, one fit each).
+CPU), for tests/step/test_invariance.py's two-ranks test. All methods run in one launch (one process group, one fit
+each).
 
 Settings: the tiny model, each method's preset with tests/helpers/varied.py's `ACTS`, 4 prompts × G 8, micro-batches
 of 3 rows, two PPO epochs of one mini-batch (the split of rows into mini-batches does not depend on the rank count: a

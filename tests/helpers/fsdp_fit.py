@@ -1,8 +1,8 @@
 """Fit the tiny model under FSDP over 2 gloo CPU ranks (the fsdp preset: sharded checkpoints, or full with
 `trainer.strategy.state_dict_type=full`) and write rank 0's reward history, rollout step and the policy's full weights
-at the end to OUT_DIR/result.pt (tests/test_distributed.py: resume under FSDP). With `--snapshot`, after rollout step 1
-the run also writes a checkpoint of each kind, OUT_DIR/step1/sharded (a folder) and OUT_DIR/step1/full.ckpt, through
-the strategy's own save (as the checkpoint callback does), and the policy's weights at that point to result.pt's
+at the end to OUT_DIR/result.pt (tests/step/test_distributed.py: resume under FSDP). With `--snapshot`, after rollout
+step 1 the run also writes a checkpoint of each kind, OUT_DIR/step1/sharded (a folder) and OUT_DIR/step1/full.ckpt,
+through the strategy's own save (as the checkpoint callback does), and the policy's weights at that point to result.pt's
 `step1_weights`: one straight run yields both checkpoints to resume from. Runs after `--then` fit one after another on
 the same two ranks, each a trainer of its own (both resumes in one launch: two start-ups fewer).
 

@@ -1,5 +1,5 @@
-"""Shared pieces of the method-invariance and golden-trajectory tests (tests/test_invariance.py, tests/test_golden.py):
-a setting where every method of configs/method/ acts on the tiny random model.
+"""Shared pieces of the method-invariance and golden-trajectory tests (tests/step/test_invariance.py,
+tests/run/test_golden.py): a setting where every method of configs/method/ acts on the tiny random model.
 
 * `share_reward`: a deterministic verifier whose rewards vary within every group of the tiny model's rollouts
   (`tests.helpers.rewards:length_reward` saturates at 12 characters: with `rollout.max_new_tokens=12` most groups get

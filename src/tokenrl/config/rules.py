@@ -2,8 +2,8 @@
 third-party classes a config builds (`TARGET_RULES`: Lightning's Trainer, strategies and loggers, torch's optimizer),
 and where the rest live — `algorithm.*` in `AlgorithmConfig` (algorithms/config.py), a selector's or a task's keywords
 on its class (`Configurable.config_rules`). The start-up check (config/check.py) applies them;
-tests/test_config_rules.py walks every leaf key of every shipped config and fails on one that has neither a rule nor the
-`FREE_TEXT` mark.
+tests/config/test_config_rules.py walks every leaf key of every shipped config and fails on one that has neither a
+rule nor the `FREE_TEXT` mark.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How a sub-batch of rollouts runs through the policy: the hidden states that predict its response tokens.
 
-Two layouts, equal in exact arithmetic (tests/test_response_forward.py checks values and gradients in float64):
+Two layouts, equal in exact arithmetic (tests/models/test_response_forward.py checks values and gradients in float64):
 - `padded`: every row is its prompt (left-padded) + response (right-padded), one forward over (b, P + T).
 - `shared prefix`: the rows of one group answer the same prompt token for token, so each distinct prompt is encoded
   once (`use_cache`) and its keys/values are indexed out to its rows; the responses then run against them. Gradients

@@ -9,7 +9,7 @@
   different answers, a set against an interval or pair, and a number in another base (`2516_9` for `2516_8`).
 - `choice`: the chosen letter equals the answer: every non-empty box holds that letter, or, with no box, the
   last "answer is X" / "Answer: X" names it without a hedge ("A or B").
-The rules behind each decision are tabled, case by case, in tests/test_verifiers.py.
+The rules behind each decision are tabled, case by case, in tests/rewards/test_verifiers.py.
 A verifier may also be named as `package.module:function`.
 `check_golds` reports, at load time, the gold answers a verifier could never match (`#### many` for gsm8k).
 """

@@ -5,7 +5,7 @@ per-token clip ranges, KL weights, advantages, a drift penalty) and names its lo
 the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's
 share of the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and
 one optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
-`GRPOModule`, a plain loop can supply another (tests/test_update.py runs it with no Trainer).
+`GRPOModule`, a plain loop can supply another (tests/step/test_update.py runs it with no Trainer).
 
 Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`; step/fast_path.py alone
 decides when that is exact) takes π_old's statistics from the update's own forward — with one epoch and one mini-batch

@@ -1,7 +1,7 @@
 """run/checkpointing.py: a failed save names the file, the space it needs and that the previous checkpoint is intact;
 the temporaries of a killed save are removed; a sharded checkpoint's folder is replaced whole (a kill at any point
 leaves the previous one or the new one complete); the policy's weights are read from either kind.
-The same under 2 real FSDP ranks: tests/test_distributed.py (resume from sharded and full checkpoints)."""
+The same under 2 real FSDP ranks: tests/step/test_distributed.py (resume from sharded and full checkpoints)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Trainer from the tiny random Qwen2, with an engine that disagrees with the train
 real update path: the module's own `PolicyPasses` (statistics, reference and update forwards in the shared-prefix,
 trimmed layouts; the statistics pass in micro-batches of the same size), its selector and `AlgorithmConfig`,
 `ppo_update` with micro-batches by length, gradient clipping. Only the backend is plain (no Trainer:
-tests/test_update.py shows it equals the module's), and the optimizer is SGD at lr 1: Adam's g/(|g| + ε) turns a
+tests/step/test_update.py shows it equals the module's), and the optimizer is SGD at lr 1: Adam's g/(|g| + ε) turns a
 1e-9 rounding difference on a 7e-8 gradient entry into a 2e-5 weight difference, which the next step's gradient would
 inherit. Each method runs with `algorithm.micro_batch_size` = the whole batch (one micro-batch per mini-batch) and = 3
 (several, groups of 8 cut across them, the last one short), in two regimes:
@@ -57,7 +57,7 @@ from omegaconf import DictConfig
 from tests.conftest import TINY, compose_config, once_per_run
 from tests.helpers.forked_cli import forked_python
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
-from tests.test_update import CaptureUpdate
+from tests.step.test_update import CaptureUpdate
 from tokenrl.records.selection import Selection
 from tokenrl.run.training import build_components
 from tokenrl.step.train_batch import TrainBatch

@@ -1,7 +1,7 @@
 """The default sweep launcher runs every job in a fresh process: a 2-job vLLM sweep's per-job peak memory stays
 flat (in one process each torn-down vLLM engine keeps ≈ 0.9 GiB, so job 1's peak would be ≈ 0.9 GiB above job 0's), and
 the multirun folder layout is Hydra's. `launcher=local` (jobs side by side, each slot on its own GPUs) runs in
-tests/test_experiments.py's selector sweep."""
+tests/config/test_experiments.py's selector sweep."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def test_fsdp_bf16_gathers_serve_generate_and_the_no_grad_passes(tmp_path):
     """The preset's bf16 all-gathers: FSDP casts only the root's inputs by default, and the passes inside
     `gathered_root` enter the decoder layers from the root's fp32 embeddings (with autocast off for the engine):
     "mat1 and mat2 must have the same dtype" on an H200 until every unit cast its own inputs."""
-    from tests.test_export import free_port
+    from tests.export.test_export import free_port
 
     out = tmp_path / "bf16.pt"
     forked_spawn(_bf16_generate_worker, (free_port(), str(out)), nprocs=1)

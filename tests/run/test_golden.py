@@ -4,7 +4,7 @@ what any method does fails here.
 
 Regenerate the fixture (after a change that is meant to change a method's behaviour; say why in the commit):
 
-    TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py
+    TOKENRL_REGOLD=1 python -m pytest tests/run/test_golden.py
 
 which runs every method, rewrites the file and passes; commit the diff. A preset added to configs/method/ fails here
 until the fixture is regenerated (it is read from the folder, as everywhere).
@@ -50,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from tests.conftest import TINY, compose_config, once_per_run
 from tests.helpers.varied import ACTS, METHODS, DisagreeingEngine, fit_recording
 
-GOLDEN = Path(__file__).parent / "fixtures" / "golden" / "methods.json"
+GOLDEN = Path(__file__).parents[1] / "fixtures" / "golden" / "methods.json"
 REGOLD = os.environ.get("TOKENRL_REGOLD") == "1"
 STEPS = 3
 SETTING = TINY + [
@@ -134,7 +134,7 @@ def runs(one_thread, tmp_path_factory, worker_id):
             "regimes": REGIMES,
             "acts": ACTS,
             "torch": torch.__version__,
-            "regenerate": "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py",
+            "regenerate": "TOKENRL_REGOLD=1 python -m pytest tests/run/test_golden.py",
         }
         GOLDEN.write_text(json.dumps({"setting": setting, "methods": runs}, indent=1) + "\n")
     return runs
@@ -142,7 +142,7 @@ def runs(one_thread, tmp_path_factory, worker_id):
 
 @pytest.fixture(scope="module")
 def golden() -> dict:
-    assert GOLDEN.exists(), f"{GOLDEN} is missing: TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py"
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: TOKENRL_REGOLD=1 python -m pytest tests/run/test_golden.py"
     return json.loads(GOLDEN.read_text())["methods"]
 
 
@@ -151,7 +151,7 @@ def golden() -> dict:
 def test_method_follows_its_golden_trajectory(runs, golden, method):
     assert method in golden, (
         f"no golden trajectory for method={method}: regenerate with "
-        "TOKENRL_REGOLD=1 python -m pytest tests/test_golden.py"
+        "TOKENRL_REGOLD=1 python -m pytest tests/run/test_golden.py"
     )
     for regime, steps in golden[method].items():
         ran = runs[method][regime]

@@ -29,7 +29,7 @@ from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import Backend, ppo_update
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SELECTORS = sorted(path.stem for path in (ROOT / "configs" / "selector").glob("*.yaml"))
 FIELDS = ("weights", "clip_low", "clip_high", "kl_weights", "advantages", "drift_coef")
 GROUP_SIZE = 8

@@ -12,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.test_training import fingerprint, fit
+from tests.run.test_training import fingerprint, fit
 from tokenrl.run.preemption import Preempted, PreemptionWatch
 
 RUN = [

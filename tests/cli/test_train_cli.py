@@ -25,7 +25,7 @@ from tokenrl.run.resume import check_checkpoint_matches, checkpoint_shapes, poli
 
 pytestmark = pytest.mark.slow  # multi-process runs (README: `-m "not slow"` is the quick loop)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_RUN = [
     "debug=default",
     "logger=csv",

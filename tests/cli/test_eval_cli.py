@@ -1,7 +1,7 @@
 """eval.py: `python eval.py` end to end (tiny model, real engine, real files), checkpoints (files and sharded folders)
 loaded, its config folder.
 
-Validation during training (evaluation/runner.py's Validator): tests/test_evaluation_runner.py."""
+Validation during training (evaluation/runner.py's Validator): tests/evaluation/test_evaluation_runner.py."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.test_training import Crash, CrashAfter, Recorder, fit
+from tests.run.test_training import Crash, CrashAfter, Recorder, fit
 from tokenrl.algorithms.dapo import varied_groups
 from tokenrl.records.problem import Problem
 from tokenrl.records.prompt_batch import PromptBatch

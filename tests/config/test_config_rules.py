@@ -25,7 +25,7 @@ from tokenrl.config.check import ConfigError, check_config, check_eval_config, t
 from tokenrl.config.rules import RULES
 from tokenrl.records.rules import Rule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_GROUPS = (
     "experiment",
     "method",

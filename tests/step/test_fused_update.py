@@ -188,8 +188,8 @@ class Recorder:
 def recording_backend(
     policy: nn.Module, passes: PolicyPasses, cfg: AlgorithmConfig, forward=None
 ) -> tuple[Backend, Recorder]:
-    """A plain backend (as tests/test_update.py's) whose optimizer step records the accumulated gradients and zeroes
-    them instead of stepping, so both paths start from the same weights and their gradients can be compared."""
+    """A plain backend (as tests/step/test_update.py's) whose optimizer step records the accumulated gradients and
+    zeroes them instead of stepping, so both paths start from the same weights and their gradients can be compared."""
     record = Recorder([], [])
     forward = forward or passes.update_forward
 

@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, TINY, compose_config
-from tests.test_update import CaptureUpdate, plain_backend
+from tests.step.test_update import CaptureUpdate, plain_backend
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models import build_model
 from tokenrl.run.training import build_components
@@ -152,7 +152,8 @@ def captured_step(tmp_path_factory):
 
 def replay(captured_step, *overrides: str, batch=None):
     """The captured step's update again, under `overrides` (a method, its mini-batches) from the same weights and the
-    same mini-batch order, with the plain backend of tests/test_update.py: (the weights after, flat; the metrics)."""
+    same mini-batch order, with the plain backend of tests/step/test_update.py: (the weights after, flat; the
+    metrics)."""
     capture, module = captured_step
     cfg = compose_config(TINY + ONE_STEP + list(overrides))
     algorithm = AlgorithmConfig.from_node(
