@@ -18,8 +18,7 @@ from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.passes import PolicyPasses, shared_prefix_blocker
 
 GPU_AUTO_OFF = (
-    "fast_path.shared_prefix=auto on a GPU, where it measured slower: the update 4.2 s against 2.1 s on an "
-    "H200, docs/algorithms.md §12.1; true forces it"
+    "fast_path.shared_prefix=auto on a GPU, where it measured slower (docs/algorithms.md §12.1); true forces it"
 )
 
 
