@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tokenrl.data.forks import ForksTask
-from tokenrl.data.forks_graph import Graph, fork_positions, path_reward
+from tokenrl.data.forks_graph import Graph, fork_positions, path_marks, path_reward
 
 
 def forks_task(**changes) -> ForksTask:
@@ -49,7 +49,9 @@ def test_the_answer_is_the_graph_the_question_shows_and_the_reward_and_forks_rea
         assert task.question_text(problem) == graph.question(with_edges=layout == "per_problem")
         solution = solve(graph)
         assert path_reward(solution, problem.answer) == 1.0
-        assert task.forks_of(problem, solution) == fork_positions(graph, solution)
+        marks = task.forks_of(problem, solution)
+        assert marks == path_marks(graph, solution, ended=True) and marks.forks == fork_positions(graph, solution)
+        assert marks.failure == "none" and task.forks_of(problem, solution[:-1], ended=True).failure == "early_stop"
 
 
 def solve(graph: Graph) -> str:

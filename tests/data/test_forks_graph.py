@@ -1,5 +1,6 @@
-"""The forks task's graphs: fork positions against a brute-force search of every continuation, the path reward, the
-text round trip, and the generator's shapes."""
+"""The forks task's graphs: fork positions, decisions, where a path leaves the graph and how a response fails,
+against a brute-force search of every continuation; the path reward, the text round trip, and the generator's
+shapes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tokenrl.data.forks_graph import (
     GraphShape,
     fork_positions,
     layered_graph,
+    path_marks,
     path_reward,
     random_walk,
     reachable_goal,
@@ -71,6 +73,93 @@ def test_fork_positions_equal_a_brute_force_search_on_random_graphs():
             assert marks == brute_force_forks(graph, response), (graph, response)
             kinds["forks"] += any(marks)
     assert min(kinds.values()) > 20, kinds  # every case the issue names occurred many times
+
+
+def follows(graph: Graph, prefix: str) -> bool:
+    """`prefix` is a path of the graph from the start (the empty prefix too)."""
+    return not prefix or (
+        prefix[0] == graph.start and all(b in graph.successors.get(a, ()) for a, b in zip(prefix, prefix[1:]))
+    )
+
+
+def brute_force_marks(graph: Graph, response: str, ended: bool) -> dict:
+    """Decisions, on-graph and invalid positions and the failure, position by position from the definitions: a
+    prefix is winnable when it follows the graph and some continuation of at most |nodes| more nodes stops at a goal
+    (enumerated: `can_succeed`); the failure is decided at the first choice that turns winnable into not."""
+    budget, n = len(graph.nodes()), len(response)
+    on_graph = [t == 0 or follows(graph, response[:t]) for t in range(n + 1)]
+    decisions = [t > 0 and on_graph[t] and len(graph.options(response[t - 1])) >= 2 for t in range(n + 1)]
+    valid_stop = n > 0 and response[-1] in graph.goals
+    invalid = [on_graph[t] and not follows(graph, response[: t + 1]) for t in range(n)]
+    invalid.append(on_graph[n] and ended and not valid_stop)
+
+    def winnable(prefix: str, stopped: bool = False) -> bool:
+        if not prefix:
+            return not stopped  # the start is still to be written, unless the response ended before it
+        if not follows(graph, prefix):
+            return False
+        return prefix[-1] in graph.goals if stopped else can_succeed(graph, prefix[-1], budget)
+
+    failure, decisive = "none" if path_reward(response, graph.encode()) == 1.0 else "", None
+    for t in range(n + 1):
+        if failure:
+            break
+        if t == n and not ended:
+            failure = "out_of_tokens"
+            break
+        before, after = winnable(response[:t]), winnable(response[: t + 1], stopped=t == n)
+        if before and not after:
+            if invalid[t]:
+                failure, decisive = ("early_stop" if t == n else "invalid_letter"), t
+            else:
+                failure, decisive = ("unreachable", None) if t == 0 else ("wrong_branch", t)
+    return {"decisions": decisions, "on_graph": on_graph, "invalid": invalid, "failure": failure, "decisive": decisive}
+
+
+def test_path_marks_equal_a_brute_force_search_on_random_graphs():
+    rng = random.Random(6)
+    seen = {way: 0 for way in ("none", "wrong_branch", "invalid_letter", "early_stop", "out_of_tokens", "unreachable")}
+    for _ in range(300):
+        graph = random_small_graph(rng)
+        for response in responses_for(graph, rng):
+            for ended in (True, False):
+                marks = path_marks(graph, response, ended)
+                expected = brute_force_marks(graph, response, ended)
+                assert marks.forks == fork_positions(graph, response), (graph, response)
+                got = {key: getattr(marks, key) for key in expected}
+                assert got == expected, (graph, response, ended)
+                assert all(d for f, d in zip(marks.forks, marks.decisions) if f)  # forks are decisions
+                if marks.failure == "wrong_branch":
+                    assert marks.forks[marks.decisive]  # a wrong branch is taken at a fork
+                seen[marks.failure] += 1
+    assert min(seen.values()) > 20, seen  # every way of failing occurred many times
+
+
+def test_the_ways_of_failing_on_a_small_graph():
+    graph = Graph({"A": ("B", "C"), "B": ("D",), "C": (), "D": ()}, "A", frozenset("D"))
+    assert path_marks(graph, "ABD", ended=True).failure == "none"
+    assert path_marks(graph, "ABD", ended=False).failure == "none"  # the reward reads the text: a path to the goal
+    wrong = path_marks(graph, "AC", ended=True)
+    assert (wrong.failure, wrong.decisive, wrong.forks, wrong.invalid) == (
+        "wrong_branch",
+        1,
+        [False, True, False],
+        [False, False, True],  # the stop at C leaves the graph, after the branch decided the outcome
+    )
+    letter = path_marks(graph, "ABX", ended=True)
+    assert (letter.failure, letter.decisive, letter.decisions, letter.on_graph) == (
+        "invalid_letter",
+        2,
+        [False, True, False, False],  # after B one option (D): forced
+        [True, True, True, False],
+    )
+    assert (path_marks(graph, "AB", ended=True).failure, path_marks(graph, "AB", ended=True).decisive) == (
+        "early_stop",
+        2,
+    )
+    assert path_marks(graph, "AB", ended=False).failure == "out_of_tokens"
+    assert path_marks(graph, "", ended=True).failure == "early_stop"
+    assert path_marks(graph, "B", ended=True).failure == "invalid_letter"
 
 
 def test_path_reward_is_one_exactly_for_paths_from_the_start_to_a_goal():

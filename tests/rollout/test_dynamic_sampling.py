@@ -12,6 +12,7 @@ import torch
 
 from tests.run.test_training import Crash, CrashAfter, Recorder, fit
 from tokenrl.algorithms.dapo import varied_groups
+from tokenrl.records.marks import POSITION_MARKS, ForkMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
@@ -85,13 +86,19 @@ def test_concat_rollouts_repads_and_renumbers_groups():
 def test_true_forks_follow_their_rows_through_selection_and_concatenation():
     def scored(responses: list[list[int]], groups: list[int]) -> ScoredRollouts:
         batch = rollout_batch([[1]] * len(responses), responses, groups)
-        forks = batch.response_ids > 5  # any per-token mark tied to the response
-        return ScoredRollouts(batch, torch.zeros(len(responses)), torch.zeros(len(responses)), forks)
+        ids = batch.response_ids
+        marks = ForkMarks(  # any per-token marks tied to the response, a per-row failure tied to its first token
+            ids > 5, ids > 2, ids > 0, ids == 7, ids == 9, ids[:, 0].clone()
+        )
+        return ScoredRollouts(batch, torch.zeros(len(responses)), torch.zeros(len(responses)), marks)
 
     a, b = scored([[6, 2], [3, 7]], [0, 0]), scored([[9, 1, 8]], [0])
     whole = concat_scored([a.rows(torch.tensor([1])), b], pad_id=0)
-    assert whole.forks.tolist() == [[False, True, False], [True, False, True]]
-    assert torch.equal(whole.forks, whole.rollouts.response_ids > 5)
+    assert whole.forks.forks.tolist() == [[False, True, False], [True, False, True]]
+    ids = whole.rollouts.response_ids
+    for name, expected in zip(POSITION_MARKS, (ids > 5, ids > 2, ids > 0, ids == 7, ids == 9)):
+        assert torch.equal(getattr(whole.forks, name), expected), name
+    assert whole.forks.failure.tolist() == [3, 9]
     assert concat_scored([a, ScoredRollouts(b.rollouts, b.scores, b.rewards)], pad_id=0).forks is None
 
 

@@ -1,5 +1,6 @@
-"""rollout/fork_marks.py: the true forks of sampled responses, token by token, for one-character and multi-character
-tokens, with and without the end-of-sequence token; tasks that cannot name forks give none."""
+"""rollout/fork_marks.py: the true forks of sampled responses (and the decisions, the positions on and off the graph,
+the failures), token by token, for one-character and multi-character tokens, with and without the end-of-sequence
+token; tasks that cannot name forks give none."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from tokenrl.data.forks import ForksTask
-from tokenrl.data.forks_graph import Graph, fork_positions, random_walk
+from tokenrl.data.forks_graph import Graph, fork_positions, path_marks, random_walk
 from tokenrl.data.tasks import ArithmeticTask
 from tokenrl.models.char_tokenizer import build_char_tokenizer
+from tokenrl.records.marks import FAILURES, POSITION_MARKS
 from tokenrl.records.problem import Problem
 from tokenrl.rollout.fork_marks import ForkMarker, token_marks
 
@@ -60,17 +62,24 @@ def test_one_character_tokens_carry_the_character_marks_and_the_end_token_the_st
     forks_task, tokenizer, rng = task(), build_char_tokenizer(128), random.Random(0)
     problems = forks_task.problems("train")
     responses = [random_walk(Graph.decode(p.answer), rng, 9) for p in problems]
+    responses = [text if i % 5 else text[:-1] + "z" for i, text in enumerate(responses)]  # some leave the graph
     ended = [i % 4 != 0 for i in range(len(problems))]  # every fourth row cut at the budget: no end token
     ids, mask = rollout(tokenizer, responses, ended)
     marks = ForkMarker(forks_task.forks_of, tokenizer)(problems, ids, mask, responses)
-    assert marks.shape == ids.shape and not marks[mask == 0].any()
-    assert marks.any()
+    for name in POSITION_MARKS:
+        values = getattr(marks, name)
+        assert values.shape == ids.shape and not values[mask == 0].any(), name
+    assert marks.forks.any() and marks.decisions.any() and marks.invalid.any()
     for row, (problem, text, end) in enumerate(zip(problems, responses, ended)):
-        truth = fork_positions(Graph.decode(problem.answer), text)
-        assert marks[row, : len(text)].tolist() == truth[: len(text)]
-        if end:
-            assert bool(marks[row, len(text)]) == truth[len(text)]
-        assert not marks[row, len(text) + end :].any()
+        chars = path_marks(Graph.decode(problem.answer), text, end)
+        assert chars.forks == fork_positions(Graph.decode(problem.answer), text)
+        for name, truth in chars.positions().items():
+            values = getattr(marks, name)[row]
+            assert values[: len(text)].tolist() == truth[: len(text)], name
+            if end:
+                assert bool(values[len(text)]) == truth[len(text)], name
+            assert not values[len(text) + end :].any(), name
+        assert FAILURES[int(marks.failure[row])] == chars.failure
 
 
 def test_a_multi_character_token_is_a_fork_when_any_of_its_characters_is():

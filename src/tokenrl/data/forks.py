@@ -4,10 +4,10 @@ A problem names a start and a goal (`B..X`); the answer is a path along the grap
 `layout: shared` one seeded graph serves every problem and the policy learns it (the prompt is the route alone); the
 held-out test routes are (start, goal) pairs no training problem asks for. With `layout: per_problem` every problem
 has its own graph, listed in the prompt (a model must read it: harder). The reward is 1 for a path to the goal; the
-fork positions of every sampled response are computed from the problem and the response (`Task.forks_of`), so a
-selector's choice is scored against the truth (observe/diagnostics.py, `forks/*`). A model trained from scratch first
-learns the format from random valid walks (`warmup`, models/warmup.py), so that RL has to learn which branch reaches the
-goal.
+forks, the decisions and the way each sampled response fails are computed from the problem and the response
+(`Task.forks_of`, `forks_graph.path_marks`), so a selector's choice is scored against the truth
+(observe/diagnostics.py, `forks/*`). A model trained from scratch first learns the format from random valid walks
+(`warmup`, models/warmup.py), so that RL has to learn which branch reaches the goal.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from tokenrl.data.forks_graph import Graph, GraphShape, fork_positions, layered_graph, random_walk, reachable_goal
+from tokenrl.data.forks_graph import Graph, GraphShape, layered_graph, path_marks, random_walk, reachable_goal
 from tokenrl.data.tasks import Task
+from tokenrl.records.marks import CharMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.rules import integer, mapping_of, number, one_of
 
@@ -117,8 +118,8 @@ class ForksTask(Task):
             problem_id, graph.question(with_edges=self.layout == "per_problem"), graph.encode(), self.verifier
         )
 
-    def forks_of(self, problem: Problem, response: str) -> list[bool]:
-        return fork_positions(Graph.decode(problem.answer), response)
+    def forks_of(self, problem: Problem, response: str, ended: bool = True) -> CharMarks:
+        return path_marks(Graph.decode(problem.answer), response, ended)
 
     def warmup_example(self, rng: random.Random) -> tuple[str, str]:
         """(question, response) of the warm-up: a training route (a fresh graph: `per_problem`) and a random valid

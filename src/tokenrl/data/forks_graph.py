@@ -5,7 +5,8 @@ A problem is a directed graph, a start node and goal nodes; the answer is a path
 successors, plus stopping where the node is a goal. A decision is a **fork** when it has at least two options of
 which some still reach a goal and some cannot: the outcome is decided there. The other decisions are **forced**
 (one option) or **free** (every option succeeds, or none does). Reward 1: the response is exactly a path that
-follows edges from the start and ends at a goal.
+follows edges from the start and ends at a goal. `path_marks` names, per position, the forks, the decisions (≥ 2
+options), where the path leaves the graph, and how a response fails (records/marks.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass
+
+from tokenrl.records.marks import CharMarks
 
 LABELS = string.ascii_uppercase + string.ascii_lowercase
 STOP = ""  # the option of ending the path (the response's end-of-sequence token)
@@ -97,6 +100,39 @@ def fork_positions(graph: Graph, response: str) -> list[bool]:
         if t < len(response) and response[t] not in graph.successors.get(node, ()):
             break  # the path leaves the graph at character t: nothing after it decides anything
     return marks
+
+
+def path_marks(graph: Graph, response: str, ended: bool) -> CharMarks:
+    """Per character of `response` and its end (the stop decision, a choice only when `ended`: the end token was
+    written), the marks of records/marks.py, and how the response fails: the first choice after which no
+    continuation reaches a goal. Forks follow `fork_positions` (same positions, same rule: nothing after the path
+    leaves the graph decides); failure is "none" exactly when `path_reward` is 1."""
+    n, reaching = len(response), graph.reaching()
+    marks = {name: [False] * (n + 1) for name in ("forks", "decisions", "on_graph", "invalid")}
+    failure, decisive = "", None
+    node = None  # before the start: the one option is the start the prompt names
+    for t in range(n + 1):
+        marks["on_graph"][t] = True
+        options = (graph.start,) if node is None else graph.options(node)
+        if node is not None:
+            marks["decisions"][t] = len(options) >= 2
+            marks["forks"][t] = is_fork(graph, node, reaching)
+        if t == n and not ended:  # the budget ran out: no choice here
+            failure = failure or ("none" if node in graph.goals else "out_of_tokens")
+            break
+        choice = response[t] if t < n else STOP
+        if choice not in options:
+            marks["invalid"][t] = True
+            if not failure:
+                failure, decisive = ("early_stop" if choice == STOP else "invalid_letter"), t
+            break
+        if choice == STOP:  # a stop at a goal
+            failure = failure or "none"
+            break
+        if not failure and choice not in reaching:
+            failure, decisive = ("wrong_branch", t) if node is not None else ("unreachable", None)
+        node = choice
+    return CharMarks(**marks, failure=failure, decisive=decisive)
 
 
 def path_reward(response: str, answer: str) -> float:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from tokenrl.data.benchmarks import BENCHMARKS, benchmark
 from tokenrl.data.prompts import with_instruction
+from tokenrl.records.marks import CharMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.rules import FREE_TEXT, Configurable, Rule, integer, list_of, one_of, optional
 from tokenrl.rewards.verifiers import VERIFIERS, resolve
@@ -59,9 +60,11 @@ class Task(Configurable, ABC):
     def question_text(self, problem: Problem) -> str:
         return with_instruction(problem.question, self.instruction)
 
-    def forks_of(self, problem: Problem, response: str) -> list[bool] | None:
-        """For each character of `response` and its end (the stop decision), whether the outcome is decided there;
-        None where the task cannot name its forks (task=forks can: data/forks.py)."""
+    def forks_of(self, problem: Problem, response: str, ended: bool = True) -> CharMarks | None:
+        """For each character of `response` and its end (the stop decision; `ended`: the end token was written),
+        whether the outcome is decided there (a fork), whether a choice is made there (a decision), where the path
+        leaves what the task allows, and how the response fails (records/marks.py); None where the task cannot name
+        its forks (task=forks can: data/forks.py)."""
         return None
 
 

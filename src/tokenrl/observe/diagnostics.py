@@ -4,9 +4,27 @@ Selected fraction; mean π(o_t) of selected tokens (ICT paper: 0.18 ± 0.09); en
 vs all tokens; JS quantiles; Jaccard overlap |A∩B| / |A∪B| with what each reference selector would choose
 (`selectors.reference_selectors`: `entropy20`, `stapo`, and `ict` when JS is computed).
 
-Where the task names the true forks (task=forks: data/forks_graph.py), `forks/*` scores each selection against them:
-precision |S∩F| / |S|, recall |S∩F| / |F|, the share Σ_{t∈F} w_t / Σ_t w_t of the update's weight on forks, the
-fork rate |F| / |response tokens| (a random selection's expected precision), and entropy and JS at forks vs elsewhere.
+Where the task names the true forks (task=forks: data/forks_graph.py, records/marks.py), `forks/*` scores each
+selection against them. R: the response tokens; F: the true forks; D: the decisions (tokens where the path is still
+on the graph and the node has ≥ 2 options; F ⊂ D); S: a selection (tokens of non-zero weight); suffix `_<name>`: a
+reference selector's S instead of the run's.
+  precision |S∩F| / |S|, recall |S∩F| / |F|, weight_on_forks Σ_{t∈F} w_t / Σ_t w_t, rate |F| / |R| (a random
+  selection's expected precision), entropy and JS at forks vs elsewhere (`{signal}_forks`, `{signal}_other`);
+  decision_rate |D| / |R|; rate_in_decisions |F∩D| / |D| (the null among decisions: tokens with no choice to make
+  are neither forks nor picks a score should get credit for avoiding);
+  precision_in_decisions |S∩F∩D| / |S∩D| and lift_in_decisions = precision_in_decisions − rate_in_decisions;
+  for each reference score σ (js when computed, entropy, renyi2, surprisal −log π(o_t)):
+    auroc_σ: P(σ at a fork > σ at a non-fork decision) + ½ P(tie), over F vs D∖F (Mann–Whitney U / (|F|·|D∖F|));
+    precision_in_decisions_σ@k: the same ratio for σ's top-k response tokens, k = |S| of the run (`@run`, with
+    its lift) and k = ⌈f·|R|⌉ for f in `BUDGETS` (`@10`, `@20`, `@30`); tokens tied at the k-th score share the
+    remaining budget equally (the expectation under a random tie-break), so selectors compare at equal budgets;
+  the token that leaves the graph (a letter that is not an option, or the end token at a non-goal), per kind of
+  on-graph position: invalid_at_forks, invalid_at_decisions (D∖F), invalid_at_forced (on the graph, not in D) and
+  invalid_nonfork (on the graph, not in F): |invalid ∩ K| / |K| of the sampled tokens;
+  among the responses that fail (reward 0), the share by way of failing (records/marks.py `FAILURES`): fail_<way>,
+  the invalid letters split by the kind of their position (fail_invalid_letter_{fork,decision,forced}),
+  fail_at_fork: the share decided at a fork token, and fail_decided_updated: of the failures decided at a token,
+  the share whose deciding token the run's selection updates.
 A ratio with an empty divisor is absent, as are all `forks/*` on tasks that cannot name their forks.
 """
 
@@ -14,9 +32,11 @@ from __future__ import annotations
 
 import torch
 
+from tokenrl.records.marks import FAILURES, ForkMarks
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import reference_selectors
+from tokenrl.selectors.ranking import top_count
 
 JS_QUANTILES = (0.1, 0.5, 0.9)
 
@@ -46,15 +66,92 @@ def fork_scores(weights: torch.Tensor, forks: torch.Tensor, valid: torch.Tensor,
     return out
 
 
-def fork_diagnostics(
-    weights: torch.Tensor,
-    stats: TokenStats,
-    valid: torch.Tensor,
-    forks: torch.Tensor,
-    references: dict[str, torch.Tensor],
+BUDGETS = (0.1, 0.2, 0.3)  # fractions of the response tokens at which each score's top-k is scored
+
+
+def score_signals(stats: TokenStats) -> dict[str, torch.Tensor]:
+    """The reference scores whose picks are scored against the forks: larger is "more decisive"."""
+    signals = {"js": stats.js} if stats.js is not None else {}
+    return {**signals, "entropy": stats.entropy, "renyi2": stats.renyi2, "surprisal": -stats.logprobs}
+
+
+def top_k_shares(scores: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, T) float64: each `valid` token's expected membership in the top `k` of `scores` when ties at the k-th
+    score are broken at random (1 above it, (k − #above) / #tied at it, 0 below)."""
+    out = torch.zeros(scores.shape, dtype=torch.float64)
+    values = scores[valid].double()
+    k = min(k, values.numel())
+    if k == 0:
+        return out
+    threshold = values.sort(descending=True).values[k - 1]
+    above, tied = values > threshold, values == threshold
+    out[valid] = above.double() + tied.double() * (k - float(above.sum())) / float(tied.sum())
+    return out
+
+
+def precision_in_decisions(chosen: torch.Tensor, forks: torch.Tensor, decisions: torch.Tensor) -> float | None:
+    """|S∩F∩D| / |S∩D| for a 0/1 (or expected-membership) `chosen`; None when S∩D is empty."""
+    among = (chosen.double() * decisions).sum()
+    return float((chosen.double() * (forks & decisions)).sum() / among) if among > 0 else None
+
+
+def auroc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) -> float | None:
+    """P(score of a positive > score of a negative) + ½ P(tie), by average ranks (Mann–Whitney U); None when either
+    class is empty."""
+    pos, neg = scores[positive].double(), scores[negative].double()
+    if pos.numel() == 0 or neg.numel() == 0:
+        return None
+    _, inverse, counts = torch.unique(torch.cat([pos, neg]), return_inverse=True, return_counts=True)
+    ranks = (counts.cumsum(0) - (counts - 1) / 2.0)[inverse]  # 1-based, ties at their average rank
+    u = float(ranks[: pos.numel()].sum()) - pos.numel() * (pos.numel() + 1) / 2
+    return u / (pos.numel() * neg.numel())
+
+
+def _ratio(out: dict[str, float], key: str, part: torch.Tensor, whole: torch.Tensor) -> None:
+    if whole.any():
+        out[key] = float((part & whole).sum()) / float(whole.sum())
+
+
+def decision_scores(
+    chosen: torch.Tensor, marks: ForkMarks, valid: torch.Tensor, null: float | None, suffix: str = ""
 ) -> dict[str, float]:
-    """`forks/*` of the update's `weights` and of each reference selector's mask (module docstring)."""
-    forks = forks.bool() & valid
+    """precision_in_decisions and lift_in_decisions of the selection `chosen` (keys end with `suffix`)."""
+    precision = precision_in_decisions(chosen & valid, marks.forks & valid, marks.decisions & valid)
+    if precision is None:
+        return {}
+    out = {f"forks/precision_in_decisions{suffix}": precision}
+    if null is not None:
+        out[f"forks/lift_in_decisions{suffix}"] = precision - null
+    return out
+
+
+def failure_anatomy(marks: ForkMarks, chosen: torch.Tensor) -> dict[str, float]:
+    """`forks/fail_*` over the responses that fail (module docstring)."""
+    failed = marks.failure != FAILURES.index("none")
+    count = int(failed.sum())
+    if count == 0:
+        return {}
+    out = {f"forks/fail_{way}": float((marks.failure[failed] == i).sum()) / count for i, way in enumerate(FAILURES)}
+    del out["forks/fail_none"]
+    decisive = marks.decisive & failed[:, None]
+    at_fork = (decisive & marks.forks).any(1)
+    at_decision = (decisive & marks.decisions & ~marks.forks).any(1)
+    invalid_letter = marks.failure == FAILURES.index("invalid_letter")
+    for kind, rows in (("fork", at_fork), ("decision", at_decision), ("forced", ~at_fork & ~at_decision)):
+        out[f"forks/fail_invalid_letter_{kind}"] = float((invalid_letter & rows).sum()) / count
+    out["forks/fail_at_fork"] = float(at_fork.sum()) / count
+    decided = decisive.any(1)
+    if decided.any():
+        out["forks/fail_decided_updated"] = float((decisive & chosen).any(1).sum()) / float(decided.sum())
+    return out
+
+
+def fork_diagnostics(
+    weights: torch.Tensor, stats: TokenStats, valid: torch.Tensor, marks: ForkMarks, references: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """`forks/*` of the update's `weights`, of each reference selector's mask and of each reference score (module
+    docstring)."""
+    forks, decisions = marks.forks.bool() & valid, marks.decisions.bool() & valid
     other = valid & ~forks
     out = {"forks/rate": float(forks.sum() / valid.sum().clamp_min(1)), **fork_scores(weights, forks, valid)}
     for name, mask in references.items():
@@ -64,14 +161,45 @@ def fork_diagnostics(
         for where, cells in (("forks", forks), ("other", other)):
             if cells.any():
                 out[f"forks/{signal}_{where}"] = float(values[cells].mean())
+    out["forks/decision_rate"] = float(decisions.sum()) / max(float(valid.sum()), 1.0)
+    null = precision_in_decisions(decisions, forks, decisions)
+    if null is not None:
+        out["forks/rate_in_decisions"] = null
+    chosen = (weights != 0) & valid
+    out.update(decision_scores(chosen, marks, valid, null))
+    for name, mask in references.items():
+        out.update(decision_scores(mask.bool(), marks, valid, null, f"_{name}"))
+    budgets = {"run": int(chosen.sum())} | {f"{round(f * 100)}": top_count(f, int(valid.sum())) for f in BUDGETS}
+    for score, values in score_signals(stats).items():
+        area = auroc(values, forks & decisions, decisions & ~forks)
+        if area is not None:
+            out[f"forks/auroc_{score}"] = area
+        for budget, k in budgets.items():
+            precision = precision_in_decisions(top_k_shares(values, valid, k), forks, decisions)
+            if precision is None:
+                continue
+            out[f"forks/precision_in_decisions_{score}@{budget}"] = precision
+            if budget == "run" and null is not None:
+                out[f"forks/lift_in_decisions_{score}@run"] = precision - null
+    on_graph = marks.on_graph.bool() & valid
+    invalid = marks.invalid.bool() & valid
+    kinds = {
+        "forks": forks,
+        "decisions": decisions & ~forks,
+        "forced": on_graph & ~decisions,
+        "nonfork": on_graph & ~forks,
+    }
+    for kind, cells in kinds.items():
+        _ratio(out, f"forks/invalid_at_{kind}" if kind != "nonfork" else "forks/invalid_nonfork", invalid, cells)
+    out.update(failure_anatomy(marks, chosen))
     return out
 
 
 def selection_diagnostics(
-    mask: torch.Tensor, batch: SelectionBatch, forks: torch.Tensor | None = None
+    mask: torch.Tensor, batch: SelectionBatch, forks: ForkMarks | None = None
 ) -> dict[str, float]:
     """Diagnostics of `mask` (B, T) over the whole rollout batch described by `batch`, and its `forks/*` against the
-    true `forks` (B, T) when the task names them."""
+    task's marks (`forks`, or the batch's own: `SelectionBatch.forks`) when the task names them."""
     stats: TokenStats = batch.stats
     valid = batch.response_mask.bool()
     chosen = mask.bool() & valid
@@ -91,6 +219,7 @@ def selection_diagnostics(
     references = {name: selector.mask(batch) for name, selector in reference_selectors(stats.js is not None).items()}
     for name, reference in references.items():
         out[f"select/jaccard_{name}"] = jaccard(chosen, reference)
+    forks = batch.forks if forks is None else forks
     if forks is not None:
         out.update(fork_diagnostics(mask, stats, valid, forks, references))
     return out

@@ -83,7 +83,7 @@ class SampleWriter:
                 update.first_epoch_weights,
                 would,
                 update.first_epoch_shaping,
-                train.forks,
+                None if train.forks is None else train.forks.forks,
             )
 
     def write(

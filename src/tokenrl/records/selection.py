@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenrl.records.marks import ForkMarks
 from tokenrl.records.token_stats import TokenStats
+
+# What a selector's `requires` may name beside `TokenStats` fields: `SelectionBatch` fields a task fills
+# (`forks`: the true forks, on a task that names them: task=forks).
+TASK_MARKS = frozenset({"forks"})
 
 
 def single_process(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -19,7 +24,8 @@ class SelectionBatch:
     """What a selector sees: one mini-batch of b rows (sorted by row id) on this rank.
 
     row_ids: index of each row in the global rollout batch (seeds row-wise random choices);
-    gather: 1-D tensor -> every rank's tensor in rank order (for `global` scopes); rank: this rank's index.
+    gather: 1-D tensor -> every rank's tensor in rank order (for `global` scopes); rank: this rank's index;
+    forks: the rows' true forks, decisions and failures (records/marks.py) where the task names them, else None.
     """
 
     stats: TokenStats
@@ -30,6 +36,7 @@ class SelectionBatch:
     step: int
     gather: Callable[[torch.Tensor], list[torch.Tensor]] = field(default=single_process)
     rank: int = 0
+    forks: ForkMarks | None = None
 
 
 @dataclass

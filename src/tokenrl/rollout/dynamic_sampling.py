@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenrl.algorithms.dapo import varied_groups
+from tokenrl.records.marks import ForkMarks
 from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 
@@ -25,19 +26,20 @@ from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
 @dataclass
 class ScoredRollouts:
     """Rollouts with the verifier's score and the shaped reward (score + overlong penalty) of every row, and the true
-    forks of each response token (rollout/fork_marks.py; None where the task cannot name them)."""
+    forks, decisions and failures of each response (`ForkMarks`, rollout/fork_marks.py; None where the task cannot
+    name them)."""
 
     rollouts: RolloutBatch
     scores: torch.Tensor
     rewards: torch.Tensor
-    forks: torch.Tensor | None = None
+    forks: ForkMarks | None = None
 
     def rows(self, index: torch.Tensor) -> ScoredRollouts:
         return ScoredRollouts(
             self.rollouts.rows(index),
             self.scores[index],
             self.rewards[index],
-            None if self.forks is None else self.forks[index],
+            None if self.forks is None else self.forks.rows(index),
         )
 
     def groups(self) -> int:
@@ -53,8 +55,7 @@ def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
     rollouts = concat_rollouts([p.rollouts for p in parts], pad_id)
     forks = None
     if all(p.forks is not None for p in parts):
-        width = rollouts.response_ids.shape[1]
-        forks = torch.cat([torch.nn.functional.pad(p.forks, (0, width - p.forks.shape[1])) for p in parts])
+        forks = ForkMarks.cat([p.forks for p in parts], rollouts.response_ids.shape[1])
     return ScoredRollouts(rollouts, torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]), forks)
 
 

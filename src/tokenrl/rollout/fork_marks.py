@@ -1,9 +1,10 @@
-"""The true forks of sampled responses, token by token, for tasks that can name them (`Task.forks_of`).
+"""The true forks of sampled responses, token by token, for tasks that can name them (`Task.forks_of`), and with
+them the decisions, where a path leaves the graph and how each response fails (records/marks.py).
 
-A task marks characters of the response text (and its end, the stop decision); a token is a fork when any character
-it decodes to is one, and the end-of-sequence token when the stop decision is. Character spans come from decoding
-each prefix of the response's ids, so any tokenizer maps exactly (a token that decodes to nothing marks nothing
-unless it ends the response).
+A task marks characters of the response text (and its end, the stop decision); a token carries a mark when any
+character it decodes to does, and the end-of-sequence token when the stop decision does. Character spans come from
+decoding each prefix of the response's ids, so any tokenizer maps exactly (a token that decodes to nothing marks
+nothing unless it ends the response).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from tokenrl.records.marks import FAILURES, POSITION_MARKS, CharMarks, ForkMarks
 from tokenrl.records.problem import Problem
 
-CharMarks = Callable[[Problem, str], "list[bool] | None"]
+MarksOf = Callable[[Problem, str, bool], "CharMarks | None"]
 
 
 def token_marks(char_marks: list[bool], ids: list[int], tokenizer: PreTrainedTokenizerBase, ended: bool) -> list[bool]:
@@ -33,23 +35,25 @@ def token_marks(char_marks: list[bool], ids: list[int], tokenizer: PreTrainedTok
 
 
 class ForkMarker:
-    """(B, T) booleans of the true forks of a rollout batch's responses, from each row's problem."""
+    """The `ForkMarks` of a rollout batch's responses, from each row's problem."""
 
-    def __init__(self, forks_of: CharMarks, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, forks_of: MarksOf, tokenizer: PreTrainedTokenizerBase) -> None:
         self.forks_of, self.tokenizer = forks_of, tokenizer
 
     def __call__(
         self, problems: list[Problem], response_ids: torch.Tensor, response_mask: torch.Tensor, texts: list[str]
-    ) -> torch.Tensor | None:
+    ) -> ForkMarks | None:
         """`texts`: the responses decoded without special tokens (what the verifier scored); None when the task
         cannot name the forks of some row."""
-        out = torch.zeros(response_ids.shape, dtype=torch.bool)
+        out = {name: torch.zeros(response_ids.shape, dtype=torch.bool) for name in POSITION_MARKS}
+        failure = torch.zeros(response_ids.shape[0], dtype=torch.long)
         for row, (problem, text) in enumerate(zip(problems, texts)):
-            chars = self.forks_of(problem, text)
-            if chars is None:
-                return None
             ids = response_ids[row, : int(response_mask[row].sum())].tolist()
             ended = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
-            marks = token_marks(chars, ids, self.tokenizer, ended)
-            out[row, : len(ids)] = torch.tensor(marks, dtype=torch.bool)
-        return out
+            chars = self.forks_of(problem, text, ended)
+            if chars is None:
+                return None
+            for name, marks in chars.positions().items():
+                out[name][row, : len(ids)] = torch.tensor(token_marks(marks, ids, self.tokenizer, ended), dtype=bool)
+            failure[row] = FAILURES.index(chars.failure)
+        return ForkMarks(**out, failure=failure)

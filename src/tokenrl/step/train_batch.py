@@ -10,6 +10,7 @@ import torch
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
+from tokenrl.records.marks import ForkMarks
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import SelectionBatch, single_process
 from tokenrl.records.token_stats import TokenStats
@@ -25,7 +26,8 @@ class TrainBatch:
     the overlong shaping; advantages: group-normalised rewards (docs/algorithms.md §1.2); stats: statistics of π_old,
     the policy that generated (its log-probs are the PPO ratio's denominator); ref_logprobs: the frozen reference's
     log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise choices);
-    forks: (B, T) the true fork tokens where the task names them (task=forks), else None.
+    forks: the true forks, decisions and failures of each response (`ForkMarks`: rollout/fork_marks.py) where the
+    task names them (task=forks), else None.
     """
 
     step: int
@@ -36,7 +38,7 @@ class TrainBatch:
     stats: TokenStats
     ref_logprobs: torch.Tensor | None
     row_offset: int = 0
-    forks: torch.Tensor | None = None
+    forks: ForkMarks | None = None
 
     @classmethod
     def assemble(
@@ -49,7 +51,7 @@ class TrainBatch:
         passes: PolicyPasses,
         fused: bool,
         row_offset: int = 0,
-        forks: torch.Tensor | None = None,
+        forks: ForkMarks | None = None,
     ) -> TrainBatch:
         """The step's batch: group advantages, π_old's statistics (None where the update's forward gives them:
         `fused`) and the reference's log-probs (with a KL term)."""
@@ -93,7 +95,8 @@ class TrainBatch:
         stats: TokenStats | None = None,
     ) -> SelectionBatch:
         """What a selector sees of `rows` (sorted): their statistics (`stats` of those rows instead, when given, e.g.
-        the current policy's), advantages, masks, groups, global row ids, the step and a cross-rank gather."""
+        the current policy's), advantages, masks, groups, global row ids, the step, a cross-rank gather and the
+        task's marks (`forks`) when it names them."""
         rows = rows.sort().values
         return SelectionBatch(
             stats=self.stats.rows(rows) if stats is None else stats,
@@ -104,4 +107,5 @@ class TrainBatch:
             step=self.step,
             gather=gather,
             rank=rank,
+            forks=None if self.forks is None else self.forks.rows(rows),
         )
