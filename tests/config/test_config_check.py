@@ -132,3 +132,12 @@ def test_the_headline_command_selects():
 def test_nearest_suggests_only_close_keys():
     assert nearest("totl_steps", ["total_steps", "seed"]) == " (did you mean `total_steps`?)"
     assert nearest("zzz", ["total_steps", "seed"]) == ""
+
+
+@pytest.mark.parametrize("selector", ["forks_oracle", "forks_matched_random"])
+def test_a_selector_that_reads_the_true_forks_is_refused_on_a_task_that_cannot_name_them(selector):
+    assert problems(f"selector={selector}") == [
+        f"selector={selector}: reads the task's true forks, which tokenrl.data.tasks.ArithmeticTask cannot name; "
+        "use task=forks"
+    ]
+    check_config(compose_config(["task=forks", f"selector={selector}"]))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from tokenrl.records.selection import TASK_MARKS
 from tokenrl.records.token_stats import ALL_STATISTICS, TokenStats, zero_statistics
 
 JS_PEERS = ("all", "others")
@@ -24,12 +25,14 @@ JS_PEERS = ("all", "others")
 
 def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool) -> bool:
     """Whether the statistics pass computes JS (the selector reads it, or `diagnostics.js`); fails at start-up for a
-    selector that reads a statistic the pass does not compute."""
+    selector that reads a statistic the pass does not compute (the task's marks it may also require, `TASK_MARKS`,
+    are the start-up check's: config/check.py)."""
     with_js = "js" in requires or js_diagnostics
     computed = ALL_STATISTICS if with_js else ALL_STATISTICS - {"js"}
-    if requires - computed:
+    missing = requires - computed - TASK_MARKS
+    if missing:
         raise ValueError(
-            f"selector {selector_name} needs statistics {sorted(requires - computed)} that the statistics "
+            f"selector {selector_name} needs statistics {sorted(missing)} that the statistics "
             f"pass does not compute (it computes {sorted(computed)})"
         )
     return with_js

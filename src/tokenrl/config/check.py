@@ -183,6 +183,24 @@ def _component_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _task_marks_problems(cfg: DictConfig) -> list[str]:
+    """A selector that reads the task's true forks (`requires` names `forks`: selectors/forks_oracle.py) on a task
+    that cannot name them (its `forks_of` is data/tasks.py's `Task.forks_of`, which names none)."""
+    selector, task = _select(cfg, "selector"), _select(cfg, "task")
+    if not all(isinstance(node, DictConfig) and "_target_" in node for node in (selector, task)):
+        return []
+    try:
+        needs = "forks" in getattr(get_method(selector._target_), "requires", ())
+        forks_of = getattr(get_method(task._target_), "forks_of", None)
+        names = getattr(forks_of, "__qualname__", "Task.forks_of") != "Task.forks_of"
+    except Exception:  # noqa: BLE001 — a target that cannot be imported is reported as such elsewhere
+        return []
+    if needs and not names:
+        name = getattr(get_method(selector._target_), "name", selector._target_)
+        return [f"selector={name}: reads the task's true forks, which {task._target_} cannot name; use task=forks"]
+    return []
+
+
 def _relation_problems(cfg: DictConfig) -> list[str]:
     problems = []
     n, ks = cfg.validation.n_samples, cfg.validation.ks
@@ -275,7 +293,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     problems = _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
     if not problems:  # relations read values whose types are now known to be right
-        problems += _relation_problems(cfg) + _component_problems(cfg)
+        problems += _relation_problems(cfg) + _component_problems(cfg) + _task_marks_problems(cfg)
     problems += _dependency_problems(cfg)
     if problems:
         raise ConfigError(problems)

@@ -6,6 +6,7 @@ from tokenrl.selectors.archer import ArcherSelector
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.selectors.covariance import ClipCovSelector, KLCovSelector
 from tokenrl.selectors.entropy import Entropy20Selector
+from tokenrl.selectors.forks_oracle import ForksMatchedRandomSelector, ForksOracleSelector
 from tokenrl.selectors.gtpo import GTPOSelector
 from tokenrl.selectors.ict import ICTComplementSelector, ICTSelector
 from tokenrl.selectors.random_control import RandomSelector
@@ -16,6 +17,8 @@ __all__ = [
     "ArcherSelector",
     "ClipCovSelector",
     "Entropy20Selector",
+    "ForksMatchedRandomSelector",
+    "ForksOracleSelector",
     "GTPOSelector",
     "KLCovSelector",
     "ICTComplementSelector",

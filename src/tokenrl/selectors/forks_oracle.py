@@ -1,0 +1,51 @@
+"""Controls of `task=forks` that read the truth: `forks_oracle` updates exactly the true forks F of each response
+(M = F); `forks_matched_random` updates, per response i, |F_i| tokens drawn uniformly among its response tokens
+(seeded by seed, step and row, as selectors/random_control.py). Together they bound what choosing tokens can gain
+on the task: the oracle is a selector that is never wrong, the matched control has its budget and no knowledge.
+Both need a task that names its forks (the start-up check refuses them elsewhere: config/check.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenrl.records.rules import integer
+from tokenrl.records.selection import SelectionBatch
+from tokenrl.selectors.base import TokenSelector
+from tokenrl.utils import derived_seed
+
+
+def true_forks(batch: SelectionBatch, name: str) -> torch.Tensor:
+    """(b, T) bool: the true forks of the batch's response tokens."""
+    if batch.forks is None:
+        raise ValueError(f"selector={name} reads the task's true forks, and this task cannot name them: use task=forks")
+    return batch.forks.forks.bool() & batch.response_mask.bool()
+
+
+class ForksOracleSelector(TokenSelector):
+    name = "forks_oracle"
+    row_local = True
+    requires = frozenset({"forks"})
+
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        return true_forks(batch, self.name).float()
+
+
+class ForksMatchedRandomSelector(TokenSelector):
+    name = "forks_matched_random"
+    row_local = True
+    requires = frozenset({"forks"})
+    config_rules = {**TokenSelector.config_rules, "seed": integer(0)}
+
+    def __init__(self, seed: int = 0, normalizer: str = "selected") -> None:
+        super().__init__(normalizer)
+        self.seed = seed
+
+    def mask(self, batch: SelectionBatch) -> torch.Tensor:
+        valid = batch.response_mask.bool()
+        counts = true_forks(batch, self.name).sum(dim=1).tolist()
+        mask = torch.zeros_like(valid)
+        for row, (row_id, count) in enumerate(zip(batch.row_ids.tolist(), counts)):
+            positions = valid[row].nonzero().squeeze(1)
+            generator = torch.Generator().manual_seed(derived_seed(self.seed, "forks-matched", batch.step, row_id))
+            mask[row, positions[torch.randperm(len(positions), generator=generator)[:count]]] = True
+        return mask.float()
