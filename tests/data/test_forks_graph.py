@@ -87,7 +87,7 @@ def brute_force_marks(graph: Graph, response: str, ended: bool) -> dict:
     prefix is winnable when it follows the graph and some continuation of at most |nodes| more nodes stops at a goal
     (enumerated: `can_succeed`); the failure is decided at the first choice that turns winnable into not."""
     budget, n = len(graph.nodes()), len(response)
-    on_graph = [t == 0 or follows(graph, response[:t]) for t in range(n + 1)]
+    on_graph = [t == 0 or (follows(graph, response[:t]) and bool(graph.options(response[t - 1]))) for t in range(n + 1)]
     decisions = [t > 0 and on_graph[t] and len(graph.options(response[t - 1])) >= 2 for t in range(n + 1)]
     valid_stop = n > 0 and response[-1] in graph.goals
     invalid = [on_graph[t] and not follows(graph, response[: t + 1]) for t in range(n)]
@@ -140,11 +140,12 @@ def test_the_ways_of_failing_on_a_small_graph():
     assert path_marks(graph, "ABD", ended=True).failure == "none"
     assert path_marks(graph, "ABD", ended=False).failure == "none"  # the reward reads the text: a path to the goal
     wrong = path_marks(graph, "AC", ended=True)
-    assert (wrong.failure, wrong.decisive, wrong.forks, wrong.invalid) == (
+    assert (wrong.failure, wrong.decisive, wrong.forks, wrong.invalid, wrong.on_graph) == (
         "wrong_branch",
         1,
         [False, True, False],
-        [False, False, True],  # the stop at C leaves the graph, after the branch decided the outcome
+        [False, False, False],  # C is a dead end: its stop is no choice, so not an invalid token
+        [True, True, False],
     )
     letter = path_marks(graph, "ABX", ended=True)
     assert (letter.failure, letter.decisive, letter.decisions, letter.on_graph) == (

@@ -112,8 +112,8 @@ def path_marks(graph: Graph, response: str, ended: bool) -> CharMarks:
     failure, decisive = "", None
     node = None  # before the start: the one option is the start the prompt names
     for t in range(n + 1):
-        marks["on_graph"][t] = True
         options = (graph.start,) if node is None else graph.options(node)
+        marks["on_graph"][t] = bool(options)  # a node without options (a dead end) leaves nothing to choose
         if node is not None:
             marks["decisions"][t] = len(options) >= 2
             marks["forks"][t] = is_fork(graph, node, reaching)
@@ -122,7 +122,7 @@ def path_marks(graph: Graph, response: str, ended: bool) -> CharMarks:
             break
         choice = response[t] if t < n else STOP
         if choice not in options:
-            marks["invalid"][t] = True
+            marks["invalid"][t] = bool(options)
             if not failure:
                 failure, decisive = ("early_stop" if choice == STOP else "invalid_letter"), t
             break

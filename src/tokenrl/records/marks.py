@@ -3,7 +3,8 @@ the same carried to tokens (`ForkMarks`, (B, T): rollout/fork_marks.py), read by
 the selectors that use the truth (`forks_oracle`, `forks_matched_random`).
 
 Per position t of a response (each character, and its end: the stop decision):
-  on_graph  the path before t follows the graph from the start, so a choice is made on the graph at t;
+  on_graph  the path before t follows the graph from the start and its node has an option (a dead end, a node
+            without successors that is not a goal, has none: nothing written there is a choice);
   decision  on_graph, t ≥ 1 (the start is named by the prompt) and the node before t has ≥ 2 options;
   fork      a decision with some options that can still reach a goal and some that cannot (fork ⊂ decision);
   invalid   on_graph and the choice at t is not an option of the node (a letter off the graph, or a stop at a
