@@ -24,6 +24,7 @@ from tests.helpers.tiny import rollouts as tiny_rollouts
 from tests.helpers.varied import ACTS, METHODS
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
+from tokenrl.records.marks import ForkMarks
 from tokenrl.records.selection import Selection
 from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
@@ -40,7 +41,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def step_data():
-    """(policy, rollouts, 0/1 rewards with every group mixed, π_old's statistics with JS, reference log-probs)."""
+    """(policy, rollouts, 0/1 rewards with every group mixed, π_old's statistics with JS, reference log-probs, random
+    true forks)."""
     policy, _, rollouts = tiny_rollouts(seed=3, max_new_tokens=12, n=GROUP_SIZE)
     g = torch.Generator().manual_seed(7)
     rewards = (torch.rand(rollouts.response_ids.shape[0], generator=g) < 0.5).float()
@@ -50,7 +52,10 @@ def step_data():
     passes = PolicyPasses(policy, None, 1.0, 8, 64, True, "all")
     stats = passes.statistics(rollouts)
     reference = (stats.logprobs + 0.3 * torch.randn(stats.logprobs.shape, generator=g)) * rollouts.response_mask
-    return policy, rollouts, rewards, stats, reference
+    mask = rollouts.response_mask.bool()  # true forks for the presets that read them (forks_oracle, its control)
+    forks = mask & (torch.rand(mask.shape, generator=g) < 0.3)
+    marks = ForkMarks(forks, forks, mask, torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros(len(mask)).long())
+    return policy, rollouts, rewards, stats, reference, marks
 
 
 def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> dict[str, torch.Tensor]:
@@ -74,11 +79,18 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
     algorithm = AlgorithmConfig.from_node(
         OmegaConf.to_container(cfg.algorithm, resolve=True), int(cfg.rollout.max_new_tokens)
     )
-    policy, rollouts, rewards, stats, reference = step_data
+    policy, rollouts, rewards, stats, reference, marks = step_data
     policy = copy.deepcopy(policy)
     advantages = group_advantages(rewards, rollouts.group_ids)
     batch = TrainBatch(
-        STEP, rollouts, rewards, rewards, advantages, stats, reference if algorithm.uses_reference else None
+        STEP,
+        rollouts,
+        rewards,
+        rewards,
+        advantages,
+        stats,
+        reference if algorithm.uses_reference else None,
+        forks=marks,
     )
     applied = {name: torch.full(rollouts.response_ids.shape, float("nan")) for name in FIELDS}
     seen = torch.zeros(rollouts.response_ids.shape[0], dtype=torch.bool)

@@ -4,11 +4,14 @@ same weights as `GRPOModule`'s update of the same `TrainBatch` under the real Tr
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import lightning as L
+import pytest
 import torch
 from hydra.utils import instantiate
 
+from tests.conftest import TINY, compose_config
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.run.training import build_components
@@ -66,24 +69,43 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
     )
 
 
-def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
-    cfg = tiny_cfg(*SETTING)
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """One rollout step of SETTING under the real Trainer: (its config, the module, the update's TrainBatch and the
+    weights before and after the update)."""
+    cfg = compose_config(TINY + SETTING, output_dir=tmp_path_factory.mktemp("run"))
     L.seed_everything(cfg.seed)
     module, datamodule, trainer = build_components(cfg)
     capture = CaptureUpdate()
     trainer.callbacks.append(capture)
     trainer.fit(module, datamodule=datamodule)
-    assert module.run_state.optimizer_steps == 2
+    return cfg, module, capture
 
+
+def plain_update(cfg, module, train, before):
+    """`ppo_update` of `train` from weights `before` with the plain backend and the module's shuffle; returns the
+    result, the policy and its weights after each optimizer step."""
     policy = build_model(module.model_cfg, seed=cfg.seed)
-    policy.load_state_dict(capture.before)
+    policy.load_state_dict(before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
     backend = plain_backend(
         policy, module.cfg, module.sampling.temperature, optimizer, int(module.model_cfg["stats_chunk_size"])
     )
+    snapshots = []
+    step = backend.optimizer_step
+    backend = dataclasses.replace(
+        backend, optimizer_step=lambda: (step(), snapshots.append(copy.deepcopy(policy.state_dict())))
+    )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(capture.train, module.selector, module.cfg, backend, shuffle, by_length=True)
+    result = ppo_update(train, module.selector, module.cfg, backend, shuffle, by_length=True)
+    return result, policy, snapshots
+
+
+def test_update_loop_without_a_trainer_equals_the_module(captured):
+    cfg, module, capture = captured
+    assert module.run_state.optimizer_steps == 2
+    result, policy, _ = plain_update(cfg, module, capture.train, capture.before)
     assert (
         result.optimizer_steps == 2
         and 0 < result.first_epoch_weights.sum() < capture.train.rollouts.response_mask.sum()
@@ -93,3 +115,20 @@ def test_update_loop_without_a_trainer_equals_the_module(tiny_cfg):
         torch.testing.assert_close(weight, capture.after[name], rtol=1e-6, atol=1e-7, msg=name)
         moved = max(moved, float((weight - capture.before[name]).abs().max()))
     assert moved > 1e-5  # the update really changed the weights
+
+
+def test_the_first_optimizer_step_takes_pi_old_from_its_own_forward(captured):
+    """Before the first optimizer step the weights are π_old's, so its ratio is exactly 1 whatever rounding the separate
+    statistics pass leaves (simulated: its log-probs shifted by 0.05); the second optimizer step reads that pass."""
+    cfg, module, capture = captured
+    stats = capture.train.stats
+    shifted = dataclasses.replace(
+        capture.train,
+        stats=dataclasses.replace(stats, logprobs=stats.logprobs + 0.05 * capture.train.rollouts.response_mask),
+    )
+    _, _, exact = plain_update(cfg, module, capture.train, capture.before)
+    _, _, moved = plain_update(cfg, module, shifted, capture.before)
+    assert len(exact) == len(moved) == 2
+    for name in exact[0]:
+        torch.testing.assert_close(moved[0][name], exact[0][name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(moved[1][name], exact[1][name]) for name in exact[1])

@@ -122,7 +122,6 @@ def ppo_update(
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[torch.Tensor] = []  # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
-    on_policy = cfg.batch.optimizer_steps == 1
     # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
     # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
     whole = (
@@ -146,9 +145,10 @@ def ppo_update(
             for index, local in enumerate(parts):
                 rows = minibatch[local]
                 forward = backend.forward(rollouts.rows(rows), False, settings.entropy_coef > 0)
-                # one optimizer step: π_old is the weights of this very forward, so r = 1 exactly (a separate pass in
-                # another layout or precision would leave rounding in r: GSPO's 1e-4 clip and KL-Cov's |Δ| see it)
-                old = forward.logprobs.detach() if on_policy else batch.stats.logprobs[rows]
+                # before the first optimizer step the weights are π_old's, so this very forward gives π_old and r = 1
+                # exactly (the separate pass, in another layout or precision, leaves rounding in r that GSPO's 3e-4
+                # clip and KL-Cov's |Δ| see); after it, π_old is the statistics pass's
+                old = forward.logprobs.detach() if steps == 0 else batch.stats.logprobs[rows]
                 out = micro_batch_loss(
                     batch, rows, forward, old, selection.rows(local), normalizer, settings, is_weights
                 )
