@@ -2,10 +2,14 @@
 
     python scripts/report.py logs/cpu_study/multiruns/<time> --out reports/cpu_study [--baseline uniform]
         [--also-against random] [--title "CPU selector study"] [--reading notes.md]
+        [--contrasts oracle-matched_random ict-random --primary pass@1 --secondary pass@4 reward_auc]
 
 Writes report.md, report.json, curves.png, passk.png and samples.html into --out (default: <folder>/report).
-Failed, incomplete and never-started runs are listed as such and left out of every mean. A bad input (a missing or
-empty folder, a single run's folder) is one `error:` line on stderr and exit status 2.
+Pre-registered contrasts (a paired t-test per `arm_a-arm_b` over the seeds both completed, Holm over the primary
+metric's family, the secondary metrics a second family, the primary family's power) come from the sweep config's
+`report:` block, or from --contrasts, which replaces it (docs/sweeps.md). Failed, incomplete and never-started runs
+are listed as such and left out of every mean. A bad input (a missing or empty folder, a single run's folder, an
+unknown contrast metric) is one `error:` line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tokenrl.cli.errors import OneLineParser  # noqa: E402
-from tokenrl.report import build_report  # noqa: E402
+from tokenrl.report import Spec, build_report  # noqa: E402
 
 
 def main() -> None:
@@ -32,6 +36,16 @@ def main() -> None:
     )
     parser.add_argument("--title", default=None)
     parser.add_argument("--reading", type=Path, default=None, help="markdown inserted under the command (your reading)")
+    parser.add_argument(
+        "--contrasts",
+        nargs="+",
+        default=None,
+        help="pre-registered contrasts arm_a-arm_b (replace the sweep config's report.contrasts)",
+    )
+    parser.add_argument(
+        "--primary", default="pass@1", help="the contrasts' primary metric (pass@K, pass@K_auc, reward_auc)"
+    )
+    parser.add_argument("--secondary", nargs="*", default=[], help="secondary metrics: a separate Holm family")
     args = parser.parse_args()
     try:
         if args.reading and not args.reading.is_file():
@@ -43,6 +57,9 @@ def main() -> None:
             args.title,
             args.reading,
             tuple(args.also_against),
+            Spec(tuple(args.contrasts), args.primary, tuple(args.secondary), "the command line (--contrasts)")
+            if args.contrasts
+            else None,
         )
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")

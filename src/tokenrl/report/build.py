@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from tokenrl.report.contrasts import Spec, contrasts_section, spec_from_config
 from tokenrl.report.html import write_samples_page
 from tokenrl.report.plots import plot_curves, plot_passk
 from tokenrl.report.runs import load_sweep, missing_runs
@@ -39,9 +40,12 @@ def build_report(
     title: str | None = None,
     reading: Path | None = None,
     also_against: tuple[str, ...] = (),
+    contrasts: Spec | None = None,
 ) -> dict:
     """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out`;
-    paired differences are taken against `baseline` (the headline's) and each group of `also_against`."""
+    paired differences are taken against `baseline` (the headline's) and each group of `also_against`. The
+    pre-registered contrasts are `contrasts` (the command line's) or else the sweep config's `report:` block
+    (report/contrasts.py); none: no contrasts section."""
     folder, out = Path(folder), Path(out)
     runs = load_sweep(folder)
     missing = missing_runs(folder, runs)
@@ -54,6 +58,12 @@ def build_report(
         f" --also-against {' '.join(also_against)}" if also_against else ""
     )
     title = title or f"Sweep {folder.name}"
+    spec = contrasts or spec_from_config(runs)
+    if contrasts:
+        title_option += f" --contrasts {' '.join(contrasts.contrasts)} --primary {contrasts.primary}" + (
+            f" --secondary {' '.join(contrasts.secondary)}" if contrasts.secondary else ""
+        )
+    contrast_text, contrast_record = contrasts_section(groups, spec) if spec and groups else ("", None)
     ks = passk_names([run for members in groups.values() for run in members])
     sections, records = [], {}
     for name, metric in metrics(ks, logs_forks(runs)).items():
@@ -95,6 +105,8 @@ def build_report(
             glance_table(records, groups, [k for k in ks if "/" not in k], baseline),
             "",
         ]
+    if contrast_text:
+        report += [contrast_text, ""]
     against = " and ".join(f"`{name}`" for name in baselines)
     report += [
         runs_section(runs, missing),
@@ -121,6 +133,7 @@ def build_report(
         ],
         "missing": missing,
         "metrics": records,
+        "contrasts": contrast_record,
     }
     (out / "report.json").write_text(json.dumps(payload, indent=2, default=_plain))
     return payload

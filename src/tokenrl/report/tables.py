@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from tokenrl.report.runs import Run, final_validation, last_mean
-from tokenrl.report.stats import Interval, mean_ci, paired_difference
+from tokenrl.report.stats import Censored, Interval, censored_summary, format_censored, mean_ci, paired_difference
 
 Metric = Callable[[Run], float]
 
@@ -40,7 +40,7 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
     if forks:
         table.update(
             {
-                f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; total steps if never)": lambda run: (
+                f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; censored if never)": lambda run: (
                     steps_to_reward(run, REWARD_THRESHOLD)
                 ),
                 **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
@@ -82,12 +82,13 @@ def step_mean(run: Run, value: Callable[[dict[str, float]], float]) -> float:
 
 def steps_to_reward(run: Run, threshold: float, window: int = 5) -> float:
     """The first rollout step (counted from 1) at which the mean training reward of the last `window` steps reaches
-    `threshold`; the run's step count when it never does (a censored value: it understates the true number)."""
+    `threshold`; where it never does, `Censored(the run's step count)`: the true number is larger and unknown, so the
+    tables report how many runs are censored and the median, never a mean ± CI (`stats.censored_summary`)."""
     rewards = [run.steps[s]["train/reward"] for s in sorted(run.steps) if "train/reward" in run.steps[s]]
     for end in range(window, len(rewards) + 1):
         if sum(rewards[end - window : end]) / window >= threshold:
             return float(end)
-    return float(len(rewards))
+    return Censored(len(rewards))
 
 
 def logs_forks(runs: list[Run]) -> bool:
@@ -121,7 +122,9 @@ def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
 
 def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], baselines: list[str]) -> tuple[str, dict]:
     """A markdown table of one metric: per group n, mean ± 95% CI, the paired Δ against each baseline group present,
-    per-seed values. The record keeps each Δ under `deltas` and the first baseline's also as `delta`."""
+    per-seed values. The record keeps each Δ under `deltas` and the first baseline's also as `delta`. A right-censored
+    value (`stats.Censored`: a run that never reached a threshold) makes its group's cell "> bound in k of n runs"
+    with the median where it is determined, and no mean ± CI; a Δ involving a censored seed is not taken."""
     bases = {name: {run.seed: metric(run) for run in groups[name]} for name in baselines if name in groups}
     header = (
         "| group | n | mean ± 95% CI | "
@@ -132,19 +135,44 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], basel
     record = {}
     for label, members in groups.items():
         values = {run.seed: metric(run) for run in members}
+        censored = any(isinstance(v, Censored) for v in values.values())
         interval = mean_ci(list(values.values()))
-        seeds = ", ".join(f"s{seed}: {value:.3f}" for seed, value in sorted(values.items()) if not math.isnan(value))
-        deltas = {name: paired_difference(values, base) if label != name else None for name, base in bases.items()}
+        seeds = ", ".join(
+            f"s{seed}: {'> ' if isinstance(value, Censored) else ''}{value:.3f}"
+            for seed, value in sorted(values.items())
+            if not math.isnan(value)
+        )
+        deltas: dict[str, object] = {}
+        for name, base in bases.items():
+            if label == name:
+                deltas[name] = None
+            elif censored or _any_censored(base):
+                deltas[name] = _censored_delta
+            else:
+                deltas[name] = paired_difference(values, base)
         record[label] = {
-            "interval": asdict(interval),
+            "interval": None if censored else asdict(interval),
             "per_seed": values,
-            "deltas": {name: asdict(d) if d else None for name, d in deltas.items()},
+            "deltas": {name: asdict(d) if isinstance(d, Interval) else None for name, d in deltas.items()},
         }
+        if censored:
+            record[label]["censored"] = censored_summary(list(values.values()))
         if bases:
             record[label]["delta"] = record[label]["deltas"][next(iter(bases))]
-        shown = "".join("— | " if d is None else f"{d.format()} (n={d.n}) | " for d in deltas.values())
-        lines.append(f"| {label} | {interval.n} | {interval.format()} | {shown}{seeds} |")
+        shown = "".join(
+            "— | " if d is None else "censored: no Δ | " if d is _censored_delta else f"{d.format()} (n={d.n}) | "
+            for d in deltas.values()
+        )
+        cell = format_censored(record[label]["censored"]) if censored else interval.format()
+        lines.append(f"| {label} | {interval.n} | {cell} | {shown}{seeds} |")
     return "\n".join(lines), record
+
+
+_censored_delta = object()  # a Δ not taken: a censored value has no known size
+
+
+def _any_censored(values: dict[int, float]) -> bool:
+    return any(isinstance(v, Censored) for v in values.values())
 
 
 def glance_table(records: dict[str, dict], groups: dict[str, list[Run]], ks: list[str], baseline: str | None) -> str:
