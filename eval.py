@@ -9,6 +9,6 @@ from tokenrl.run.allocator import reexec_with_tcmalloc  # noqa: E402
 
 if __name__ == "__main__":
     reexec_with_tcmalloc()
-    from tokenrl.cli.eval import evaluate_main
+    from tokenrl.cli.eval import main
 
-    evaluate_main()
+    main()

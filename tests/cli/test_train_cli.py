@@ -161,7 +161,7 @@ def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides,
     assert done.returncode == status, done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
-    if status == 2 and "has no setting '" in done.stderr:  # refused on the command line: no run folder is made
+    if status == 2 and "the traceback is in" not in done.stderr:  # refused on the command line: no run folder made
         assert not run_dir.exists()
     elif status == 2:  # tokenrl's own errors: the traceback is in the run's train.log
         assert "Traceback" in (run_dir / "train.log").read_text()

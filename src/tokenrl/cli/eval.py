@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.cli.errors import report_user_error
 from tokenrl.config.check import check_eval_config
+from tokenrl.config.command_line import composition_problem
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate
@@ -255,6 +256,10 @@ def evaluate_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     reexec_with_tcmalloc()
+    problem = composition_problem(sys.argv[1:], "eval")
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     evaluate_main()
 
 

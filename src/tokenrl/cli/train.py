@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tokenrl.cli.errors import report_user_error
-from tokenrl.config.command_line import run_dir_override, unknown_key_problem, with_machine_defaults
+from tokenrl.config.command_line import composition_problem, run_dir_override, with_machine_defaults
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.run.allocator import reexec_with_tcmalloc
 
@@ -32,7 +32,7 @@ def train(cfg: DictConfig) -> float | None:
 def main() -> None:
     reexec_with_tcmalloc()
     sys.argv[1:] = with_machine_defaults(run_dir_override(sys.argv[1:]))
-    problem = unknown_key_problem(sys.argv[1:])
+    problem = composition_problem(sys.argv[1:])
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)

@@ -95,35 +95,52 @@ def run_dir_override(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.run.dir={folder.parent}"]
 
 
-def unknown_key_problem(argv: list[str]) -> str | None:
-    """The error of an override `key=value` whose key the composed config lacks, or None. Hydra's own message for it
-    suggests `+key=value`, which adds a key that nothing reads (a selector without a ratio does not start taking one);
-    this says which presets of the group have the key, or which keys the node has. Single runs only (a sweep's values
-    are not one config)."""
+def composition_problem(argv: list[str], config_name: str = "train") -> str | None:
+    """The one-line error of a command line Hydra cannot compose into `config_name`, or None: an override that does not
+    parse; a preset that does not exist (with the group's presets and the nearest name); an override of a key the
+    composed config lacks — Hydra's own hint for it, `+key=value`, adds a key that nothing reads (a selector without a
+    ratio does not start taking one), so this names the nearest key, or the presets of the group that have the key.
+    Single runs only (a sweep's values are not one config)."""
     if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
         return None
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException, OverrideParseException
     from omegaconf import OmegaConf
 
     def composed(chosen: list[str]) -> Any:
         GlobalHydra.instance().clear()
         try:
             with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                return compose("train", overrides=chosen, return_hydra_config=True)
+                return compose(config_name, overrides=chosen, return_hydra_config=True)
         finally:
             GlobalHydra.instance().clear()
 
+    parser = OverridesParser.create()
+    for arg in overrides:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException as err:
+            reason = str(err).splitlines()[0]
+            return f"{arg}: not a valid override ({reason}); write key=value, +key=value or group=preset"
     try:
         composed(overrides)
         return None
     except ConfigCompositionException as err:
-        match = re.search(r"Could not override '([\w.]+)'", str(err))
-        if match is None:
-            return None  # Hydra's own message names the problem
-        key = match[1]
+        text = str(err)
+    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
+    if missing:
+        group, name = missing.groups()
+        presets = sorted(path.stem for path in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+        close = difflib.get_close_matches(name, presets, n=1)
+        nearest = f"; did you mean {group}={close[0]}?" if close else ""
+        return f"{group}={name}: no such preset (the {group} presets: {', '.join(presets)}){nearest}"
+    match = re.search(r"Could not override '([\w.]+)'", text)
+    if match is None:
+        return None  # Hydra's own message names the problem
+    key = match[1]
     given = next(arg for arg in overrides if arg.split("=", 1)[0] == key)
     parent, _, leaf = key.rpartition(".")
     try:

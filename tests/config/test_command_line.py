@@ -1,4 +1,6 @@
-"""The headline command means what it says (issue #35 §6): `python train.py selector=ict model=qwen1.5b` composes the
+"""config/command_line.py: what a command line gets before Hydra composes it.
+
+The headline command means what it says (issue #35 §6): `python train.py selector=ict model=qwen1.5b` composes the
 GPU trainer (bf16-mixed), vLLM's GPU preset (or the hf engine without vLLM) and the paper's task for Qwen2.5 (GSM8K)
 on a machine with a GPU; on a CPU machine the CPU trainer and the hf engine with the paper's task. What the command
 names itself, an experiment and sweeps are left alone. The GPU and vLLM are mocked; the composition is Hydra's."""
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from tokenrl.config.command_line import machine_overrides, with_machine_defaults
+from tokenrl.config.command_line import composition_problem, machine_overrides, with_machine_defaults
 
 HEADLINE = ["selector=ict", "model=qwen1.5b"]
 
@@ -63,3 +65,34 @@ def test_a_cpu_machine_is_told_what_it_gets(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert with_machine_defaults(list(HEADLINE)) == [*HEADLINE, "task=gsm8k"]
     assert "this machine has no GPU (trainer=cpu, rollout=hf); added task=gsm8k" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,config,words",
+    [
+        (["selector=nosuch"], "train", ["selector=nosuch: no such preset (the selector presets: archer,", "uniform)"]),
+        (["selector=ict_complment"], "train", ["did you mean selector=ict_complement?"]),
+        (["seed=[1,"], "train", ["seed=[1,: not a valid override"]),
+        (
+            ["selector=uniform", "selector.ratio=0"],
+            "train",
+            ["selector=uniform has no setting 'ratio' (its settings: normalizer)", "presets that have it: clip_cov,"],
+        ),
+        (
+            ["totl_steps=5"],
+            "train",
+            ["totl_steps=5: the config has no setting 'totl_steps'", "did you mean total_steps?"],
+        ),
+        (["eval.n_sample=4"], "eval", ["eval has no setting 'n_sample'", "did you mean eval.n_samples?"]),
+        (["model=nosuch"], "eval", ["model=nosuch: no such preset (the model presets: forks_tiny,"]),
+    ],
+)
+def test_a_command_line_hydra_cannot_compose_is_one_line_naming_the_fix(argv, config, words):
+    problem = composition_problem(argv, config)
+    assert problem is not None and "\n" not in problem
+    assert all(word in problem for word in words), problem
+
+
+@pytest.mark.parametrize("argv", [["selector=ict", "selector.ratio=0.2"], ["-m", "seed=0,1"], ["+foo=1"], []])
+def test_a_command_line_that_composes_or_a_sweep_is_left_to_hydra(argv):
+    assert composition_problem(argv) is None
