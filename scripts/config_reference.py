@@ -36,6 +36,8 @@ GROUP_ORDER = [
     "hydra/launcher",
     "experiment",
     "method",
+    "forks_arm",
+    "forks_tuned",
     "launcher",
     "local",
     "debug",
@@ -57,6 +59,9 @@ GROUP_NOTES = {
     "experiment": "paper settings and studies: each file states only its deltas ([Sweeps and reports](sweeps.md))",
     "method": "one token-level method each (selector + loss switches), for side-by-side sweeps "
     "([Methods](methods/index.md))",
+    "forks_arm": "the arms of `experiment=forks_oracle` and its tuning stage, one file each "
+    "([Which tokens matter](forks.md))",
+    "forks_tuned": "each forks_oracle arm's learning rate, written by `scripts/forks_choose.py` from the tuning stage",
     "launcher": "sweeps in parallel on this machine (`local`) or as SLURM jobs (`slurm`)",
     "local": "machine-local overrides",
     "debug": "smoke runs",
