@@ -102,6 +102,8 @@ DEVICES = Rule(
 )
 PRECISIONS = one_of("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true", 32, 16, 64)
 
+# an experiment's pre-registered contrasts (scripts/report.py, docs/sweeps.md)
+REPORT = {"contrasts": list_of(FREE_TEXT), "primary": FREE_TEXT, "secondary": list_of(FREE_TEXT)}
 RULES: dict[str, Rule] = {
     # train.yaml (top level)
     "task_name": FREE_TEXT,  # a label: the folder logs/<task_name>/
@@ -182,6 +184,14 @@ RULES: dict[str, Rule] = {
     "eval.max_new_tokens": optional(integer(1), "per benchmark"),
     "eval.max_prompt_length": integer(1),
     "eval.batch_prompts": integer(1),
+    # experiment=forks_oracle: the pre-registered contrasts scripts/report.py reads, and each arm's tuned settings
+    **{f"report.{key}": rule for key, rule in REPORT.items()},
+    "report": optional(mapping_of(REPORT), "no pre-registered contrasts"),
+    "forks_tuned.tuned": BOOLEAN,
+    "forks_tuned.source": list_of(FREE_TEXT, non_empty=False),
+    "forks_tuned.budget": PROBABILITY,
+    "forks_tuned.ratio": PROBABILITY,
+    **{f"forks_tuned.lr.{arm.stem}": POSITIVE for arm in sorted((Path(CONFIG_DIR) / "forks_arm").glob("*.yaml"))},
 }
 
 # keywords of third-party classes a config builds, by `_target_` (tokenrl's own components carry theirs)
