@@ -101,3 +101,13 @@ def test_slot_devices_give_each_parallel_slot_its_own_gpus():
     assert slot_devices(2, 1, []) == [{}, {}]  # a CPU machine: nothing set
     with pytest.raises(ValueError, match=r"n_jobs=3 × gpus_per_job=1 needs 3 GPUs and 2 are visible"):
         slot_devices(3, 1, ["0", "1"])
+
+
+def test_parallel_slots_split_the_cores_unless_the_user_set_the_threads():
+    from hydra_plugins.tokenrl_launcher.fresh_process import slot_threads
+
+    assert slot_threads(2, 2, {}) == {"OMP_NUM_THREADS": "1"}
+    assert slot_threads(3, 16, {}) == {"OMP_NUM_THREADS": "5"}
+    assert slot_threads(4, 2, {}) == {"OMP_NUM_THREADS": "1"}  # never 0
+    assert slot_threads(1, 16, {}) == {}  # one job at a time: torch's own default
+    assert slot_threads(2, 16, {"OMP_NUM_THREADS": "8"}) == {}  # the user's setting wins

@@ -9,7 +9,9 @@ Each job goes through Hydra's own `run_job` (as the joblib launcher does), so `<
 
 Devices: with `gpus_per_job` = g > 0 and GPUs visible, the i-th of the `n_jobs` parallel slots gets GPUs
 i·g … i·g + g − 1 of the visible ones as its `CUDA_VISIBLE_DEVICES` (every job of that slot, one after another), so
-parallel jobs never share a GPU; without GPUs nothing is set.
+parallel jobs never share a GPU; without GPUs nothing is set. Threads: with n_jobs > 1 parallel jobs each get
+`OMP_NUM_THREADS` = ⌊cores / n_jobs⌋ (at least 1) unless the environment already sets it, so that jobs side by side do
+not oversubscribe the cores (each job's torch would otherwise start one thread per core).
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ def slot_devices(n_jobs: int, gpus_per_job: int, visible: list[str]) -> list[dic
     ]
 
 
+def slot_threads(n_jobs: int, cores: int, environ: dict[str, str]) -> dict[str, str]:
+    """The thread setting each of `n_jobs` parallel slots gets on `cores` cores: ⌊cores / n_jobs⌋ OpenMP threads
+    (at least 1); nothing for one job at a time or where `environ` already sets `OMP_NUM_THREADS`."""
+    if n_jobs < 2 or "OMP_NUM_THREADS" in environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cores // n_jobs))}
+
+
 def _died(index: int, overrides: Sequence[str], error: BaseException) -> JobReturn:
     """The return of a job whose process died without reporting (killed for memory, a crash in native code)."""
     failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
@@ -156,8 +166,9 @@ class FreshProcessLauncher(Launcher):
             for offset, overrides in enumerate(job_overrides)
         ]
         free: queue.Queue[dict[str, str]] = queue.Queue()
+        threads = slot_threads(self.n_jobs, len(os.sched_getaffinity(0)), dict(os.environ))
         for environment in slot_devices(self.n_jobs, self.gpus_per_job, visible_gpus()):
-            free.put(environment)
+            free.put({**threads, **environment})
 
         def in_a_slot(payload: bytes) -> JobReturn:
             environment = free.get()
