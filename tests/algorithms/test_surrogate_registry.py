@@ -122,19 +122,23 @@ def test_a_registered_surrogate_matches_its_float64_loop(reinforce, aggregation,
     inputs = LossInputs(leaf, old, adv, resp, weights, normalizer=normalizer, ref_logp=ref)
     out = policy_loss(inputs, count, settings)
     out.loss.backward()
-    expected = brute_force(
-        logp,
-        old,
-        ref,
-        adv,
-        resp,
-        weights,
-        aggregation=aggregation,
-        normalizer=normalizer,
-        beta=0.04,
-        dual=dual,
-        budget=9,
-    )
+
+    def loop(values):
+        return brute_force(
+            values,
+            old,
+            ref,
+            adv,
+            resp,
+            weights,
+            aggregation=aggregation,
+            normalizer=normalizer,
+            beta=0.04,
+            dual=dual,
+            budget=9,
+        )
+
+    expected = loop(logp)
     assert float(out.loss.detach()) == pytest.approx(expected, abs=1e-12, rel=1e-10)
     assert CALLS, "policy_loss did not call the registered surrogate"
     # the gradient of the loop, by central differences in float64, token by token
@@ -144,21 +148,7 @@ def test_a_registered_surrogate_matches_its_float64_loop(reinforce, aggregation,
         for sign in (1.0, -1.0):
             moved = logp.clone()
             moved[i, t] += sign * step
-            shifted.append(
-                brute_force(
-                    moved,
-                    old,
-                    ref,
-                    adv,
-                    resp,
-                    weights,
-                    aggregation=aggregation,
-                    normalizer=normalizer,
-                    beta=0.04,
-                    dual=dual,
-                    budget=9,
-                )
-            )
+            shifted.append(loop(moved))
         numeric = (shifted[0] - shifted[1]) / (2 * step)
         assert float(leaf.grad[i, t]) == pytest.approx(numeric, abs=1e-7, rel=1e-6), (i, t)
     # micro-batches of rows with the mini-batch's normaliser add up to it

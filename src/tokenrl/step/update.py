@@ -258,8 +258,8 @@ def micro_batch_loss(
         response_mask=batch.rollouts.response_mask[rows].to(device),
         weights=selection.weights.to(device),
         normalizer=selection.normalizer,
-        clip_low=settings.clip_low if selection.clip_low is None else selection.clip_low.to(device),
-        clip_high=settings.clip_high if selection.clip_high is None else selection.clip_high.to(device),
+        clip_low=here(selection.clip_low),  # None: policy_loss takes the settings' ε
+        clip_high=here(selection.clip_high),
         kl_weights=here(selection.kl_weights),
         drift_coef=here(selection.drift_coef),
         ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
