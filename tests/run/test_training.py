@@ -407,6 +407,7 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     from omegaconf import OmegaConf
 
     from tokenrl.run.module import GRPOModule
+    from tokenrl.run.module_spec import ModuleSpec
     from tokenrl.selectors.base import TokenSelector
 
     class NeedsFoo(TokenSelector):
@@ -418,12 +419,14 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     cfg = tiny_cfg()
     with pytest.raises(ValueError, match=r"needs statistics \['foo'\] that the statistics pass does not compute"):
         GRPOModule(
-            OmegaConf.to_container(cfg.model, resolve=True),
-            OmegaConf.to_container(cfg.algorithm, resolve=True),
-            OmegaConf.to_container(cfg.rollout, resolve=True),
-            NeedsFoo(),
-            tokenizer=None,
-            optimizer=torch.optim.SGD,
+            ModuleSpec(
+                OmegaConf.to_container(cfg.model, resolve=True),
+                OmegaConf.to_container(cfg.algorithm, resolve=True),
+                OmegaConf.to_container(cfg.rollout, resolve=True),
+                NeedsFoo(),
+                tokenizer=None,
+                optimizer=torch.optim.SGD,
+            )
         )
 
 

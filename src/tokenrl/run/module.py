@@ -4,8 +4,9 @@
 2. advantages, π_old's statistics (or, where exact, from the update's own forward: `fast_path.fused_statistics`) and
    the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) under
    Lightning (`LightningUpdate`, run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step
-   boundary. The module owns its parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`)
-   and its update (`LightningUpdate`, built with the policy).
+   boundary. It is built from one `ModuleSpec` (run/module_spec.py: its settings and parts, read from the config) and
+   owns its parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`) and its update
+   (`LightningUpdate`, built with the policy).
 """
 
 from __future__ import annotations
@@ -13,35 +14,31 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.token_stats import needs_js
 from tokenrl.evaluation.during_training import PeriodicValidation
-from tokenrl.evaluation.runner import Validator
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.observe.diagnostics import selection_diagnostics
-from tokenrl.observe.samples import SampleWriter
 from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
-from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.rollout.hf import HFEngine
 from tokenrl.run.checkpointing import AdapterCheckpoints
 from tokenrl.run.lightning_backend import LightningUpdate
+from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.run.preemption import PreemptionWatch
 from tokenrl.run.run_state import RunState
-from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.entropy_control import EntropyControl
-from tokenrl.step.fast_path import FastPath, UpdatePath
+from tokenrl.step.fast_path import UpdatePath
 from tokenrl.step.metrics import step_metrics
 from tokenrl.step.schedule import with_linear_warmup
 from tokenrl.step.train_batch import TrainBatch
@@ -55,40 +52,26 @@ log = logging.getLogger(__name__)
 class GRPOModule(L.LightningModule):
     """GRPO over a causal-LM policy with a pluggable `TokenSelector`."""
 
-    def __init__(
-        self,
-        model: Mapping[str, Any],
-        algorithm: Mapping[str, Any],
-        rollout: Mapping[str, Any],
-        selector: TokenSelector,
-        tokenizer: PreTrainedTokenizerBase,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        seed: int = 0,
-        reward_timeout_s: float = 5.0,
-        js_diagnostics: bool = False,
-        validator: Validator | None = None,
-        val_every_n_steps: int = 0,
-        total_steps: int = 0,
-        sample_writer: SampleWriter | None = None,
-        fast_path: FastPath | None = None,
-        preemption: PreemptionWatch | None = None,
-        fork_marker: ForkMarker | None = None,
-    ) -> None:
+    def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.model_cfg, self.rollout_cfg = dict(model), dict(rollout)
-        self.cfg = AlgorithmConfig.from_node(algorithm, int(rollout["max_new_tokens"]))
+        self.model_cfg, self.rollout_cfg = dict(spec.model), dict(spec.rollout)
+        self.cfg = AlgorithmConfig.from_node(spec.algorithm, int(spec.rollout["max_new_tokens"]))
         self.entropy_control = EntropyControl.of(self.cfg)
-        self.selector, self.tokenizer, self.optimizer_factory = selector, tokenizer, optimizer
-        self.with_js = needs_js(selector.requires, type(selector).__name__, js_diagnostics)
-        self.sampling = SamplingParams.of_rollout(rollout, n=self.cfg.batch.group_size)
+        self.selector, self.tokenizer, self.optimizer_factory = spec.selector, spec.tokenizer, spec.optimizer
+        self.with_js = needs_js(spec.selector.requires, type(spec.selector).__name__, spec.js_diagnostics)
+        self.sampling = SamplingParams.of_rollout(spec.rollout, n=self.cfg.batch.group_size)
         self.collector = RolloutCollector(
-            self.sampling, self.cfg, SafeScorer(reward_timeout_s), seed, tokenizer.pad_token_id, fork_marker
+            self.sampling,
+            self.cfg,
+            SafeScorer(spec.reward_timeout_s),
+            spec.seed,
+            spec.tokenizer.pad_token_id,
+            spec.fork_marker,
         )
-        self.validator, self.val_every, self.total_steps = validator, val_every_n_steps, total_steps
-        self.sample_writer, self.seed = sample_writer, seed
-        self.fast_path = fast_path if fast_path is not None else FastPath()  # None: every shortcut on
-        self.preemption = preemption or PreemptionWatch()  # a signal stops the run at the step's next safe point
+        self.validator, self.val_every, self.total_steps = spec.validator, spec.val_every_n_steps, spec.total_steps
+        self.sample_writer, self.seed, self.fast_path = spec.sample_writer, spec.seed, spec.fast_path
+        self.preemption = PreemptionWatch()  # a signal stops the run at the step's next safe point
         self.policy: torch.nn.Module | None = None  # the causal LM; under FSDP its root unit (models/sharding.py)
         self._reference: list[torch.nn.Module] = []  # a list keeps the frozen copy out of state_dict
         self.engine: RolloutEngine | None = None

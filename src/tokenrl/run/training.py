@@ -19,24 +19,18 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.config.check import check_config
-from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.prompts import PromptFormatter
-from tokenrl.data.tasks import Task
-from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.export.hf_folder import export_run
 from tokenrl.models import build_tokenizer
-from tokenrl.models.warmup import warmed_up
-from tokenrl.observe.samples import SampleWriter
-from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
-from tokenrl.run.devices import narrow_to_trainer_gpu, runs_on_gpu
+from tokenrl.run.devices import narrow_to_trainer_gpu
 from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
 from tokenrl.run.module import GRPOModule
+from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.run.preemption import Preempted, PreemptionWatch
 from tokenrl.run.progress import ProgressLog, RolloutProgressBar
 from tokenrl.run.resume import RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint
-from tokenrl.step.fast_path import FastPath
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
@@ -45,38 +39,10 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteError)
 
 
-def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
-    """The task's test split, then each of `validation.benchmarks` with its own instruction and verifier; the first
-    `validation.limit` problems of each."""
-    limit = cfg.validation.limit
-    sets = [ValidationSet("", task.problems("test")[:limit], task.instruction)]
-    extra = cfg.validation.benchmarks
-    try:
-        names = expand(OmegaConf.to_container(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []
-    except KeyError as err:
-        raise ValueError(f"validation.benchmarks: {err.args[0]}") from None
-    for name in names:
-        bench = benchmark(name)
-        sets.append(ValidationSet(f"{name}/", bench.load(cfg.paths.data_dir)[:limit], bench.instruction))
-    return sets
-
-
-def prepared_policy(
-    model: dict[str, Any], task: Task, tokenizer: Any, formatter: PromptFormatter, cache_root: Path
-) -> dict[str, Any]:
-    """The model config to train: a random policy of a task with a supervised warm-up (task=forks) points at the
-    warmed-up folder (trained now or loaded from `paths.model_cache`, models/warmup.py); any other unchanged."""
-    if task.warmup is None or model["init"] != "random":
-        if task.warmup is not None:
-            log.info("model.init=%s: the task's warm-up is for random policies and is skipped", model["init"])
-        return model
-    return warmed_up(model, tokenizer, formatter, task.warmup_example, task.warmup, task.description(), cache_root)
-
-
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
-    """The module, data module and trainer that `cfg` describes."""
-    container = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")}
-    tokenizer = build_tokenizer(container["model"])
+    """The module, data module and trainer that `cfg` describes; the module and the data module share the task, the
+    tokenizer and the prompt formatter."""
+    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
     task = instantiate(cfg.task)
     first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"  # dynamic sampling
     datamodule = RolloutDataModule(
@@ -89,52 +55,17 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     )
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     datamodule.attach_formatter(formatter)
-    container["model"] = prepared_policy(container["model"], task, tokenizer, formatter, Path(cfg.paths.model_cache))
-    validator = None
-    if cfg.validation.every_n_steps:
-        settings = EvalSettings(
-            n_samples=cfg.validation.n_samples,
-            ks=tuple(cfg.validation.ks),
-            temperature=cfg.validation.temperature,
-            top_p=cfg.validation.top_p,
-            top_k=cfg.rollout.top_k,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            max_prompt_length=cfg.rollout.max_prompt_length,
-            batch_prompts=cfg.validation.batch_prompts,
-            seed=cfg.seed,
-        )
-        validator = Validator(validation_sets(cfg, task), formatter, settings)
-    selector = instantiate(cfg.selector)
-    sample_writer = SampleWriter(
-        Path(cfg.paths.output_dir) / "samples",
-        cfg.samples.every_n_steps,
-        cfg.samples.rows,
-        tokenizer,
-        selector_name=selector.name,
-        selector_ratio=getattr(selector, "ratio", None),
-    )
-    module = GRPOModule(
-        model=container["model"],
-        algorithm=container["algorithm"],
-        rollout=container["rollout"],
-        selector=selector,
-        tokenizer=tokenizer,
-        optimizer=instantiate(cfg.algorithm.optimizer),
-        seed=cfg.seed,
-        reward_timeout_s=cfg.reward_timeout_s,
-        js_diagnostics=cfg.diagnostics.js,
-        validator=validator,
-        val_every_n_steps=cfg.validation.every_n_steps,
-        total_steps=cfg.total_steps,
-        sample_writer=sample_writer,
-        fast_path=FastPath.from_node(cfg.get("fast_path"), on_gpu=runs_on_gpu(cfg)),
-        preemption=PreemptionWatch(),
-        fork_marker=ForkMarker(task.forks_of, tokenizer),
-    )
+    module = GRPOModule(ModuleSpec.of(cfg, task, tokenizer, formatter))
+    return module, datamodule, build_trainer(cfg, module.preemption)
+
+
+def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
+    """The Lightning trainer with the run's loggers and callbacks (progress, checkpoints, the module's preemption
+    watch)."""
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     # one log line per rollout step (console, train.log); preemption signals → last.ckpt
-    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), module.preemption]
+    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), preemption]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RolloutProgressBar(cfg.total_steps))
     if cfg.checkpoint.enabled:
@@ -144,7 +75,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
             )
         )
     # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (run/module.py)
-    trainer = instantiate(
+    return instantiate(
         cfg.trainer,
         max_epochs=-1,
         logger=loggers or False,
@@ -152,7 +83,6 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
         enable_checkpointing=bool(cfg.checkpoint.enabled),
         plugins=[AtomicCheckpointIO()],
     )
-    return module, datamodule, trainer
 
 
 def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trainer) -> MemoryPlan:
