@@ -1,0 +1,239 @@
+"""A fused, chunked LM head: log π(o_t), Shannon entropy, Rényi-2 and ICT's JS divergence to the group's mean
+distribution straight from the final hidden states and the head's weight, vocabulary chunk by vocabulary chunk, so
+the (tokens × vocabulary) logits never exist at once (docs/algorithms.md §12.4).
+
+With u = h Wᵀ (+ b) and z = u / T (T the sampling temperature), π = softmax(z), per token n:
+  log π(o_n) = z_{n,o_n} − log Z_n,  log Z_n = m_n + log s_n,  s_n = Σ_v e^{z_{n,v} − m_n};
+  H_n = −Σ_v π log π = log s_n − a_n / s_n,  a_n = Σ_v e^{z_{n,v} − m_n} (z_{n,v} − m_n);
+  H₂_n = −log Σ_v π² = 2 log s_n − log q_n,  q_n = Σ_v e^{2(z_{n,v} − m_n)};
+m_n the running maximum (online log-sum-exp: when a chunk raises m to m', s ← e^{m−m'} s, a ← e^{m−m'}(a + (m − m')s),
+q ← e^{2(m−m')} q, then the chunk's own terms are added). The definitions are algorithms/token_stats.py's.
+JS (no gradient) needs π̄ over a chunk, hence each member's log Z: a second pass per chunk computes π, the mean over
+the token's slot (a group's rollouts at one response position) of its active members (`peers="all"`) or of the others
+(`"others"`, clamped at 0), log M = log max(½(π + π̄), 1e-30), and accumulates
+  JS_n = ½ Σ_v π (log π − log M) + ½ Σ_v (π̄ log π̄ − π̄ log M), clamped at 0; 0 where fewer than 2 are active.
+Backward (log π and H carry gradient; H₂ and JS are detached statistics), chunk by chunk from the saved log Z and H:
+  ∂L/∂z_{n,v} = g^{logp}_n (δ_{v,o_n} − π_{n,v}) − g^{H}_n π_{n,v} (log π_{n,v} + H_n),
+  ∂L/∂h = Σ_chunks (∂L/∂z / T) W_c,  ∂L/∂W_c = (∂L/∂z / T)ᵀ h,  ∂L/∂b_c = Σ_n ∂L/∂z / T.
+No host synchronisation: every step is a fixed sequence of tensor operations on the device (the loop runs over
+vocabulary chunks, a shape). Liger-Kernel's fused linear cross-entropy and TRL's chunked log-prob head use the same
+online log-sum-exp idea for the log-probability alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+PEERS = ("all", "others")
+CHUNK_ELEMENTS = 1 << 23  # elements of one (tokens × chunk) buffer that `vocab_chunk` aims for (32 MiB in fp32)
+
+
+def vocab_chunk(tokens: int, vocab: int, elements: int = CHUNK_ELEMENTS) -> int:
+    """Vocabulary columns per chunk so that one (tokens × chunk) buffer holds about `elements` values (at least 64
+    columns, at most the vocabulary, a multiple of 64 below it)."""
+    columns = max(64, (elements // max(tokens, 1)) // 64 * 64)
+    return min(columns, vocab)
+
+
+@dataclass
+class GroupSlots:
+    """Which tokens share a group mean for JS: `slot[n]` ∈ [0, slots) names token n's (group, response position);
+    `active[n]` whether it is a response token (the mean runs over a slot's active tokens); `peers`: all | others."""
+
+    slot: torch.Tensor
+    active: torch.Tensor
+    slots: int
+    peers: str = "all"
+
+
+@dataclass
+class HeadOutput:
+    """(N,) per token, in float32 (float64 for float64 inputs): `logprobs` and `entropy` with gradient, `renyi2` and
+    `js` (None unless asked) detached."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    renyi2: torch.Tensor
+    js: torch.Tensor | None
+
+
+def _logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    start: int,
+    stop: int,
+    temperature: float,
+    acc: torch.dtype,
+) -> torch.Tensor:
+    """z = (h W[start:stop]ᵀ + b[start:stop]) / T, (N, C), in `acc` (under autocast the product is autocast's)."""
+    if bias is None:
+        u = hidden @ weight[start:stop].t()
+    else:
+        u = nn.functional.linear(hidden, weight[start:stop], bias[start:stop])
+    return u.to(acc).div_(temperature)
+
+
+def _target_logit(z: torch.Tensor, targets: torch.Tensor, start: int) -> torch.Tensor:
+    """z_{n, o_n} where o_n falls in this chunk, else 0 (no host sync: a clamped gather, masked)."""
+    local = targets - start
+    inside = (local >= 0) & (local < z.shape[1])
+    picked = z.gather(1, local.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1)
+    return torch.where(inside, picked, torch.zeros_like(picked))
+
+
+def _js(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    temperature: float,
+    chunk: int,
+    acc: torch.dtype,
+    log_z: torch.Tensor,
+    groups: GroupSlots,
+) -> torch.Tensor:
+    """The second pass: JS(π_n ‖ π̄_slot(n)) chunk by chunk (module docstring), 0 where inactive or alone."""
+    active = groups.active.to(acc)
+    slot = groups.slot
+    counts = torch.zeros(groups.slots, dtype=acc, device=hidden.device).index_add_(0, slot, active)
+    count_at = counts[slot]
+    divisor = (count_at if groups.peers == "all" else count_at - 1).clamp_min(1)[:, None]
+    kl_p = torch.zeros_like(log_z)
+    kl_mean = torch.zeros_like(log_z)
+    for start in range(0, weight.shape[0], chunk):
+        log_pi = _logits(hidden, weight, bias, start, start + chunk, temperature, acc).sub_(log_z[:, None])
+        p = log_pi.exp()
+        mine = p * active[:, None]
+        mean = torch.zeros(groups.slots, p.shape[1], dtype=acc, device=p.device).index_add_(0, slot, mine)[slot]
+        if groups.peers == "all":
+            mean.div_(divisor)
+        else:  # leave-one-out, clamped: the subtraction can leave −1e-8 where π_n holds all the mass
+            mean.sub_(mine).div_(divisor).clamp_min_(0.0)
+        log_mid = (p + mean).mul_(0.5).clamp_min_(1e-30).log_()
+        kl_p += torch.einsum("nc,nc->n", p, log_pi.sub_(log_mid))
+        kl_mean += torch.xlogy(mean, mean).sum(1) - torch.einsum("nc,nc->n", mean, log_mid)
+    js = (0.5 * (kl_p + kl_mean)).clamp_min(0.0)
+    return torch.where((count_at > 1) & groups.active.bool(), js, torch.zeros_like(js))
+
+
+class FusedHead(torch.autograd.Function):
+    """log π(o), H (with gradient), H₂, JS (detached) of N tokens from hidden (N, d) and the head's weight (V, d);
+    `fused_head` is the entry point."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk, groups):
+        mm_dtype = (hidden[:1] @ weight[:1].t()).dtype  # the product's dtype under the ambient autocast
+        acc = torch.promote_types(mm_dtype, torch.float32)
+        m = s = a = q = target = None
+        for start in range(0, weight.shape[0], chunk):
+            z = _logits(hidden, weight, bias, start, start + chunk, temperature, acc)
+            picked = _target_logit(z, targets, start)
+            top = z.amax(1)
+            if m is None:
+                m, target = top, picked
+                d = z.sub_(m[:, None])
+                e = d.exp()
+                s, a, q = e.sum(1), torch.einsum("nc,nc->n", e, d), torch.einsum("nc,nc->n", e, e)
+                continue
+            target = target + picked
+            new = torch.maximum(m, top)
+            scale = (m - new).exp()
+            d = z.sub_(new[:, None])
+            e = d.exp()
+            a = scale * (a + (m - new) * s) + torch.einsum("nc,nc->n", e, d)
+            s = scale * s + e.sum(1)
+            q = scale * scale * q + torch.einsum("nc,nc->n", e, e)
+            m = new
+        log_s = s.log()
+        log_z = m + log_s
+        logprobs = target - log_z
+        entropy = log_s - a / s
+        renyi2 = 2 * log_s - q.log()
+        js = (
+            _js(hidden, weight, bias, temperature, chunk, acc, log_z, groups)
+            if groups is not None
+            else torch.zeros_like(log_z)
+        )
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z, entropy)
+        ctx.temperature, ctx.chunk, ctx.mm_dtype, ctx.acc = temperature, chunk, mm_dtype, acc
+        ctx.mark_non_differentiable(renyi2, js)
+        ctx.set_materialize_grads(False)
+        return logprobs, entropy, renyi2, js
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, grad_entropy, _grad_renyi2, _grad_js):
+        hidden, weight, bias, targets, log_z, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return (None,) * 7
+        needs_h, needs_w, needs_b = ctx.needs_input_grad[:3]
+        acc, mm_dtype, temperature = ctx.acc, ctx.mm_dtype, ctx.temperature
+        grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if needs_h else None
+        grad_w = torch.empty_like(weight) if needs_w else None
+        grad_b = torch.empty_like(bias) if needs_b else None
+        h_mm = hidden.to(mm_dtype)
+        for start in range(0, weight.shape[0], ctx.chunk):
+            stop = min(start + ctx.chunk, weight.shape[0])
+            log_pi = _logits(hidden, weight, bias, start, stop, temperature, acc).sub_(log_z[:, None])
+            p = log_pi.exp()
+            if grad_entropy is None:
+                dz = p.mul_(-grad_logp[:, None])
+            else:
+                dz = log_pi.add_(entropy[:, None]).mul_(grad_entropy[:, None])
+                if grad_logp is not None:
+                    dz.add_(grad_logp[:, None])
+                dz = dz.mul_(p).neg_()
+            if grad_logp is not None:
+                local = targets - start
+                inside = (local >= 0) & (local < stop - start)
+                dz.scatter_add_(1, local.clamp(0, stop - start - 1)[:, None], (grad_logp * inside)[:, None])
+            du = dz.div_(temperature).to(mm_dtype)
+            if grad_h is not None:
+                grad_h += du @ weight[start:stop].to(mm_dtype)
+            if grad_w is not None:
+                grad_w[start:stop] = du.t() @ h_mm
+            if grad_b is not None:
+                grad_b[start:stop] = dz.sum(0)
+        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, grad_b, None, None, None, None)
+
+
+def fused_head(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    bias: torch.Tensor | None = None,
+    chunk: int | None = None,
+    groups: GroupSlots | None = None,
+) -> HeadOutput:
+    """log π(o_n), H_n (with gradient), H₂_n and, with `groups`, JS_n (detached) of the N tokens whose final hidden
+    states are `hidden` (N, d), for the head `weight` (V, d) (+ `bias`), targets o (N,), at `temperature`, `chunk`
+    vocabulary columns at a time (None: `vocab_chunk`)."""
+    if groups is not None and groups.peers not in PEERS:
+        raise ValueError(f"js peers={groups.peers!r} is not one of {PEERS}")
+    chunk = chunk or vocab_chunk(hidden.shape[0], weight.shape[0])
+    if groups is not None:
+        device = hidden.device
+        groups = GroupSlots(groups.slot.to(device), groups.active.to(device), groups.slots, groups.peers)
+    logprobs, entropy, renyi2, js = FusedHead.apply(
+        hidden, weight, bias, targets.to(hidden.device), temperature, chunk, groups
+    )
+    return HeadOutput(logprobs, entropy, renyi2, js if groups is not None else None)
+
+
+def fusable_head(head: nn.Module) -> bool:
+    """Whether the fused head can stand in for `head`: a plain linear projection (not an adapter-wrapped one)."""
+    return type(head) is nn.Linear
+
+
+def response_slots(group_ids: torch.Tensor, width: int, response_mask: torch.Tensor, peers: str) -> GroupSlots:
+    """The JS slots of a (b, width) grid of response tokens flattened row-major: token (i, t) is in slot
+    (index of row i's group among the rows' groups) × width + t; active where `response_mask` is 1. `group_ids` and
+    `response_mask` on the host (the group count is a Python int from them)."""
+    _, owner = torch.unique(group_ids, return_inverse=True)
+    groups = int(owner.max()) + 1 if owner.numel() else 0
+    slot = (owner[:, None] * width + torch.arange(width)[None]).reshape(-1)
+    return GroupSlots(slot, response_mask[:, :width].reshape(-1).bool(), groups * width, peers)
