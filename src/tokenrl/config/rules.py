@@ -155,6 +155,7 @@ RULES: dict[str, Rule] = {
     **{f"model.architecture.{key}": rule for key, rule in ARCHITECTURE.items()},
     # rollout
     "rollout.engine": one_of("hf", "vllm"),
+    "rollout.decoding": one_of("auto", "dynamic", "static", "static_compiled"),  # rollout/hf.py DECODINGS
     "rollout.temperature": temperature("rollout.top_k"),
     "rollout.top_p": PROBABILITY,
     "rollout.top_k": Rule(lambda v: is_int(v) and v >= -1, "an integer >= 0 (0 or -1: off; 1: greedy)"),
