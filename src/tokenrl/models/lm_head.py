@@ -22,6 +22,7 @@ online log-sum-exp idea for the log-probability alone.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,21 @@ def _target_logit(z: torch.Tensor, targets: torch.Tensor, start: int) -> torch.T
     return torch.where(inside, picked, torch.zeros_like(picked))
 
 
+def _group_sum(slot: torch.Tensor, active: torch.Tensor, slots: int):
+    """x (N, C) ↦ (slots, C) sums of the active tokens' rows per slot: an index-add on a GPU; on the CPU, where
+    index-add runs ~4x slower than a sparse product, a (slots × N) CSR matrix of the active indicators times x."""
+    if slot.device.type != "cpu":
+        return lambda x: torch.zeros(slots, x.shape[1], dtype=x.dtype, device=x.device).index_add_(
+            0, slot, x * active[:, None]
+        )
+    order = torch.argsort(slot, stable=True)
+    rows = torch.zeros(slots + 1, dtype=torch.long).index_add_(0, slot + 1, torch.ones_like(slot)).cumsum(0)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": the product used here is long-standing
+        warnings.simplefilter("ignore", UserWarning)
+        members = torch.sparse_csr_tensor(rows, order, active[order], (slots, slot.shape[0]), check_invariants=False)
+    return lambda x: members @ x
+
+
 def _js(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -101,17 +117,17 @@ def _js(
     counts = torch.zeros(groups.slots, dtype=acc, device=hidden.device).index_add_(0, slot, active)
     count_at = counts[slot]
     divisor = (count_at if groups.peers == "all" else count_at - 1).clamp_min(1)[:, None]
+    group_sum = _group_sum(slot, active, groups.slots)
     kl_p = torch.zeros_like(log_z)
     kl_mean = torch.zeros_like(log_z)
     for start in range(0, weight.shape[0], chunk):
         log_pi = _logits(hidden, weight, bias, start, start + chunk, temperature, acc).sub_(log_z[:, None])
         p = log_pi.exp()
-        mine = p * active[:, None]
-        mean = torch.zeros(groups.slots, p.shape[1], dtype=acc, device=p.device).index_add_(0, slot, mine)[slot]
+        mean = group_sum(p)[slot]
         if groups.peers == "all":
             mean.div_(divisor)
         else:  # leave-one-out, clamped: the subtraction can leave −1e-8 where π_n holds all the mass
-            mean.sub_(mine).div_(divisor).clamp_min_(0.0)
+            mean.sub_(p).div_(divisor).clamp_min_(0.0)
         log_mid = (p + mean).mul_(0.5).clamp_min_(1e-30).log_()
         kl_p += torch.einsum("nc,nc->n", p, log_pi.sub_(log_mid))
         kl_mean += torch.xlogy(mean, mean).sum(1) - torch.einsum("nc,nc->n", mean, log_mid)
