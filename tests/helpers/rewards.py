@@ -30,3 +30,11 @@ def odd_answers_unsolvable(response: str, answer: str) -> float:
     if int(answer) % 2:
         return 0.0
     return float(bool(response) and ord(response[0]) % 2 == 0)
+
+
+def busy(response: str, answer: str) -> float:
+    """1 after `response` seconds of CPU time in this process (a check that needs the CPU, not just wall time)."""
+    end = time.process_time() + float(response)
+    while time.process_time() < end:
+        pass
+    return 1.0

@@ -11,6 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+import tokenrl.rewards.scorer as scorer_module
 from tests.conftest import CONFIG_DIR
 from tokenrl.rewards.scorer import SafeScorer
 
@@ -87,3 +88,40 @@ def test_a_batch_larger_than_both_pipes_scores_every_item_in_order():
     finally:
         scorer.close()
     assert scores == [0.0 if i % 3 == 0 else 1.0 for i in range(3000)]
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="the runqueue wait is Linux's schedstat")
+def test_a_check_starved_of_cpu_is_not_timed_out_but_a_sleeping_one_is(caplog, monkeypatch):
+    """The worker pinned to one CPU beside a busy process gets at most half of it: a check that needs 0.6 s of CPU
+    takes over a second of wall time, which a wall-clock limit of 1 s would score 0. The wall-clock cap is lifted: on
+    a loaded machine the share can be far below half."""
+    import multiprocessing as mp
+
+    monkeypatch.setattr(scorer_module, "STALL_CAP", 1000)
+    scorer = SafeScorer(timeout_s=1.0)
+    hogs = [mp.get_context("fork").Process(target=_spin, daemon=True) for _ in range(1)]
+    try:
+        assert scorer.score([("tests.helpers.rewards:busy", "0", "x")]) == [1.0]  # the worker is up
+        cpu = {min(os.sched_getaffinity(0))}
+        for hog in hogs:
+            hog.start()
+            os.sched_setaffinity(hog.pid, cpu)
+        os.sched_setaffinity(scorer._proc.pid, cpu)
+        with caplog.at_level(logging.WARNING):
+            start = time.perf_counter()
+            scores = scorer.score([("tests.helpers.rewards:busy", "0.6", "x")])
+            starved = time.perf_counter() - start
+            hanging = scorer.score([("tests.helpers.rewards:hanging", "please hang", "x")])
+    finally:
+        for hog in hogs:
+            hog.kill()
+        scorer.close()
+    assert starved > 1.0  # the check really was starved past the limit's wall time
+    assert scores == [1.0]
+    assert hanging == [0.0]  # asleep, not waiting for a CPU: its own time runs out
+    assert caplog.text.count("exceeded 1.0s") == 1

@@ -1,8 +1,12 @@
 """Score responses in a separate worker process with a per-answer time limit.
 
 A check that raises scores 0 with a warning; a check that exceeds `timeout_s` gets its worker killed
-and replaced, scores 0 with a warning, and scoring goes on with the next answer. Model text is only
-ever parsed, never executed; the worker process also keeps a pathological parse from stalling training.
+and replaced, scores 0 with a warning, and scoring goes on with the next answer. The limit counts the worker's own
+time: its CPU time plus the time it sleeps, not the time it waits for a CPU (Linux's /proc/<pid>/stat, sampled every
+`SLICE` seconds; wall time elsewhere), so a loaded machine does not fail fast checks (a trivial check scored 0 after
+5 s on a 2-core machine at load 13); `STALL_CAP` × `timeout_s` of wall time bounds a check in any case.
+Model text is only ever parsed, never executed; the worker process also keeps a pathological parse from stalling
+training.
 
 Workers are forked from multiprocessing's fork server, a clean process (no torch threads, no CUDA, no engine) started
 once per trainer process with the answer parsers already imported (`PRELOAD`): a replacement after a timeout, or the
@@ -13,13 +17,29 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 PRELOAD = ["tokenrl.rewards.verifiers", "math_verify"]  # imported once, in the fork server
+STALL_CAP = 10  # a check's wall time, in units of timeout_s, however long the worker waited for a CPU
+SLICE = 0.1  # seconds between two looks at the worker's clock
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def worker_clock(pid: int) -> tuple[float, bool] | None:
+    """(CPU seconds, asleep now) of process `pid` (Linux: /proc/<pid>/stat, fields 3, 14 and 15, proc(5)); None
+    where the kernel does not say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS, fields[0] in ("S", "D")
 
 
 def _worker(conn: Connection, sys_path: list[str]) -> None:
@@ -92,7 +112,7 @@ class SafeScorer:
                 while sent < len(items) and sent - index < self.WINDOW:
                     self._conn.send((sent, *items[sent]))
                     sent += 1
-                if not self._conn.poll(self.timeout_s):
+                if not self._result_arrives():
                     log.warning(
                         "verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0], self.timeout_s, index
                     )
@@ -106,6 +126,23 @@ class SafeScorer:
             else:
                 pending = len(items)
         return scores
+
+    def _result_arrives(self) -> bool:
+        """Whether the worker's next result arrives before it has used `timeout_s` of its own time (the module
+        docstring) and within `STALL_CAP` × `timeout_s` of wall time."""
+        pid = self._proc.pid
+        start = last = time.monotonic()
+        clock, own = worker_clock(pid), 0.0
+        while not self._conn.poll(min(SLICE, self.timeout_s)):
+            now, new = time.monotonic(), worker_clock(pid)
+            if clock is None or new is None:
+                own = now - start
+            else:
+                own += new[0] - clock[0] + (now - last if new[1] else 0.0)
+            clock, last = new, now
+            if own >= self.timeout_s or now - start >= STALL_CAP * self.timeout_s:
+                return False
+        return True
 
     def close(self) -> None:
         if self._conn is not None:
