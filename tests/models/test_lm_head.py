@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.markers import requires_cuda
 from tests.selectors.test_selectors import reference_stats
 from tokenrl.models.lm_head import fused_head, response_slots, vocab_chunk
 
@@ -156,3 +157,29 @@ def test_vocab_chunk_bounds_the_buffer():
             1.0,
             groups=response_slots(torch.zeros(2, dtype=torch.long), 1, torch.ones(2, 1), "mine"),
         )
+
+
+@requires_cuda
+@pytest.mark.parametrize("autocast", [False, True])
+def test_no_host_synchronisation_on_a_gpu(autocast):
+    """Forward (with JS) and backward under `torch.cuda.set_sync_debug_mode("error")`: any host sync raises. Under
+    bf16 autocast the values stay within bf16 logits' rounding of the float32 ones."""
+    embedding, mix, inputs, targets, mask, _, group_ids = ragged_case(4)
+    B, T = targets.shape
+    hidden = hidden_of(embedding, mix, inputs).float().reshape(-1, D).cuda().requires_grad_()
+    weight = embedding.float().cuda().requires_grad_()
+    slots = response_slots(group_ids, T, mask, "others")
+    slots.slot, slots.active = slots.slot.cuda(), slots.active.cuda()
+    ids = targets.reshape(-1).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            out = fused_head(hidden, weight, ids, 0.7, chunk=8, groups=slots)
+        (out.logprobs.sum() + out.entropy.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    exact = fused_head(hidden.detach().double().cpu(), embedding, targets.reshape(-1), 0.7, chunk=8, groups=slots)
+    tolerance = 5e-2 if autocast else 1e-4
+    for name in ("logprobs", "entropy", "renyi2", "js"):
+        assert torch.allclose(getattr(out, name).double().cpu(), getattr(exact, name), atol=tolerance), name

@@ -130,6 +130,9 @@ RULES: dict[str, Rule] = {
     ),
     "fast_path.fused_statistics": BOOLEAN,
     "fast_path.pack": BOOLEAN,
+    "fast_path.fused_head": Rule(
+        lambda v: isinstance(v, bool) or v == "auto", "true, false or auto (auto: on only if the run is on a GPU)"
+    ),
     "diagnostics.js": BOOLEAN,
     "checkpoint.enabled": BOOLEAN,
     "checkpoint.every_n_steps": integer(1),

@@ -1,6 +1,8 @@
 """The passes a rollout step runs over its policy and reference: the no-grad statistics pass (statistics.py), the
 reference's log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in
-the layout `fast_path` asks for (models/response_forward.py) where the model allows it."""
+the layout `fast_path` asks for (models/response_forward.py) where the model allows it, and with the head either
+materialising the (tokens × vocabulary) logits or fused and chunked over the vocabulary (models/lm_head.py,
+`fast_path.fused_head`, docs/algorithms.md §12.5) where the head allows it (`fused_head_blocker`)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import stats_from_logits
-from tokenrl.models.response_forward import forward_response_logits, response_logits, response_logprobs, shannon_entropy
+from tokenrl.algorithms.token_stats import check_js_peers, stats_from_logits
+from tokenrl.models.lm_head import HeadOutput, fusable_head, fused_head, response_slots
+from tokenrl.models.response_forward import (
+    decoder_and_head,
+    forward_response_logits,
+    response_hidden,
+    response_logits,
+    response_logprobs,
+    shannon_entropy,
+)
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
@@ -41,6 +51,57 @@ def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | Non
     return None
 
 
+def fused_head_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
+    """Why a pass over `model` cannot take the fused head (None: it can): FSDP runs the update through the root's
+    own forward, which applies the head itself; an adapter-wrapped (or otherwise not plain linear) head."""
+    if with_grad and is_sharded(model):
+        return "FSDP updates through the root module's own forward"
+    _, head = decoder_and_head(model)
+    if not fusable_head(head):
+        return f"the output head is a {type(head).__name__}, not a plain nn.Linear"
+    return None
+
+
+def fused_response_head(
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    share_prefix: bool,
+    trim: bool,
+    with_js: bool = False,
+    js_peers: str = "all",
+) -> tuple[HeadOutput, RolloutBatch]:
+    """The fused head (models/lm_head.py) over every (row, position) of `batch`'s response grid, flattened row-major:
+    ((b·T') per-token outputs, the batch they belong to: trimmed to T' with `trim`); with `with_js`, JS over the
+    batch's groups (whole groups: the caller's)."""
+    hidden, batch = response_hidden(model, batch, share_prefix, trim)
+    rows, width, _ = hidden.shape
+    _, head = decoder_and_head(model)
+    groups = response_slots(batch.group_ids, width, batch.response_mask, js_peers) if with_js else None
+    out = fused_head(
+        hidden.reshape(rows * width, -1),
+        head.weight,
+        batch.response_ids.reshape(-1),
+        temperature,
+        head.bias,
+        groups=groups,
+    )
+    return out, batch
+
+
+def head_statistics(out: HeadOutput, batch: RolloutBatch, length: int) -> TokenStats:
+    """The (b, length) float32 host `TokenStats` of the fused head's detached outputs over `batch`'s (b, T') grid (0 on
+    padding and beyond T')."""
+    rows, width = batch.response_ids.shape
+    mask = batch.response_mask.bool()
+
+    def grid(values: torch.Tensor) -> torch.Tensor:
+        values = values.detach().reshape(rows, width).float().cpu()
+        return nn.functional.pad(torch.where(mask, values, torch.zeros_like(values)), (0, length - width))
+
+    return TokenStats(grid(out.logprobs), grid(out.entropy), grid(out.renyi2), None if out.js is None else grid(out.js))
+
+
 @contextmanager
 def checkpointing_paused(model: nn.Module) -> Iterator[None]:
     """Gradient checkpointing off for a no-grad pass: it saves nothing without gradients, and transformers' layers drop
@@ -60,7 +121,8 @@ class PolicyPasses:
     """`reference` is the frozen copy (None: a LoRA policy, whose reference is itself with adapters off). Under FSDP
     (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered.
     share_prefix (the no-grad passes) / share_prefix_update / trim: the layouts of models/response_forward.py (callers
-    pass them only where the model allows: `shared_prefix_blocker`)."""
+    pass them only where the model allows: `shared_prefix_blocker`). fused_head: the head fused and chunked over the
+    vocabulary (models/lm_head.py) in every pass where the head allows it (`fused_head_blocker`)."""
 
     policy: nn.Module
     reference: nn.Module | None
@@ -72,6 +134,10 @@ class PolicyPasses:
     share_prefix: bool = False
     share_prefix_update: bool = False
     trim: bool = False
+    fused_head: bool = False
+
+    def fuses(self, model: nn.Module, with_grad: bool) -> bool:
+        return self.fused_head and fused_head_blocker(model, with_grad) is None
 
     @torch.no_grad()
     def statistics(self, rollouts: RolloutBatch, with_js: bool | None = None) -> TokenStats:
@@ -87,6 +153,7 @@ class PolicyPasses:
                 js_peers=self.js_peers,
                 share_prefix=self.share_prefix,
                 trim=self.trim,
+                fused_head=self.fuses(self.policy, with_grad=False),
             )
 
     @torch.no_grad()
@@ -96,7 +163,15 @@ class PolicyPasses:
         adapters_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         out = torch.zeros(rollouts.response_ids.shape)
         with gathered_root(model), adapters_off, checkpointing_paused(model):
+            fused = self.fuses(model, with_grad=False)
             for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
+                if fused:
+                    head, batch = fused_response_head(
+                        model, rollouts.rows(rows), self.temperature, self.share_prefix, self.trim
+                    )
+                    width = batch.response_ids.shape[1]
+                    out[rows, :width] = head.logprobs.reshape(len(rows), width).float().cpu()
+                    continue
                 out[rows] = (
                     response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix, self.trim)
                     .float()
@@ -107,6 +182,8 @@ class PolicyPasses:
     def update_forward(self, part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
         """log π_θ(o_t) of a micro-batch with gradient and, with `with_stats`, its statistics from the same logits
         (JS over the micro-batch's groups, which must be whole); with `with_entropy`, H_t with gradient."""
+        if self.fuses(self.policy, with_grad=True):
+            return self.fused_update_forward(part, with_stats, with_entropy)
         if is_sharded(self.policy):
             logits = forward_response_logits(self.policy, part)
         else:
@@ -130,4 +207,24 @@ class PolicyPasses:
         entropy = None
         if with_entropy:
             entropy = nn.functional.pad(shannon_entropy(log_pi), (0, part.response_ids.shape[1] - width))
+        return UpdateForward(logp, stats, entropy)
+
+    def fused_update_forward(self, part: RolloutBatch, with_stats: bool, with_entropy: bool) -> UpdateForward:
+        """`update_forward` through the fused head: the same log π_θ(o_t), statistics and H_t, without the logits."""
+        if with_stats and self.with_js:
+            check_js_peers(self.js_peers)
+        out, batch = fused_response_head(
+            self.policy,
+            part,
+            self.temperature,
+            self.share_prefix_update,
+            self.trim,
+            with_js=with_stats and self.with_js,
+            js_peers=self.js_peers,
+        )
+        rows, width = batch.response_ids.shape
+        pad = (0, part.response_ids.shape[1] - width)
+        logp = nn.functional.pad(out.logprobs.reshape(rows, width), pad)
+        entropy = nn.functional.pad(out.entropy.reshape(rows, width), pad) if with_entropy else None
+        stats = head_statistics(out, batch, part.response_ids.shape[1]) if with_stats else None
         return UpdateForward(logp, stats, entropy)

@@ -3,7 +3,9 @@ statistics of every response token from its logits (the math: algorithms/token_s
 models/response_forward.py).
 
 Each forward holds at most max(micro_batch_size, G) rows of hidden states; the head turns them into logits chunk by
-chunk inside `group_statistics`, so at most `chunk_size` response tokens have logits at a time."""
+chunk inside `group_statistics`, so at most `chunk_size` response tokens have logits at a time. With `fused_head`
+(`fast_path.fused_head`, docs/algorithms.md §12.5) the fused head of models/lm_head.py computes the same statistics
+from the hidden states vocabulary chunk by vocabulary chunk, all of a forward's tokens at once, without logits."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import torch
 from torch import nn
 
 from tokenrl.algorithms.token_stats import check_js_peers, group_rows, group_statistics
+from tokenrl.models.lm_head import fused_head as fused_lm_head
+from tokenrl.models.lm_head import response_slots
 from tokenrl.models.response_forward import decoder_and_head, response_hidden
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats, zero_statistics
@@ -27,9 +31,10 @@ def compute_token_stats(
     js_peers: str = "all",
     share_prefix: bool = False,
     trim: bool = False,
+    fused_head: bool = False,
 ) -> TokenStats:
     """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
-    (layouts: models/response_forward.py)."""
+    (layouts: models/response_forward.py); `fused_head`: through models/lm_head.py (the head a plain nn.Linear)."""
     check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
@@ -39,7 +44,10 @@ def compute_token_stats(
     def flush(pending: list[torch.Tensor]) -> None:
         rows = torch.cat(pending)
         local[rows] = torch.arange(len(rows))
-        hidden, _ = response_hidden(model, batch.rows(rows), share_prefix, trim)
+        hidden, sub = response_hidden(model, batch.rows(rows), share_prefix, trim)
+        if fused_head:
+            fused_statistics(hidden, sub, rows)
+            return
         for group in pending:
             group_statistics(
                 lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
@@ -52,6 +60,21 @@ def compute_token_stats(
                 out,
                 js_peers,
             )
+
+    def fused_statistics(hidden: torch.Tensor, sub: RolloutBatch, rows: torch.Tensor) -> None:
+        count, width, _ = hidden.shape
+        head_out = fused_lm_head(
+            hidden.reshape(count * width, -1),
+            head.weight,
+            sub.response_ids.reshape(-1),
+            temperature,
+            head.bias,
+            groups=response_slots(sub.group_ids, width, sub.response_mask, js_peers) if with_js else None,
+        )
+        mask = sub.response_mask.bool()
+        for name, whole in out.items():
+            values = getattr(head_out, name).reshape(count, width).float().cpu()
+            whole[rows, :width] = torch.where(mask, values, torch.zeros_like(values))
 
     pending: list[torch.Tensor] = []
     for group in group_rows(batch.group_ids):
