@@ -1,6 +1,7 @@
 """How a sub-batch of rollouts runs through the policy: the hidden states that predict its response tokens.
 
-Two layouts, equal in exact arithmetic (tests/models/test_response_forward.py checks values and gradients in float64):
+Three layouts (`LAYOUTS`), equal in exact arithmetic (tests/models/test_response_forward.py and
+tests/models/test_packed.py check values and gradients in float64):
 - `padded`: every row is its prompt (left-padded) + response (right-padded), one forward over (b, P + T).
 - `shared prefix`: the rows of one group answer the same prompt token for token, so each distinct prompt is encoded
   once (`use_cache`) and its keys/values are indexed out to its rows; the responses then run against them. Gradients
@@ -8,6 +9,9 @@ Two layouts, equal in exact arithmetic (tests/models/test_response_forward.py ch
   a short step's rows (the project's CPU step: ≈ 52 of ≈ 104), a quarter or more with GSM8K prompts and 300-token
   answers. Prefix sharing across rollouts is the idea of Prefix Grouper (arXiv 2506.05433); here it runs through the
   model's own KV cache, so every attention kernel and decoder of transformers serves it unchanged.
+- `packed`: one row per micro-batch, per group its prompt once and then its responses without padding, positions
+  restarting per response at the prompt's length, attention in one call with a block mask (same group; key in the
+  prompt or in the query's own response; causal): models/packed.py, docs/algorithms.md §12.4.
 With `trim`, each forward is cut to its own rows' longest prompt and response (columns that are padding in every
 row are never computed).
 """
@@ -17,7 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tokenrl.models.packed import pack, packed_attention, resolve_backend
 from tokenrl.records.rollout_batch import RolloutBatch
+
+LAYOUTS = ("padded", "shared_prefix", "packed")
 
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -84,8 +91,8 @@ def prompt_owners(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
         batch.prompt_mask, batch.prompt_mask[first][owner]
     ):
         raise ValueError(
-            "rows of one group hold different prompts; the shared-prefix forward needs the group's rows "
-            "to answer one prompt (fast_path.shared_prefix=false turns it off)"
+            "rows of one group hold different prompts; the shared-prefix and packed forwards need the group's "
+            "rows to answer one prompt (fast_path.shared_prefix=false turns it off)"
         )
     return first, owner
 
@@ -122,32 +129,88 @@ def shared_prefix_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.
     return torch.cat([first_token, rest], dim=1)
 
 
+def packed_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.device, backend: str = "auto") -> torch.Tensor:
+    """`padded_hidden` from the packed layout (models/packed.py): (b, T, H), equal up to rounding on every real
+    response token, 0 beyond each row's length. `backend`: models/packed.py's `auto` (flex on a GPU, else gather),
+    `flex` or `gather`."""
+    first, owner = prompt_owners(batch)
+    layout = pack(
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.response_ids,
+        batch.response_mask,
+        owner,
+        first,
+        device,
+        resolve_backend(backend, device, torch.is_grad_enabled()),
+    )
+    with packed_attention(decoder):
+        hidden = decoder(
+            input_ids=layout.input_ids,
+            attention_mask=layout.block_mask if layout.backend == "flex" else layout.allowed,
+            position_ids=layout.position_ids,
+            use_cache=False,
+            packed_layout=layout,
+        ).last_hidden_state[0]  # (L, H)
+    keep = layout.predictors >= 0
+    return hidden[layout.predictors.clamp_min(0)] * keep[..., None].to(hidden.dtype)
+
+
+def layout_of(share_prefix: bool, layout: str | None) -> str:
+    """The layout asked for: `layout` where given, else the shared prefix or padded one by `share_prefix`."""
+    if layout is None:
+        return "shared_prefix" if share_prefix else "padded"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
+    return layout
+
+
 def response_hidden(
-    model: nn.Module, batch: RolloutBatch, share_prefix: bool = False, trim: bool = False
+    model: nn.Module,
+    batch: RolloutBatch,
+    share_prefix: bool = False,
+    trim: bool = False,
+    layout: str | None = None,
+    packed_backend: str = "auto",
 ) -> tuple[torch.Tensor, RolloutBatch]:
     """(hidden states (b, T', H) predicting the response tokens, the batch they belong to): T' = T, or the rows'
-    longest response with `trim` (the returned batch is then the trimmed one)."""
+    longest response with `trim` (the returned batch is then the trimmed one). `layout` (one of `LAYOUTS`) overrides
+    `share_prefix`; `packed_backend`: the packed layout's attention (`packed_hidden`)."""
     device = next(model.parameters()).device
     decoder, _ = decoder_and_head(model)
     batch = trimmed(batch) if trim else batch
-    layout = shared_prefix_hidden if share_prefix else padded_hidden
-    return layout(decoder, batch, device), batch
+    chosen = layout_of(share_prefix, layout)
+    if chosen == "packed":
+        return packed_hidden(decoder, batch, device, packed_backend), batch
+    forward = shared_prefix_hidden if chosen == "shared_prefix" else padded_hidden
+    return forward(decoder, batch, device), batch
 
 
 def response_logits(
-    model: nn.Module, batch: RolloutBatch, share_prefix: bool = False, trim: bool = False
+    model: nn.Module,
+    batch: RolloutBatch,
+    share_prefix: bool = False,
+    trim: bool = False,
+    layout: str | None = None,
+    packed_backend: str = "auto",
 ) -> torch.Tensor:
     """(b, T', V) logits of the response tokens (T' as in `response_hidden`), with gradient when enabled."""
     _, head = decoder_and_head(model)
-    hidden, _ = response_hidden(model, batch, share_prefix, trim)
+    hidden, _ = response_hidden(model, batch, share_prefix, trim, layout, packed_backend)
     return head(hidden)
 
 
 def response_logprobs(
-    model: nn.Module, batch: RolloutBatch, temperature: float, share_prefix: bool = False, trim: bool = False
+    model: nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    share_prefix: bool = False,
+    trim: bool = False,
+    layout: str | None = None,
+    packed_backend: str = "auto",
 ) -> torch.Tensor:
     """(b, T) log π(o_t) at the sampling temperature (0 beyond a trimmed width), with gradient when enabled."""
-    logits = response_logits(model, batch, share_prefix, trim)
+    logits = response_logits(model, batch, share_prefix, trim, layout, packed_backend)
     width = logits.shape[1]
     logp = sampled_logprobs(logits, batch.response_ids[:, :width].to(logits.device), temperature)
     return nn.functional.pad(logp, (0, batch.response_ids.shape[1] - width))

@@ -1,0 +1,101 @@
+"""step/micro_batches.py with a token budget (`max_tokens`): every row once, each micro-batch within the budget by
+its cost (packed: each group's prompt once + its responses; padded: rows × (longest prompt + longest response)) unless
+it is one unit that alone exceeds it, greedy (the next unit would not have fit), whole groups kept together, and the
+order of `by_length` kept. Random batches as in test_micro_batches.py (partial groups from a shuffled half)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tests.step.test_micro_batches import groups_in, minibatch, random_batch
+from tokenrl.step.micro_batches import micro_batches
+
+
+def prompt_lengths_of(group_ids: torch.Tensor, seed: int) -> torch.Tensor:
+    """One prompt length per group (2..9), repeated over its rows."""
+    g = torch.Generator().manual_seed(500 + seed)
+    per_group = torch.randint(2, 10, (int(group_ids.max()) + 1,), generator=g)
+    return per_group[group_ids]
+
+
+def cost(positions: list[int], rows, group_ids, lengths, prompts, kind: str) -> int:
+    index = rows[torch.tensor(positions)]
+    if kind == "padded":
+        return len(positions) * (int(prompts[index].max()) + int(lengths[index].max()))
+    groups = {int(group_ids[i]): int(prompts[i]) for i in index}
+    return sum(groups.values()) + int(lengths[index].sum())
+
+
+def cases():
+    for seed, budget, fraction in itertools.product(range(6), [6, 15, 40, 1000], [1.0, 0.5]):
+        group_ids, lengths = random_batch(seed)
+        yield group_ids, lengths, prompt_lengths_of(group_ids, seed), minibatch(seed, len(group_ids), fraction), budget
+
+
+@pytest.mark.parametrize("kind", ["packed", "padded"])
+@pytest.mark.parametrize("whole_groups", [False, True])
+@pytest.mark.parametrize("by_length", [False, True])
+def test_token_budget_contract(kind, whole_groups, by_length):
+    over_budget = 0
+    for group_ids, lengths, prompts, rows, budget in cases():
+        chunks = micro_batches(
+            rows,
+            group_ids,
+            lengths,
+            None,
+            whole_groups,
+            by_length,
+            max_tokens=budget,
+            prompt_lengths=prompts,
+            cost=kind,
+        )
+        sequence = torch.cat(chunks).tolist()
+        assert sorted(sequence) == list(range(len(rows)))
+        # the order is the row-count cut's order (groups by length or in id order, rows in order)
+        same_order = micro_batches(rows, group_ids, lengths, len(rows), whole_groups, by_length)
+        assert sequence == torch.cat(same_order).tolist()
+        groups = groups_in(rows, group_ids)
+        units = groups if whole_groups else [[p] for p in sequence]
+        for chunk in map(torch.Tensor.tolist, chunks):
+            if cost(chunk, rows, group_ids, lengths, prompts, kind) > budget:
+                assert chunk in units, "only a single unit may exceed the budget"
+                over_budget += 1
+        for chunk, following in zip(chunks, chunks[1:]):
+            nxt = next(unit for unit in units if unit[0] == following[0].item())
+            grown = chunk.tolist() + nxt
+            assert cost(grown, rows, group_ids, lengths, prompts, kind) > budget, "two micro-batches could be one"
+        if whole_groups:
+            for group in groups:
+                holder = [c.tolist() for c in chunks if group[0] in c.tolist()][0]
+                assert set(group) <= set(holder)
+    assert over_budget > 0  # the small budgets do hold units larger than the budget
+
+
+def test_packed_cost_counts_a_prompt_once_per_micro_batch():
+    """Hand-made: groups {0,1} (prompt 4) and {2} (prompt 3), responses 2, 3, 5. Packed: group 0 costs 4 + 5 = 9,
+    group 1 costs 3 + 5 = 8; a budget of 9 holds group 0, not both; 17 holds both. Split rows pay the prompt again."""
+    group_ids, lengths, prompts = torch.tensor([0, 0, 1]), torch.tensor([2, 3, 5]), torch.tensor([4, 4, 3])
+    rows = torch.arange(3)
+    cut = lambda budget, whole=True, kind="packed", max_rows=None: [  # noqa: E731
+        c.tolist() for c in micro_batches(rows, group_ids, lengths, max_rows, whole, False, budget, prompts, kind)
+    ]
+    assert cut(9) == [[0, 1], [2]]
+    assert cut(17) == [[0, 1, 2]]
+    assert cut(16) == [[0, 1], [2]]
+    assert cut(8, whole=False) == [[0], [1], [2]]  # 4+2 = 6, + 3 = 9 > 8: row 1 starts again with its prompt
+    assert cut(9, whole=False) == [[0, 1], [2]]
+    assert cut(100, max_rows=2) == [[0, 1], [2]]  # max_rows still caps
+    assert cut(14, kind="padded") == [[0, 1], [2]]  # 2 × (4 + 3) = 14; with row 2: 3 × (4 + 5) = 27
+
+
+def test_token_budget_needs_prompt_lengths_and_a_known_cost():
+    group_ids, lengths = torch.tensor([0, 1]), torch.tensor([1, 1])
+    with pytest.raises(ValueError, match="prompt lengths"):
+        micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4)
+    with pytest.raises(ValueError, match="not one of"):
+        micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4, prompt_lengths=lengths, cost="x")
+    with pytest.raises(ValueError, match="max_rows or max_tokens"):
+        micro_batches(torch.arange(2), group_ids, lengths, None)
