@@ -6,6 +6,10 @@ tests/config/test_experiments.py's selector sweep."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +115,42 @@ def test_parallel_slots_split_the_cores_unless_the_user_set_the_threads():
     assert slot_threads(4, 2, {}) == {"OMP_NUM_THREADS": "1"}  # never 0
     assert slot_threads(1, 16, {}) == {}  # one job at a time: torch's own default
     assert slot_threads(2, 16, {"OMP_NUM_THREADS": "8"}) == {}  # the user's setting wins
+
+
+def test_a_job_whose_launcher_is_killed_stops_instead_of_running_on(tmp_path):
+    """SIGKILL to the sweep's process (no chance to clean up): its running job must notice and stop within seconds,
+    not sleep out its 600 s."""
+    pid_file = tmp_path / "job.pid"
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.helpers.sleepy_sweep",
+            "-m",
+            f"+pid_file={pid_file}",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and time.monotonic() < deadline and sweep.poll() is None:
+            time.sleep(0.2)
+        assert pid_file.exists(), "the job never started"
+        job = int(pid_file.read_text())
+        sweep.kill()
+        sweep.wait()
+        deadline = time.monotonic() + 30
+        while _alive(job) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(job), "the orphaned job is still running"
+    finally:
+        sweep.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -12,6 +12,10 @@ i·g … i·g + g − 1 of the visible ones as its `CUDA_VISIBLE_DEVICES` (every
 parallel jobs never share a GPU; without GPUs nothing is set. Threads: with n_jobs > 1 parallel jobs each get
 `OMP_NUM_THREADS` = ⌊cores / n_jobs⌋ (at least 1) unless the environment already sets it, so that jobs side by side do
 not oversubscribe the cores (each job's torch would otherwise start one thread per core).
+
+A job whose launcher dies (killed, its shell gone) gets SIGTERM within `ORPHAN_POLL_S`: the run's own preemption
+handling stops it at its next safe point, instead of training on unwatched for hours (a pool worker runs its job to
+the end before it notices its parent is gone).
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import logging
 import multiprocessing
 import os
 import queue
+import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,6 +43,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
 log = logging.getLogger(__name__)
+ORPHAN_POLL_S = 1.0
 
 
 def _run_one_job(payload: bytes) -> bytes:
@@ -66,8 +74,18 @@ def _run_one_job(payload: bytes) -> bytes:
     )
 
 
-def _set_environment(values: dict[str, str]) -> None:
-    os.environ.update(values)  # in the spawned process, before anything initialises CUDA
+def _watch_launcher(launcher_pid: int) -> None:
+    """SIGTERM to this job's process once the launcher that spawned it has gone (it is re-parented)."""
+    while os.getppid() == launcher_pid:
+        time.sleep(ORPHAN_POLL_S)
+    log.warning("the sweep's launcher (pid %d) is gone: stopping this job", launcher_pid)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _prepare_job_process(values: dict[str, str]) -> None:
+    """In the spawned process, before anything initialises CUDA: the slot's environment, and the launcher watch."""
+    os.environ.update(values)
+    threading.Thread(target=_watch_launcher, args=(os.getppid(),), name="launcher-watch", daemon=True).start()
 
 
 def _in_fresh_process(payload: bytes, environment: dict[str, str]) -> JobReturn:
@@ -76,7 +94,7 @@ def _in_fresh_process(payload: bytes, environment: dict[str, str]) -> JobReturn:
     with ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_set_environment,
+        initializer=_prepare_job_process,
         initargs=(environment,),
     ) as process:
         return cloudpickle.loads(process.submit(_run_one_job, payload).result())
