@@ -634,9 +634,10 @@ def main() -> None:
                 f"round {index + 1}: " + ", ".join(f"{f} step {rounds[-1][f]['step_s']:.2f} s" for f in order),
                 flush=True,
             )
-    record = report(args, settings, rounds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
+            # the file after every round: a GPU window or a busy machine that ends the run early keeps what ran
+            record = report(args, settings, rounds, quiet=index + 1 < args.rounds)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.out}")
 
 
@@ -649,7 +650,7 @@ def same_prompts(rounds: list[dict]) -> bool:
     return True
 
 
-def report(args: argparse.Namespace, settings: dict, rounds: list[dict]) -> dict:
+def report(args: argparse.Namespace, settings: dict, rounds: list[dict], quiet: bool = False) -> dict:
     """The table (printed) and the results record: per framework the mean over rounds, and per-round ratios
     (speed-up = TRL's seconds / tokenrl's; memory = tokenrl's peak / TRL's)."""
     keys = (*PHASES, "peak_gib", "completion_tokens")
@@ -663,19 +664,20 @@ def report(args: argparse.Namespace, settings: dict, rounds: list[dict]) -> dict
     ratios["memory"] = [r["tokenrl"]["peak_gib"] / r["trl"]["peak_gib"] for r in rounds]
     ratio_mean = {k: statistics.mean(v) if None not in v else None for k, v in ratios.items()}
     memory = "max_memory_allocated GiB" if args.device == "cuda" else "peak RSS GiB"
+    say = (lambda *_: None) if quiet else print
     head = "".join(f"{p.removesuffix('_s') + ' s':>11}" for p in PHASES)
-    print(f"{'':<24}{head}{memory:>26}{'completion tokens':>19}")
+    say(f"{'':<24}{head}{memory:>26}{'completion tokens':>19}")
     for f in FRAMEWORKS:
         row = "".join(f"{mean[f][p]:>11.2f}" for p in PHASES)
-        print(f"{f:<24}{row}{mean[f]['peak_gib']:>26.2f}{mean[f]['completion_tokens']:>19.0f}")
+        say(f"{f:<24}{row}{mean[f]['peak_gib']:>26.2f}{mean[f]['completion_tokens']:>19.0f}")
     cells = "".join(
         f"{ratio_mean[p.removesuffix('_s')]:>10.2f}x" if ratio_mean[p.removesuffix("_s")] else f"{'-':>11}"
         for p in PHASES
     )
-    print(f"{'TRL s / tokenrl s':<24}{cells}{ratio_mean['memory']:>25.2f}x (tokenrl / TRL)")
+    say(f"{'TRL s / tokenrl s':<24}{cells}{ratio_mean['memory']:>25.2f}x (tokenrl / TRL)")
     work = {f: {k: v for k, v in rounds[0][f].items() if k in WORK_KEYS} for f in FRAMEWORKS}
     identical = same_prompts(rounds)
-    print("work per step: " + "; ".join(f"{f} {w}" for f, w in work.items()) + f"; same prompt ids: {identical}")
+    say("work per step: " + "; ".join(f"{f} {w}" for f, w in work.items()) + f"; same prompt ids: {identical}")
     return {
         "benchmark": "trl_side_by_side",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -688,6 +690,7 @@ def report(args: argparse.Namespace, settings: dict, rounds: list[dict]) -> dict
         "settings": {
             **{k: v for k, v in settings.items() if k not in ("workdir", "data", "folder")},
             "rounds": args.rounds,
+            "rounds_done": len(rounds),
             "tokenrl_overrides": tokenrl_overrides({**settings, "workdir": "<tmp>", "data": "<problems.jsonl>"}),
         },
         "same_prompt_ids": identical,
