@@ -64,4 +64,11 @@ EOF
   fi
 fi
 "$PY" -c 'import sys, torch, transformers, vllm; print(f"[vllm_range] {sys.executable}: vLLM {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
-exec nice -n 10 "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" "$@"
+# each file in a pytest process of its own: an in-process vLLM engine keeps memory after its teardown (vllm#21073),
+# and one process holding every file's engines was killed for memory on a 24 GiB machine
+failed=()
+for test in "${TESTS[@]}"; do
+  echo "[vllm_range] $test"
+  nice -n 10 "$PY" -m pytest -q -p no:cacheprovider "$test" "$@" || failed+=("$test")
+done
+[ ${#failed[@]} = 0 ] || { echo "[vllm_range] failed: ${failed[*]}" >&2; exit 1; }
