@@ -47,8 +47,9 @@ WHEEL="$PWD/$DL/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 mkdir -p "$SITE"
 (cd "$SITE" && unzip -q "$WHEEL" -x 'vllm/vllm_flash_attn/_vllm_fa*' 'vllm/third_party/*' 'vllm/vllm-rs' \
   'vllm/_moe_C*' 'vllm/_flashmla*' 'vllm/_qutlass_C*')
-PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64)
+PLATFORMS=()  # the GPU image's glibc is 2.39: every manylinux tag up to it
+for n in 39 38 35 34 31 28 27 24 17; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
+PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 "$PY" -m pip install -q --no-deps --no-compile --only-binary=:all: --python-version 3.12 --implementation cp \
   --abi cp312 --abi abi3 --abi none "${PLATFORMS[@]}" --target "$SITE" "${VLLM_DEPS[@]}" "${PROJECT_DEPS[@]}"
 "$PY" -m pip wheel -q --no-deps -w "$STAGE/wheels" "${SDIST_ONLY[@]}"

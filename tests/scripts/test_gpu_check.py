@@ -1,7 +1,9 @@
-"""scripts/gpu_check.py: the ordered GPU steps (each a command this checkout has), and a clear refusal without a GPU."""
+"""scripts/gpu_check.py: the GPU steps in order of value, partitioned into calls that fit their budgets (each a
+command this checkout has, or skipped with the reason), the calls' files merged, and a clear refusal without a GPU."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -11,28 +13,50 @@ import torch
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from gpu_check import run_step, steps  # noqa: E402
+from gpu_check import CALL_BUDGET_S, Step, merge, missing, run_step, steps  # noqa: E402
 
 
-def test_the_steps_are_in_order_and_point_at_what_exists(tmp_path):
+def test_the_steps_are_in_order_of_value_and_the_first_calls_fit_a_window(tmp_path):
     plan = steps(1, tmp_path)
-    assert list(plan) == [
-        "doctor",
+    assert [step.name for step in plan] == [
+        "doctor_vllm",
+        "vllm_follows",
+        "engines_hf",
+        "engines_vllm",
+        "attention",
+        "lm_head",
+        "update_0.5b",
+        "update_1.5b",
+        "trl_hf",
+        "trl_vllm",
         "tests",
-        "ddp_no_sync",
-        "step_0.5b",
-        "step_0.5b_ckpt",
-        "step_1.5b",
+        "step_0.5b_vllm",
         "fsdp_resume",
-        "autocast_hf",
+        "step_1.5b_ckpt",
+        "ddp_no_sync",
     ]
-    assert plan["ddp_no_sync"] == "needs 2 GPUs" and isinstance(steps(2, tmp_path)["ddp_no_sync"], list)
-    for commands in plan.values():
-        for command in commands if isinstance(commands, list) else []:
+    assert [step.call for step in plan] == sorted(step.call for step in plan)  # calls in order, values within
+    assert sum(CALL_BUDGET_S[call] for call in (1, 2, 3)) <= 12 * 60  # + the machine's start: one 15-minute window
+    for call in (1, 2):  # the most valuable calls hold all their steps at their estimates
+        assert sum(step.estimate_s for step in plan if step.call == call) <= CALL_BUDGET_S[call]
+    by_name = {step.name: step for step in plan}
+    assert by_name["ddp_no_sync"].skip == "needs 2 GPUs" and steps(2, tmp_path)[-1].skip is None
+    for step in plan:
+        for command in step.commands:
             files = [part for part in command if part.endswith((".py", ".sh")) and "/" in part]
-            assert all((ROOT / part).is_file() for part in files), files
-    resume = plan["fsdp_resume"][1]
+            assert all((ROOT / part).is_file() or part in step.scripts for part in files), files
+    resume = by_name["fsdp_resume"].commands[1]
     assert any(part.startswith("ckpt_path=") for part in resume) and "total_steps=3" in resume
+
+
+def test_what_is_missing_is_a_skip_with_the_reason():
+    imports = {"vllm": "absent: ModuleNotFoundError('vllm')", "trl": "1.16.0"}
+    assert missing(Step("a", 1, 1, [], needs=("trl",)), imports) is None
+    assert "vllm does not import" in missing(Step("b", 1, 1, [], needs=("trl", "vllm")), imports)
+    assert missing(Step("c", 1, 1, [], scripts=("scripts/bench/nothing.py",)), imports) == (
+        "scripts/bench/nothing.py does not exist yet"
+    )
+    assert missing(Step("d", 1, 1, [], skip="needs 2 GPUs"), imports) == "needs 2 GPUs"
 
 
 def test_a_step_stops_at_its_first_failing_command_and_logs_each_whole_output(tmp_path):
@@ -42,14 +66,38 @@ def test_a_step_stops_at_its_first_failing_command_and_logs_each_whole_output(tm
         [sys.executable, "-c", "import sys; sys.exit('second broke')"],
         [sys.executable, "-c", "print('never')"],
     ]
-    result = run_step(commands, log)
+    result = run_step(commands, log, 120)
     assert result["status"] == "failed" and result["exit_status"] == 1 and "second broke" in result["output_tail"]
     text = log.read_text()
     assert "first" in text and "second broke" in text and "never" not in text and "[exit status 1]" in text
-    assert run_step(commands[:1], None)["status"] == "passed"
+    assert run_step(commands[:1], None, 120)["status"] == "passed"
+    slow = run_step([[sys.executable, "-c", "import time; time.sleep(30)"]], log, 2)
+    assert slow["status"] == "failed" and slow["reason"].startswith("over 2 s")
+
+
+def test_the_calls_files_merge_into_one_record(tmp_path):
+    files = []
+    for call, step in ((1, "doctor_vllm"), (2, "lm_head")):
+        record = {
+            "call": call,
+            "date": f"2026-11-26T0{call}:00:00+00:00",
+            "machine": {"gpus": ["H200"]},
+            "versions": {"torch": "2.11.0"},
+            "steps": {"setup": {"status": "passed"}, step: {"status": "passed"}},
+            "benchmarks": {f"{step}.json": {"call": call}},
+        }
+        files.append(tmp_path / f"call{call}.json")
+        files[-1].write_text(json.dumps(record))
+    merge(files, tmp_path / "merged.json")
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert list(merged["steps"]) == ["setup", "doctor_vllm", "lm_head"]
+    assert merged["benchmarks"] == {"doctor_vllm.json": {"call": 1}, "lm_head.json": {"call": 2}}
+    assert [run["call"] for run in merged["runs"]] == [1, 2]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
 def test_without_a_gpu_it_says_so_and_exits_2():
-    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--call", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 2 and "no CUDA GPU here" in done.stderr
