@@ -1,6 +1,6 @@
 """A fused, chunked LM head: log π(o_t), Shannon entropy, Rényi-2 and ICT's JS divergence to the group's mean
 distribution straight from the final hidden states and the head's weight, vocabulary chunk by vocabulary chunk, so
-the (tokens × vocabulary) logits never exist at once (docs/algorithms.md §12.4).
+the (tokens × vocabulary) logits never exist at once (docs/algorithms.md §12.5).
 
 With u = h Wᵀ (+ b) and z = u / T (T the sampling temperature), π = softmax(z), per token n:
   log π(o_n) = z_{n,o_n} − log Z_n,  log Z_n = m_n + log s_n,  s_n = Σ_v e^{z_{n,v} − m_n};
