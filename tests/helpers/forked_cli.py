@@ -91,7 +91,11 @@ def forked_python(
                 "stderr": str(err),
             }
         )
-        pid = _server.reply(60)["pid"]
+        try:
+            pid = _server.reply(60)["pid"]
+        except TimeoutError:
+            _server.process.kill()  # its late reply would answer the next request: a fresh server next time
+            raise
         try:
             status = _server.reply(timeout)["status"]
         except TimeoutError:
