@@ -37,6 +37,16 @@ UNTUNED = ROOT / "configs" / "forks_tuned" / "untuned.yaml"
 LR_KEY = "algorithm.optimizer.lr"
 
 
+class FlowListDumper(yaml.SafeDumper):
+    """Lists on one line (`[a, b]`): the config reference (scripts/config_reference.py) reads list items only under
+    `defaults:`."""
+
+
+FlowListDumper.add_representer(
+    list, lambda dumper, value: dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=True)
+)
+
+
 def choose_lrs(runs: list[Run]) -> dict[str, dict]:
     """arm → {"lr": chosen, "grid": {lr: [mean held-out pass@1, n runs]}} over the complete runs."""
     table: dict[str, dict[float, list[float]]] = {}
@@ -127,7 +137,9 @@ def main() -> None:
         "# oracle's share of updated tokens; ratio: ict's / random's ⌈ratio·T⌉ that matches it over `responses`.\n"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    args.out.write_text(
+        header + yaml.dump(config, Dumper=FlowListDumper, sort_keys=False, allow_unicode=True, width=1000)
+    )
     missing = sorted(set(ARMS) - set(done))
     print(
         f"{args.out}: lr {', '.join(f'{a} {lrs[a]:g}' for a in done)}; budget {config['budget']}, ratio {ratio}"
