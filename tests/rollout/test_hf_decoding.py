@@ -130,3 +130,11 @@ def test_auto_falls_back_to_the_dynamic_cache_when_the_compiled_decode_fails(mon
     assert auto.decoding == "dynamic" and auto._cache is None and "no compiler here" in caplog.text
     with pytest.raises(RuntimeError, match="no compiler here"):
         generate(HFEngine(model, dynamic.tokenizer, decoding="static_compiled"), PROMPTS)
+
+
+def test_the_engine_a_run_builds_decodes_as_its_config_says():
+    from tokenrl.rollout import build_engine
+
+    model, tok = tiny_policy()
+    assert build_engine({"engine": "hf", "decoding": "static"}, model, tok).decoding == "static"
+    assert build_engine({"engine": "hf"}, model, tok).decoding == "auto"  # a node without the key

@@ -26,7 +26,7 @@ def build_engine(
     if cfg["engine"] == "hf":
         from tokenrl.rollout.hf import HFEngine
 
-        engine = HFEngine(model, tokenizer, weights_version)
+        engine = HFEngine(model, tokenizer, weights_version, decoding=cfg.get("decoding", "auto"))
         engine.interrupt = interrupt or engine.interrupt
         return engine
     if cfg["engine"] == "vllm":
