@@ -162,7 +162,7 @@ def test_rollout_presets_share_one_sampling_base(tmp_path):
         "max_num_seqs": None,
     }
     expected = {
-        "hf": {"engine": "hf", **sampling},
+        "hf": {"engine": "hf", "decoding": "auto", **sampling},
         "vllm": {**sampling, **vllm},
         "vllm_gpu": {
             **sampling,

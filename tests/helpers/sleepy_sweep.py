@@ -16,7 +16,11 @@ STORE = ConfigStore.instance()
 STORE.store(
     group="hydra/launcher",
     name="fresh_process",
-    node={"_target_": "hydra_plugins.tokenrl_launcher.fresh_process.FreshProcessLauncher", "n_jobs": 1, "gpus_per_job": 0},
+    node={
+        "_target_": "hydra_plugins.tokenrl_launcher.fresh_process.FreshProcessLauncher",
+        "n_jobs": 1,
+        "gpus_per_job": 0,
+    },
 )
 STORE.store(name="sleepy", node={"defaults": [{"override hydra/launcher": "fresh_process"}, "_self_"]})
 

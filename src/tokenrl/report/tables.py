@@ -66,6 +66,26 @@ FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the tas
     "fork rate (a random selection's expected precision)": "forks/rate",
     "entropy at true forks (nats)": "forks/entropy_forks",
     "entropy elsewhere (nats)": "forks/entropy_other",
+    # among decisions (positions with two or more valid options): the null a score must beat (issue #36 §2)
+    "decision rate (share of response tokens that are decisions)": "forks/decision_rate",
+    "fork rate among decisions (the decision-level null)": "forks/rate_in_decisions",
+    "precision of updated tokens among decisions": "forks/precision_in_decisions",
+    "lift of updated tokens among decisions (precision − null)": "forks/lift_in_decisions",
+    "AUROC of JS, forks vs other decisions": "forks/auroc_js",
+    "AUROC of entropy, forks vs other decisions": "forks/auroc_entropy",
+    "AUROC of Rényi-2, forks vs other decisions": "forks/auroc_renyi2",
+    "AUROC of −log π, forks vs other decisions": "forks/auroc_surprisal",
+    "sampled invalid letter at non-fork positions (≈ their invalid mass)": "forks/invalid_nonfork",
+    "sampled invalid letter at forks": "forks/invalid_at_forks",
+    # failure anatomy: over the responses that fail
+    "failed responses: an invalid letter": "forks/fail_invalid_letter",
+    "failed responses: an invalid letter at a forced step (no fork, no decision)": "forks/fail_invalid_letter_forced",
+    "failed responses: an invalid letter at a non-fork decision": "forks/fail_invalid_letter_decision",
+    "failed responses: an early stop": "forks/fail_early_stop",
+    "failed responses: a wrong branch": "forks/fail_wrong_branch",
+    "failed responses: out of tokens": "forks/fail_out_of_tokens",
+    "failed responses whose deciding token is a fork": "forks/fail_at_fork",
+    "decided failures whose deciding token was updated": "forks/fail_decided_updated",
 }
 
 
