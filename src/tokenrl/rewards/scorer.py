@@ -129,11 +129,15 @@ class SafeScorer:
 
     def _result_arrives(self) -> bool:
         """Whether the worker's next result arrives before it has used `timeout_s` of its own time (the module
-        docstring) and within `STALL_CAP` × `timeout_s` of wall time."""
+        docstring) and within `STALL_CAP` × `timeout_s` of wall time. The worker's clock is read only once a result
+        is late: the first slice counts as its own time."""
+        slice_s = min(SLICE, self.timeout_s)
+        start = time.monotonic()
+        if self._conn.poll(slice_s):
+            return True
         pid = self._proc.pid
-        start = last = time.monotonic()
-        clock, own = worker_clock(pid), 0.0
-        while not self._conn.poll(min(SLICE, self.timeout_s)):
+        last, clock, own = time.monotonic(), worker_clock(pid), slice_s
+        while not self._conn.poll(slice_s):
             now, new = time.monotonic(), worker_clock(pid)
             if clock is None or new is None:
                 own = now - start
