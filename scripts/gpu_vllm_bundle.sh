@@ -3,7 +3,8 @@
 # image has torch 2.11.0+cu130, transformers 5.17, lightning, peft, Python 3.12, and no vLLM):
 #   - vLLM 0.26.0, the release built for torch 2.11.0 / CUDA 13 (pip download vllm==0.26.0 --no-deps: 304 MB), without
 #     its FlashAttention 2/3 kernels (vllm_flash_attn/_vllm_fa*_C), MoE (_moe_C), MLA (_flashmla*), qutlass kernels,
-#     the vllm-rs binary and third_party/ headers: dense models on vLLM's Triton attention backend;
+#     the vllm-rs binary and third_party/ headers: dense models on vLLM's Triton attention backend; its kernel
+#     library keeps only what an sm_90 GPU (H100, H200) loads (scripts/fatbin_keep_arch.py) and no symbol table;
 #   - the packages vLLM imports that the image lacks (found by importing vLLM from this stripped tree in a Python 3.12
 #     venv holding the image's packages; the GPU-kernel packages it declares — flashinfer, tilelang, cutlass-dsl,
 #     quack, humming, tokenspeed-mla, torchcodec, fastsafetensors — and the OpenAI server's — fastapi extras, mcp,
@@ -47,6 +48,9 @@ WHEEL="$PWD/$DL/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 mkdir -p "$SITE"
 (cd "$SITE" && unzip -q "$WHEEL" -x 'vllm/vllm_flash_attn/_vllm_fa*' 'vllm/third_party/*' 'vllm/vllm-rs' \
   'vllm/_moe_C*' 'vllm/_flashmla*' 'vllm/_qutlass_C*')
+# vLLM's kernels for the H100 / H200 only (sm_90 cubins, PTX up to sm_90), without the symbol tables: 76 MB → ~25 MB xz
+strip --strip-unneeded "$SITE/vllm/_C_stable_libtorch.abi3.so"
+"$PY" scripts/fatbin_keep_arch.py "$SITE/vllm/_C_stable_libtorch.abi3.so" --sm 90
 PLATFORMS=()  # the GPU image's glibc is 2.39: every manylinux tag up to it
 for n in 39 38 35 34 31 28 27 24 17; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
 PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)

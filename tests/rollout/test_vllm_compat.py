@@ -39,8 +39,9 @@ class StandInLLM:
     def __init__(self, **kwargs):
         self.llm_engine = None
 
-    def collective_rpc(self, method, kwargs):
-        list(kwargs["weights_iterator"])
+    def collective_rpc(self, method, kwargs=None):
+        if kwargs:  # reload_weights; a function (the CPU head's refresh) has no worker to run on here
+            list(kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         pass

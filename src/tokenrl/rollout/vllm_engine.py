@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad
-from tokenrl.rollout.vllm_compat import NEWEST, OLDEST, supported
+from tokenrl.rollout.vllm_compat import NEWEST, OLDEST, refresh_tied_cpu_heads, supported
 from tokenrl.utils import derived_seed, global_state_kept
 
 log = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ class VLLMEngine(RolloutEngine):
         bucket is cast to the engine's dtype and device when vLLM reaches it and released after (no copy at all
         when they already match), then stale prefix-cache entries are dropped. A sleeping engine gets its weight
         memory back first and its KV cache after (vLLM's order for sleep level 2: wake weights → reload → wake
-        KV cache)."""
+        KV cache). On the CPU backend a tied head's packed GEMM is packed again (vllm_compat.refresh_tied_cpu_heads)."""
         self._wake(["weights"])
         self.last_sync_buckets = 0
 
@@ -301,6 +301,8 @@ class VLLMEngine(RolloutEngine):
 
         with served_weights(model) as weights:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream(weights)})
+        if self.device.type == "cpu":
+            self.llm.collective_rpc(refresh_tied_cpu_heads)
         self._wake(["kv_cache"])
         self.llm.reset_prefix_cache()
         self.weights_version = version
