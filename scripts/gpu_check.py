@@ -9,8 +9,8 @@ never stops on one. Run it first whenever a GPU is at hand.
     python scripts/gpu_check.py --merge FILE ... --out benchmarks/gpu_check.json      (here, after the calls)
 
 Every call first runs `setup`: it unpacks the bundle `scripts/gpu_vllm_bundle.sh` builds
-(.cache/gpu/vllm-0.26.0-bundle.tar.xz, ~60 MiB: vLLM 0.26.0 for torch 2.11 / CUDA 13 without its FA2/FA3, MoE, MLA
-and qutlass kernels — its Triton attention backend serves — plus the pure-python packages vLLM, TRL and tokenrl need
+(.cache/gpu/vllm-0.26.0-bundle.tar.xz, 49 MiB: vLLM 0.26.0 for torch 2.11 / CUDA 13 without its FA2/FA3, MoE, MLA
+and qutlass kernels — its Triton attention backend serves — and its other kernels for sm_90 only, plus the pure-python packages vLLM, TRL and tokenrl need
 that the GPU image lacks: hydra-core, omegaconf, datasets, trl, pydantic, msgspec, ...) into /tmp/tokenrl-gpu-site
 (once per machine) and puts it, src/ and the repository on every step's PYTHONPATH.
 
