@@ -10,9 +10,10 @@ never stops on one. Run it first whenever a GPU is at hand.
 
 Every call first runs `setup`: it unpacks the bundle `scripts/gpu_vllm_bundle.sh` builds
 (.cache/gpu/vllm-0.26.0-bundle.tar.xz, 49 MiB: vLLM 0.26.0 for torch 2.11 / CUDA 13 without its FA2/FA3, MoE, MLA
-and qutlass kernels — its Triton attention backend serves — and its other kernels for sm_90 only, plus the pure-python packages vLLM, TRL and tokenrl need
-that the GPU image lacks: hydra-core, omegaconf, datasets, trl, pydantic, msgspec, ...) into /tmp/tokenrl-gpu-site
-(once per machine) and puts it, src/ and the repository on every step's PYTHONPATH.
+and qutlass kernels — its Triton attention backend serves — and its other kernels for sm_90 only, plus the
+pure-python packages vLLM, TRL and tokenrl need that the GPU image lacks: hydra-core, omegaconf, datasets, trl,
+pydantic, msgspec, ...) into /tmp/tokenrl-gpu-site (once per machine) and puts it, src/ and the repository on every
+step's PYTHONPATH.
 
 call 1, vLLM on the GPU (budget 270 s)
   doctor_vllm     tokenrl-doctor --only vllm: greedy = trainer, the log-prob gap, the model runner in use
@@ -29,6 +30,7 @@ call 3, the 1.5B update and TRL beside tokenrl (budget 210 s)
   trl_hf          scripts/bench/trl_side_by_side.py --device cuda --engine hf
   trl_vllm        scripts/bench/trl_side_by_side.py --device cuda --engine vllm (likely over the budget: next window)
 call 4, the rest, in a second window (budget 540 s)
+  update_0.5b_packed  update_0.5b with fast_path.layout=packed (FlexAttention): does it beat the padded layout?
   tests           tests/test_gpu.py without the vLLM test (bf16-mixed steps, FSDP on one GPU = plain, FSDP export)
   step_0.5b_vllm  scripts/bench/gpu_step.py --engine vllm_gpu at 0.5B (a real rollout step with vLLM)
   fsdp_resume     trainer=fsdp: 2 steps with a checkpoint, then a resume to step 3
@@ -196,6 +198,24 @@ def steps(gpus: int, work: Path) -> list[Step]:
                 scripts=("scripts/bench/trl_side_by_side.py",),
             )
             for engine in ("hf", "vllm")
+        ),
+        Step(
+            "update_0.5b_packed",
+            4,
+            60,
+            [
+                [
+                    py,
+                    *GPU_STEP,
+                    "--models",
+                    "qwen0.5b",
+                    "--override",
+                    "fast_path.layout=packed",
+                    "--out",
+                    str(work / "update_0.5b_packed.json"),
+                ]
+            ],
+            scripts=("scripts/bench/gpu_step.py",),
         ),
         Step("tests", 4, 120, [[py, "-m", "pytest", "-q", "-n", "0", "tests/test_gpu.py", "-k", "not vllm"]]),
         Step(

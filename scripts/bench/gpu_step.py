@@ -18,8 +18,9 @@ weights, gradient checkpointing as the presets set it: off at 0.5B and 1.5B, on 
 `warmup_steps=0` (the statistics pass computes JS), KL to a frozen reference, one mini-batch. Prompts are the arithmetic
 task's questions behind a fixed GSM8K-length preamble (`--prompt-tokens` is approximate); a random model rarely stops,
 so responses run to `--max-new-tokens` — the worst case of the paper's shape. `--fast-path off on` runs each model with
-every `fast_path.*` shortcut off, then on (docs/algorithms.md §12); `--gradient-checkpointing on|off` overrides the
-preset (on, the update cannot share the prompt: transformers drops the KV cache there). The first `--steps − 1` steps
+every `fast_path.*` shortcut off (the padded layout), then as train.yaml sets them (`layout: auto`, the device's
+measured choice; `--override fast_path.layout=packed` names one) (docs/algorithms.md §12); `--gradient-checkpointing
+on|off` overrides the preset (on, the update runs the padded layout: `layout_blocker`). The first `--steps − 1` steps
 warm up (CUDA context, kernels, allocator); the last is reported. MFU of the update = 6 · parameters · (prompt +
 response tokens of the batch) / update time / the GPU's dense bf16 peak (a table below; omitted for unknown GPUs);
 attention FLOPs and the gradient-checkpointing recompute are not counted, as MFU is usually quoted. Prints a table;
@@ -53,6 +54,8 @@ from tokenrl.models import build_tokenizer  # noqa: E402
 from tokenrl.run.training import build_components  # noqa: E402
 
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+FAST_PATH_OFF = {"layout": "padded", "fused_statistics": "false", "pack": "false"}
+FAST_PATH_ON = {"layout": "auto", "fused_statistics": "true", "pack": "true"}
 PREAMBLE_WORD = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
 
 
@@ -108,8 +111,8 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
             "trainer.enable_progress_bar=false",
             *trainer,
             *(
-                f"fast_path.{switch}={'true' if fast_path == 'on' else 'false'}"
-                for switch in ("shared_prefix", "fused_statistics", "pack")
+                f"fast_path.{key}={value}"
+                for key, value in (FAST_PATH_ON if fast_path == "on" else FAST_PATH_OFF).items()
             ),
             *(
                 [f"model.gradient_checkpointing={args.gradient_checkpointing == 'on'}"]
@@ -184,7 +187,7 @@ def main() -> None:
         nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="Hydra overrides for every variant, after the script's own (e.g. fast_path.shared_prefix=false)",
+        help="Hydra overrides for every variant, after the script's own (e.g. fast_path.layout=packed)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_step.json")
     parser.add_argument("--variant", nargs=2, metavar=("MODEL", "FAST_PATH"), help=argparse.SUPPRESS)

@@ -1,13 +1,16 @@
 """One GRPO step of the project's CPU anchor, with the update's fast path (`fast_path.*`, docs/algorithms.md §12) on
 and off: time per phase and peak memory.
 
-    python scripts/bench/step.py [--rounds 2] [--steps 3] [--variants baseline shared_prefix fused_statistics pack all]
+    python scripts/bench/step.py [--rounds 2] [--steps 3]
+                                 [--variants baseline shared_prefix packed fused_statistics pack all all_packed ...]
 
 The anchor (issue #15): SmolLM2-135M-Instruct in fp32, 4 prompts × 8 samples, ≤ 64 new tokens, vLLM rollouts
 colocated (`rollout=vllm`), `selector=ict` with `selector_warmup_steps=0` (JS computed every step), lr 1e-6, no KL,
 token-mean. Prompts: simple arithmetic word problems ending in "Put the final answer after ####.", through the chat
 template (`task=dataset` on a generated jsonl). Variants: `baseline` = every shortcut off (the path before the fast
-path), `shared_prefix` / `fused_statistics` / `pack` = that one alone, `all` = the default (all three).
+path: `fast_path.layout=padded`, the rest false), `shared_prefix` / `packed` = that layout alone, `fused_statistics` /
+`pack` = that switch alone, `all` = the default (`fast_path.layout=auto` and both switches), `all_<layout>` = both
+switches with that layout.
 Each run is a fresh process (tcmalloc, as train.py); its first step warms up and the mean of the others is reported;
 peak memory is the process's peak RSS. `trainer` time = statistics + update, the phases the fast path changes
 (generation does the same work in every variant). Variants alternate within a round and each round reverses the order,
@@ -34,13 +37,17 @@ from machine import machine_info
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-SWITCHES = ("shared_prefix", "fused_statistics", "pack")
+BASELINE = {"layout": "padded", "fused_statistics": "false", "pack": "false"}  # every fast_path.* shortcut off
 VARIANTS = {
-    "baseline": (),
-    "shared_prefix": ("shared_prefix",),
-    "fused_statistics": ("fused_statistics",),
-    "pack": ("pack",),
-    "all": SWITCHES,
+    "baseline": {},
+    "shared_prefix": {"layout": "shared_prefix"},
+    "packed": {"layout": "packed"},
+    "fused_statistics": {"fused_statistics": "true"},
+    "pack": {"pack": "true"},
+    "all": {"layout": "auto", "fused_statistics": "true", "pack": "true"},
+    "all_padded": {"layout": "padded", "fused_statistics": "true", "pack": "true"},
+    "all_shared_prefix": {"layout": "shared_prefix", "fused_statistics": "true", "pack": "true"},
+    "all_packed": {"layout": "packed", "fused_statistics": "true", "pack": "true"},
 }
 PHASES = ("generate", "reward", "statistics", "update", "sync")
 KEPT = ("time/", "train/response_len", "train/prompt_len", "train/fused_statistics", "train/loss")
@@ -64,7 +71,6 @@ def word_problems(count: int, seed: int = 0) -> list[dict]:
 
 
 def overrides(data: Path, variant: str, steps: int, out_dir: Path) -> list[str]:
-    on = VARIANTS[variant]
     return [
         "model=smollm2_135m",
         "task=dataset",
@@ -89,7 +95,7 @@ def overrides(data: Path, variant: str, steps: int, out_dir: Path) -> list[str]:
         "samples.every_n_steps=0",
         "trainer.enable_progress_bar=false",
         f"paths.output_dir={out_dir}",
-        *(f"fast_path.{switch}={'true' if switch in on else 'false'}" for switch in SWITCHES),
+        *(f"fast_path.{key}={value}" for key, value in {**BASELINE, **VARIANTS[variant]}.items()),
     ]
 
 

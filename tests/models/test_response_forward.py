@@ -17,7 +17,7 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs, trimmed
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.step.passes import shared_prefix_blocker
+from tokenrl.step.passes import layout_blocker
 
 VOCAB = 50
 PAD = 7  # a real token id too: only the masks may tell padding apart
@@ -286,25 +286,28 @@ def test_prompt_owners_rejects_a_group_with_two_prompts():
         [[5, 6], [PAD, 5, 6], [1]],
     ):  # same ids once left-padded with PAD, different masks
         batch = make_batch(prompts, responses, groups)
-        with pytest.raises(ValueError, match="fast_path.shared_prefix"):
+        with pytest.raises(ValueError, match="fast_path.layout=padded"):
             prompt_owners(batch)
     prompt_owners(make_batch([[5, 6], [5, 6], [PAD, 1]], responses, groups))  # the same prompt twice is fine
 
 
-def test_shared_prefix_blocker_plain_checkpointed_and_lora():
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed"])
+def test_layout_blocker_plain_checkpointed_and_lora(layout):
     """None for a plain model; a gradient-checkpointing reason once it is enabled, for the update only (the no-grad
-    passes pause it); None for a LoRA-wrapped model and a reason for a LoRA-wrapped model with checkpointing."""
+    passes pause it); None for a LoRA-wrapped model and a reason for a LoRA-wrapped model with checkpointing. The
+    padded layout is never blocked."""
     model = tiny_qwen2()
-    assert shared_prefix_blocker(model) is None
+    assert layout_blocker(model, layout) is None
     model.gradient_checkpointing_enable()
-    assert "gradient checkpointing" in shared_prefix_blocker(model)
-    assert shared_prefix_blocker(model, with_grad=False) is None
+    assert "gradient checkpointing" in layout_blocker(model, layout)
+    assert layout_blocker(model, layout, with_grad=False) is None
+    assert layout_blocker(model, "padded") is None
 
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(tiny_qwen2(), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert shared_prefix_blocker(lora) is None
+    assert layout_blocker(lora, layout) is None
     lora.gradient_checkpointing_enable()
-    assert "gradient checkpointing" in shared_prefix_blocker(lora)
+    assert "gradient checkpointing" in layout_blocker(lora, layout)
 
 
 def test_lora_shared_prefix_gradients_equal_padded_and_reference(exact_norm):
@@ -338,8 +341,8 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
     reference.gradient_checkpointing_enable()
     batch = ragged_batch(seed=3)
     shared, padded = (
-        PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all", share_prefix=share)
-        for share in (True, False)
+        PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all", layout=layout)
+        for layout in ("shared_prefix", "padded")
     )
     assert torch.allclose(shared.reference_logprobs(batch), padded.reference_logprobs(batch), atol=1e-6)
     stats, expected = shared.statistics(batch), padded.statistics(batch)

@@ -61,7 +61,7 @@ def test_switches_change_what_they_should():
     no_kl = plan_memory(container("model=tiny", "rollout.max_new_tokens=10", "algorithm.kl_coef=0"), SHAPE, "cpu")
     assert plan.phases["update"]["reference"] > 0 and no_kl.phases["update"]["reference"] == 0
     padded = plan_memory(
-        container("model=tiny", "rollout.max_new_tokens=10", "fast_path.shared_prefix=false"),
+        container("model=tiny", "rollout.max_new_tokens=10", "fast_path.layout=padded"),
         SHAPE,
         "cpu",
         None,
@@ -70,19 +70,20 @@ def test_switches_change_what_they_should():
     assert padded.phases["update"]["activations"] > plan.phases["update"]["activations"]  # every row's prompt
     on_gpu = {
         value: plan_memory(
-            container("model=tiny", "rollout.max_new_tokens=10", f"fast_path.shared_prefix={value}"),
+            container("model=tiny", "rollout.max_new_tokens=10", f"fast_path.layout={value}"),
             SHAPE,
             "cuda:0",
             None,
             prompt_tokens=20,
         )
-        for value in ("auto", "false", "true")
+        for value in ("auto", "padded", "shared_prefix", "packed")
     }
     assert (
         on_gpu["auto"].phases["update"]["activations"]
-        == on_gpu["false"].phases["update"]["activations"]
-        > on_gpu["true"].phases["update"]["activations"]
-    )  # auto: off on a GPU
+        == on_gpu["padded"].phases["update"]["activations"]
+        > on_gpu["shared_prefix"].phases["update"]["activations"]
+        == on_gpu["packed"].phases["update"]["activations"]
+    )  # auto: padded on a GPU; the other two encode each group's prompt once
     deep = Shape(**{**vars(SHAPE), "layers": 24})
     kept, checkpointed = (
         plan_memory(

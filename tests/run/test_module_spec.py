@@ -41,7 +41,7 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
     assert (spec.seed, spec.total_steps, spec.reward_timeout_s, spec.js_diagnostics) == (3, 7, 9, True)
     assert spec.val_every_n_steps == 2 and [len(s.problems) for s in spec.validator.sets] == [5]
     assert spec.sample_writer.rows == 3 and spec.sample_writer.folder == tmp_path / "samples"
-    assert spec.fast_path == FastPath(shared_prefix=True, pack=False, shared_prefix_auto=True)
+    assert spec.fast_path == FastPath("shared_prefix", pack=False, layout_auto=True)
     assert spec.fork_marker.tokenizer is tokenizer
 
 

@@ -29,6 +29,7 @@ def test_the_steps_are_in_order_of_value_and_the_first_calls_fit_a_window(tmp_pa
         "update_1.5b",
         "trl_hf",
         "trl_vllm",
+        "update_0.5b_packed",
         "tests",
         "step_0.5b_vllm",
         "fsdp_resume",

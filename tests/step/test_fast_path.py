@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tokenrl.run.training import build_components
-from tokenrl.step.fast_path import GPU_AUTO_OFF, FastPath, UpdatePath
+from tokenrl.step.fast_path import AUTO_LAYOUT, FastPath, UpdatePath
 
 ICT = [
     "selector=ict",
@@ -32,25 +32,36 @@ SGD = [
     "algorithm.optimizer.lr=1.0",
     "algorithm.grad_clip=null",
 ]
-ALL_OFF = ["fast_path.shared_prefix=false", "fast_path.fused_statistics=false", "fast_path.pack=false"]
+ALL_OFF = ["fast_path.layout=padded", "fast_path.fused_statistics=false", "fast_path.pack=false"]
 
 
 # ------------------------------------------------------------------------------------------------- the record
 def test_every_shortcut_is_on_by_default():
-    assert FastPath.from_node(None) == FastPath.from_node({}) == FastPath(True, True, True)
-    assert FastPath.from_node({"pack": False, "shared_prefix": False}) == FastPath(False, True, False)
+    cpu_default = FastPath(AUTO_LAYOUT["cpu"], True, True, layout_auto=True)
+    assert FastPath.from_node(None) == FastPath.from_node({}) == cpu_default
+    assert FastPath.from_node({"pack": False, "layout": "padded"}) == FastPath("padded", True, False)
 
 
-def test_the_shared_prefix_auto_is_on_off_a_gpu_only_and_the_log_says_why():
-    """`auto` (the default in train.yaml): on the CPU the shared prefix is on; on a GPU off, where it measured 2×
-    slower in the update (docs/algorithms.md §12.1), with the reason in the run's update-path line. true forces it."""
-    on_cpu, on_gpu = FastPath.from_node({"shared_prefix": "auto"}), FastPath.from_node({"shared_prefix": "auto"}, True)
-    assert on_cpu.shared_prefix and not on_gpu.shared_prefix and on_cpu.shared_prefix_auto and on_gpu.shared_prefix_auto
-    assert FastPath.from_node({"shared_prefix": True}, on_gpu=True).shared_prefix
+def test_the_layout_auto_is_the_devices_measured_choice_and_the_log_says_so():
+    """`auto` (the default in train.yaml) takes `AUTO_LAYOUT`'s layout for the run's device — on a GPU the padded one,
+    where the shared prefix measured 2× slower in the update (docs/algorithms.md §12.1) — and the run's update-path line
+    says the layout came from `auto`. A named layout is taken on any device."""
+    on_cpu, on_gpu = FastPath.from_node({"layout": "auto"}), FastPath.from_node({"layout": "auto"}, True)
+    assert (on_cpu.layout, on_gpu.layout) == (AUTO_LAYOUT["cpu"], AUTO_LAYOUT["cuda"]) == ("shared_prefix", "padded")
+    assert on_cpu.layout_auto and on_gpu.layout_auto
+    assert FastPath.from_node({"layout": "packed"}, on_gpu=True).layout == "packed"
     policy = torch.nn.Linear(1, 1)
-    assert UpdatePath.of(on_gpu, policy).prefix_blocker == GPU_AUTO_OFF
-    assert UpdatePath.of(on_cpu, policy).prefix_blocker is None
-    assert "fast_path.shared_prefix=auto on a GPU" in UpdatePath.of(on_gpu, policy).describe(None)
+    assert UpdatePath.of(on_gpu, policy).layouts() == ("padded", "padded")
+    assert UpdatePath.of(on_cpu, policy).layouts() == ("shared_prefix", "shared_prefix")
+    line = UpdatePath.of(on_gpu, policy).describe(None)
+    assert "layout padded (fast_path.layout=auto: the device's measured choice" in line
+
+
+@pytest.mark.parametrize("value", ["shared", "fused", True, None])
+def test_an_unknown_layout_is_refused_with_the_choices(value):
+    choices = "must be auto or one of padded, shared_prefix, packed"
+    with pytest.raises(ValueError, match=rf"fast_path\.layout={value!r} {choices}"):
+        FastPath.from_node({"layout": value})
 
 
 def test_an_unknown_key_is_refused_by_its_name():
@@ -60,7 +71,7 @@ def test_an_unknown_key_is_refused_by_its_name():
 
 
 @pytest.mark.parametrize("value", [1, 0, "true", "no", None, 1.0])
-@pytest.mark.parametrize("key", ["shared_prefix", "fused_statistics", "pack"])
+@pytest.mark.parametrize("key", ["fused_statistics", "pack"])
 def test_a_non_boolean_is_refused_by_its_name(key, value):
     with pytest.raises(ValueError, match=rf"fast_path\.{key}={value!r} must be true or false"):
         FastPath.from_node({key: value})
@@ -68,7 +79,7 @@ def test_a_non_boolean_is_refused_by_its_name(key, value):
 
 def test_the_composed_node_is_checked_at_build_time(tiny_cfg):
     """The command line gives ints and strings as such: `fast_path.pack=1` fails before any model is loaded."""
-    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath(shared_prefix_auto=True)  # auto, on the CPU
+    assert FastPath.from_node(tiny_cfg().fast_path) == FastPath(layout_auto=True)  # auto, on the CPU
     with pytest.raises(ValueError, match=r"fast_path\.pack=1 must be true or false"):
         build_components(tiny_cfg("fast_path.pack=1"))
 
@@ -119,12 +130,12 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     off_module, off_trainer, off, off_lines = fit_one_step(tiny_cfg(*setting, *ALL_OFF), caplog)
 
     assert on_lines == [
-        "update path: shared prefix on; statistics from the update's forward; micro-batches by "
-        "length, cut to their own widths"
+        "update path: layout shared_prefix (fast_path.layout=auto: the device's measured choice, docs/algorithms.md "
+        "§12.4); statistics from the update's forward; micro-batches by length, cut to their own widths"
     ]
     assert off_lines == [
-        "update path: shared prefix off (fast_path.shared_prefix=false); statistics from a separate "
-        "pass (fast_path.fused_statistics=false); micro-batches in row order, full width"
+        "update path: layout padded; statistics from a separate pass (fast_path.fused_statistics=false); "
+        "micro-batches in row order, full width"
     ]
     assert float(on_trainer.callback_metrics["train/fused_statistics"]) == 1.0
     assert float(off_trainer.callback_metrics["train/fused_statistics"]) == 0.0
@@ -154,7 +165,8 @@ def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog)
     module, trainer, capture, lines = fit_one_step(tiny_cfg(*ICT, "algorithm.mini_batches=2"), caplog)
     assert len(lines) == 1
     assert lines[0].startswith(
-        "update path: shared prefix on; statistics from a separate pass (algorithm.ppo_epochs "
+        "update path: layout shared_prefix (fast_path.layout=auto: the device's measured choice, docs/algorithms.md "
+        "§12.4); statistics from a separate pass (algorithm.ppo_epochs "
         "× mini_batches = 2 optimizer steps"
     )
     assert lines[0].endswith("micro-batches by length, cut to their own widths")

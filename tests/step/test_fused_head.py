@@ -89,7 +89,7 @@ def make_rollouts() -> RolloutBatch:
     )
 
 
-def passes_of(policy, fused: bool, share_prefix: bool, trim: bool, peers: str = "all") -> PolicyPasses:
+def passes_of(policy, fused: bool, layout: str, trim: bool, peers: str = "all") -> PolicyPasses:
     return PolicyPasses(
         policy,
         policy,  # the reference pass over the policy itself
@@ -98,29 +98,29 @@ def passes_of(policy, fused: bool, share_prefix: bool, trim: bool, peers: str = 
         stats_chunk_size=7,
         with_js=True,
         js_peers=peers,
-        share_prefix=share_prefix,
-        share_prefix_update=share_prefix,
+        layout=layout,
+        update_layout=layout,
         trim=trim,
         fused_head=fused,
     )
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("layout", [(False, False), (True, True)])
+@pytest.mark.parametrize("layout", [("padded", False), ("shared_prefix", True), ("packed", True)])
 @pytest.mark.parametrize("peers", ["all", "others"])
 def test_update_forward_equals_the_float64_materialised_head(exact_norm, tied, layout, peers):
     policy, batch = make_policy(tied), make_rollouts()
-    share_prefix, trim = layout
+    layout, trim = layout
     g = torch.Generator().manual_seed(5)
     coef = torch.randn(2, *batch.response_ids.shape, generator=g, dtype=torch.float64) * batch.response_mask
 
     def run(fused: bool):
         policy.zero_grad(set_to_none=True)
         if fused:
-            forward = passes_of(policy, True, share_prefix, trim, peers).update_forward(batch, True, True)
+            forward = passes_of(policy, True, layout, trim, peers).update_forward(batch, True, True)
             logp, entropy, stats = forward.logprobs, forward.entropy, forward.stats
         else:  # the materialised head in float64 (the update's own path casts to float32)
-            logits = response_logits(policy, batch, share_prefix, trim)
+            logits = response_logits(policy, batch, trim=trim, layout=layout)
             log_pi = torch.log_softmax(logits / TEMPERATURE, -1)
             pad = (0, batch.response_ids.shape[1] - logits.shape[1])
             ids = batch.response_ids[:, : logits.shape[1], None]
@@ -150,7 +150,7 @@ def test_update_forward_equals_the_float64_materialised_head(exact_norm, tied, l
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("layout", [(False, False), (True, True)])
+@pytest.mark.parametrize("layout", [("padded", False), ("shared_prefix", True), ("packed", True)])
 def test_statistics_and_reference_passes_equal_the_float64_reference(exact_norm, tied, layout):
     policy, batch = make_policy(tied), make_rollouts()
     fused, materialised = passes_of(policy, True, *layout), passes_of(policy, False, *layout)
@@ -192,7 +192,7 @@ def test_a_head_that_is_not_a_plain_linear_is_materialised():
     path = UpdatePath.of(FastPath(fused_head=True), policy)
     assert path.describe(None).endswith("; LM head materialised (the output head is a Wrapped, not a plain nn.Linear)")
     batch = make_rollouts()
-    fused, materialised = passes_of(policy, True, False, True), passes_of(policy, False, False, True)
+    fused, materialised = passes_of(policy, True, "padded", True), passes_of(policy, False, "padded", True)
     with torch.no_grad():
         assert torch.equal(
             fused.update_forward(batch, False).logprobs, materialised.update_forward(batch, False).logprobs

@@ -226,7 +226,7 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
     float32 rounding (dividing the loss before vs the gradient after)."""
 
     def forward(part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
-        logits = response_logits(policy, part, passes.share_prefix, passes.trim)
+        logits = response_logits(policy, part, trim=passes.trim, layout=passes.update_layout)
         width = logits.shape[1]
         logp = torch.log_softmax(logits / passes.temperature, -1).gather(-1, part.response_ids[:, :width, None])
         logp = nn.functional.pad(logp.squeeze(-1), (0, part.response_ids.shape[1] - width))
@@ -247,7 +247,7 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
     return forward
 
 
-def make_passes(policy, selector, cfg, share_prefix=True, trim=True, with_js=None) -> PolicyPasses:
+def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_js=None) -> PolicyPasses:
     return PolicyPasses(
         policy,
         None,
@@ -256,7 +256,8 @@ def make_passes(policy, selector, cfg, share_prefix=True, trim=True, with_js=Non
         CHUNK,
         "js" in selector.requires if with_js is None else with_js,
         selector.js_peers,
-        share_prefix=share_prefix,
+        layout=layout,
+        update_layout=layout,
         trim=trim,
     )
 
@@ -280,7 +281,7 @@ def both_paths(
     *,
     with_kl,
     by_length=True,
-    share_prefix=True,
+    layout="shared_prefix",
     trim=True,
     with_js=None,
     logp64=False,
@@ -288,7 +289,7 @@ def both_paths(
     """(separate result, its backend's record, the separate pass's statistics, fused result, its backend's record):
     the same policy, rollouts and settings, once with `TrainBatch.stats` from `PolicyPasses.statistics` and once with
     None."""
-    passes = make_passes(policy, selector, cfg, share_prefix, trim, with_js)
+    passes = make_passes(policy, selector, cfg, layout, trim, with_js)
     forward = float64_forward(policy, passes) if logp64 else None
     policy.zero_grad(set_to_none=True)
     stats = passes.statistics(rollouts)
@@ -521,12 +522,12 @@ def test_token_level_methods_set_the_fields_they_promise(policy, rollouts):
 
 
 @pytest.mark.parametrize(
-    "share_prefix, trim, by_length",
-    [(False, False, False), (True, False, False), (False, True, True)],
-    ids=["padded_rows", "shared_prefix_full_width", "padded_trimmed_by_length"],
+    "layout, trim, by_length",
+    [("padded", False, False), ("shared_prefix", False, False), ("padded", True, True), ("packed", True, True)],
+    ids=["padded_rows", "shared_prefix_full_width", "padded_trimmed_by_length", "packed_trimmed_by_length"],
 )
 @pytest.mark.parametrize("micro", [1, 2, SEVERAL, 16])
-def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, share_prefix, trim, by_length, micro):
+def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, layout, trim, by_length, micro):
     """ICT (JS over whole groups) in each layout and micro-batch size, with an unmasked KL term under
     seq-mean-token-mean (one divisor for both terms). A micro-batch of a JS selector holds whole groups, so sizes below
     the group size are exact too, though `fused_blocker` refuses them (such micro-batches outgrow the setting)."""
@@ -534,7 +535,7 @@ def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, sha
     selector = ICTSelector(ratio=0.3, scope="sequence", warmup_steps=0)
     cfg = algorithm(micro_batch_size=micro, aggregation="seq-mean-token-mean", kl_coef=0.05, kl_masked=False)
     separate, separate_run, stats, fused, fused_run = both_paths(
-        policy, batch, rewards, selector, cfg, with_kl=True, by_length=by_length, share_prefix=share_prefix, trim=trim
+        policy, batch, rewards, selector, cfg, with_kl=True, by_length=by_length, layout=layout, trim=trim
     )
     assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
     assert_same_stats(fused.stats, stats, True)

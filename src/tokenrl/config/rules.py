@@ -125,9 +125,7 @@ RULES: dict[str, Rule] = {
     "validation.top_p": PROBABILITY,
     "samples.every_n_steps": integer(0),
     "samples.rows": integer(1),
-    "fast_path.shared_prefix": Rule(
-        lambda v: isinstance(v, bool) or v == "auto", "true, false or auto (auto: on unless the run is on a GPU)"
-    ),
+    "fast_path.layout": one_of("auto", "padded", "shared_prefix", "packed"),
     "fast_path.fused_statistics": BOOLEAN,
     "fast_path.pack": BOOLEAN,
     "fast_path.fused_head": Rule(

@@ -92,7 +92,7 @@ def prompt_owners(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
     ):
         raise ValueError(
             "rows of one group hold different prompts; the shared-prefix and packed forwards need the group's "
-            "rows to answer one prompt (fast_path.shared_prefix=false turns it off)"
+            "rows to answer one prompt (fast_path.layout=padded runs without it)"
         )
     return first, owner
 

@@ -2,10 +2,10 @@
 doctor; a plan that exceeds the device stops the run with its table instead of failing in step one.
 
 Worst case by construction: every response runs to `rollout.max_new_tokens` and every prompt is as long as the
-longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). With the shared-prefix layout
-(fast_path.shared_prefix, no gradient checkpointing, no FSDP) the update encodes each group's prompt once. Per component
-(bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv = key/value width, V vocabulary, b the
-activations' bytes per element):
+longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). In the shared-prefix and
+packed layouts (fast_path.layout, no gradient checkpointing, no FSDP) the update encodes each group's prompt once. Per
+component (bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv = key/value width, V vocabulary, b
+the activations' bytes per element):
 - weights P·dtype, gradients T·dtype, AdamW's two moments 2·T·dtype (ZeRO, arXiv 1910.02054, §3.1), the frozen
   reference P·reference_dtype when a KL term is on (LoRA: none, the policy with adapters off);
 - the update's activations per micro-batch token and layer: (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for
@@ -127,7 +127,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """The plan of the composed train config `cfg` (a resolved container) for `shape` on `device`, with prompts of
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
-    from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.shared_prefix: auto`
+    from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.layout: auto`
 
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
@@ -167,8 +167,8 @@ def plan_memory(
             "logits": rows * shape.vocab * 4 / GIB,
         }
 
-    shared = (
-        FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).shared_prefix
+    shared = (  # each group's prompt once: the shared-prefix and packed layouts, where the run takes them
+        FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).layout != "padded"
         and not model.get("gradient_checkpointing")
         and "fsdp" not in str(cfg["trainer"].get("strategy", ""))
     )

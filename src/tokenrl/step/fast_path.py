@@ -1,8 +1,8 @@
-"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the shared prefix off a GPU
-only, the fused head on a GPU only) and taken only where it is exact. This module alone decides which path a step
-takes — the shared prefix (`shared_prefix_blocker`), statistics from the update's forward (`fused_blocker`),
-micro-batches by length, the fused LM head (`fused_head_blocker`) — and `UpdatePath` says once per run which were
-taken and why not the others; step/update.py only runs the path chosen."""
+"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the layout chosen per
+device by measurement, the fused head on a GPU only) and taken only where it is exact. This module alone decides which
+path a step takes — the layout of the forwards (`layout_blocker`), statistics from the update's forward
+(`fused_blocker`), micro-batches by length, the fused LM head (`fused_head_blocker`) — and `UpdatePath` says once per
+run which were taken and why not the others; step/update.py only runs the path chosen."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from typing import Any
 from torch import nn
 
 from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.models.response_forward import LAYOUTS
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.step.passes import PolicyPasses, fused_head_blocker, shared_prefix_blocker
+from tokenrl.step.passes import PolicyPasses, fused_head_blocker, layout_blocker
 
-GPU_AUTO_OFF = (
-    "fast_path.shared_prefix=auto on a GPU, where it measured slower (docs/algorithms.md §12.1); true forces it"
-)
+# `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU:
+# benchmarks/attention_layouts.json; cuda: on an H200 the shared prefix made the update 2x slower than the padded
+# layout (§12.1), and the packed layout has not run on a GPU yet.
+AUTO_LAYOUT = {"cpu": "shared_prefix", "cuda": "padded"}
 CPU_HEAD_AUTO_OFF = "fast_path.fused_head=auto off a GPU (docs/algorithms.md §12.5); true forces it"
-AUTO_KEYS = ("shared_prefix", "fused_head")
 
 
 def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
@@ -72,36 +73,40 @@ def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, 
 
 @dataclass(frozen=True)
 class FastPath:
-    """shared_prefix: each group's prompt encoded once (models/response_forward.py); fused_statistics: π_old's
-    statistics from the update's own forward (step/update.py); pack: micro-batches of similar lengths, each
-    forward cut to its own longest prompt and response (step/micro_batches.py). `shared_prefix_auto`: the shared
-    prefix was `auto` and resolved for the run's device (off on a GPU). fused_head: log π, the entropy and the
-    statistics from the hidden states through the fused, chunked head (models/lm_head.py), never the full logits;
-    `auto` resolves on a GPU only (`fused_head_auto` records it; not part of the record's equality)."""
+    """layout: the forwards' layout (models/response_forward.py's `LAYOUTS`: each group's prompt once in
+    `shared_prefix` and `packed`); fused_statistics: π_old's statistics from the update's own forward
+    (step/update.py); pack: micro-batches of similar lengths, each forward cut to its own longest prompt and response
+    (step/micro_batches.py). fused_head: log π, the entropy and the statistics from the hidden states through the
+    fused, chunked head (models/lm_head.py), never the full logits. `layout_auto` / `fused_head_auto` record that the
+    setting was `auto`, resolved for the run's device (`AUTO_LAYOUT`; the head on a GPU only); they are not part of
+    the record's equality."""
 
-    shared_prefix: bool = True
+    layout: str = AUTO_LAYOUT["cpu"]
     fused_statistics: bool = True
     pack: bool = True
-    shared_prefix_auto: bool = False
+    layout_auto: bool = dataclasses.field(default=False, compare=False)
     fused_head: bool = False
     fused_head_auto: bool = dataclasses.field(default=False, compare=False)
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any] | None, on_gpu: bool = False) -> FastPath:
-        """The record of the `fast_path` node (None: every shortcut on but the fused head) for a run on a GPU or not
-        (`shared_prefix: auto` is on only off a GPU, `fused_head: auto` only on one); ValueError names an unknown or
-        invalid key."""
+        """The record of the `fast_path` node (None: every shortcut on, the layout the device's `auto`, the head
+        unfused) for a run on a GPU or not (`layout: auto` is `AUTO_LAYOUT`'s, `fused_head: auto` on only on a GPU);
+        ValueError names an unknown or invalid key."""
         node = dict(node or {})
         names = [field.name for field in dataclasses.fields(cls) if not field.name.endswith("_auto")]
         for key, value in node.items():
             if key not in names:
                 raise ValueError(f"fast_path.{key} is not a setting (settings: {names})")
-            if not isinstance(value, bool) and not (key in AUTO_KEYS and value == "auto"):
+            if key == "layout":
+                if value != "auto" and value not in LAYOUTS:
+                    raise ValueError(f"fast_path.layout={value!r} must be auto or one of {', '.join(LAYOUTS)}")
+            elif not isinstance(value, bool) and not (key == "fused_head" and value == "auto"):
                 raise ValueError(
-                    f"fast_path.{key}={value!r} must be true or false" + (" or auto" if key in AUTO_KEYS else "")
+                    f"fast_path.{key}={value!r} must be true or false" + (" or auto" if key == "fused_head" else "")
                 )
-        if node.get("shared_prefix") == "auto":
-            node.update(shared_prefix=not on_gpu, shared_prefix_auto=True)
+        if node.get("layout", "auto") == "auto":
+            node.update(layout=AUTO_LAYOUT["cuda" if on_gpu else "cpu"], layout_auto=True)
         if node.get("fused_head") == "auto":
             node.update(fused_head=on_gpu, fused_head_auto=True)
         return cls(**node)
@@ -118,24 +123,20 @@ def head_blocker_of(policy: nn.Module) -> str | None:
 
 @dataclass
 class UpdatePath:
-    """The shortcuts one run's update takes: each `*_blocker` is why the shared prefix is off (None: on), in the
-    passes without gradient (statistics, reference) and in the update's forward; `reported`: the run's log said so."""
+    """The shortcuts one run's update takes: each `*layout_blocker` is why the chosen layout is not run (None: it is;
+    the padded one runs instead), in the passes without gradient (statistics, reference) and in the update's forward;
+    `reported`: the run's log said so."""
 
     fast_path: FastPath
-    prefix_blocker: str | None
-    update_prefix_blocker: str | None
+    layout_blocker: str | None
+    update_layout_blocker: str | None
     reported: bool = False
     head_blocker: str | None = "fast_path.fused_head=false"
 
     @classmethod
     def of(cls, fast_path: FastPath, policy: nn.Module) -> UpdatePath:
-        """The path `fast_path` asks for, as far as `policy` allows it (gradient checkpointing blocks the shared prefix
-        with gradient: `shared_prefix_blocker`)."""
-        off = (
-            None
-            if fast_path.shared_prefix
-            else (GPU_AUTO_OFF if fast_path.shared_prefix_auto else "fast_path.shared_prefix=false")
-        )
+        """The path `fast_path` asks for, as far as `policy` allows it (`layout_blocker`: e.g. gradient checkpointing
+        keeps the update padded)."""
         head_off = (
             None
             if fast_path.fused_head
@@ -143,9 +144,17 @@ class UpdatePath:
         )
         return cls(
             fast_path,
-            off or shared_prefix_blocker(policy, with_grad=False),
-            off or shared_prefix_blocker(policy, with_grad=True),
+            layout_blocker(policy, fast_path.layout, with_grad=False),
+            layout_blocker(policy, fast_path.layout, with_grad=True),
             head_blocker=head_off or head_blocker_of(policy),
+        )
+
+    def layouts(self) -> tuple[str, str]:
+        """(the no-grad passes' layout, the update's): the chosen one where it is not blocked, else padded."""
+        chosen = self.fast_path.layout
+        return (
+            chosen if self.layout_blocker is None else "padded",
+            chosen if self.update_layout_blocker is None else "padded",
         )
 
     def policy_passes(
@@ -158,8 +167,8 @@ class UpdatePath:
         with_js: bool,
         js_peers: str,
     ) -> PolicyPasses:
-        """The policy's passes in the layouts this path takes: the shared prefix where it is not blocked, each
-        micro-batch cut to its own widths with `pack`."""
+        """The policy's passes in the layouts this path takes, each micro-batch cut to its own widths with `pack`."""
+        layout, update_layout = self.layouts()
         return PolicyPasses(
             policy,
             reference,
@@ -168,8 +177,8 @@ class UpdatePath:
             stats_chunk_size,
             with_js,
             js_peers,
-            share_prefix=self.prefix_blocker is None,
-            share_prefix_update=self.update_prefix_blocker is None,
+            layout=layout,
+            update_layout=update_layout,
             trim=self.fast_path.pack,
             fused_head=self.fast_path.fused_head,
         )
@@ -192,21 +201,26 @@ class UpdatePath:
         return blocker is None
 
     def describe(self, statistics_blocker: str | None) -> str:
-        """The run log's line: where the shared prefix runs, where the statistics come from, how micro-batches are
-        cut and, where `fast_path.fused_head` asks for it, whether the head is fused."""
-        update, no_grad = self.update_prefix_blocker, self.prefix_blocker
-        prefix = (
-            ("on" if update is None else f"off ({update})")
-            if update == no_grad
-            else f"off in the update ({update}), on in the statistics and reference passes"
-        )
+        """The run log's line: the layout of the forwards (and where it came from), where the statistics come from,
+        how micro-batches are cut and, where `fast_path.fused_head` asks for it, whether the head is fused."""
+        chosen = self.fast_path.layout
+        no_grad, update = self.layouts()
+        if update == no_grad:
+            layout = no_grad if update == chosen else f"padded ({chosen}: {self.update_layout_blocker})"
+        else:
+            layout = (
+                f"padded in the update ({chosen}: {self.update_layout_blocker}), {chosen} in the statistics and "
+                "reference passes"
+            )
+        if self.fast_path.layout_auto:
+            layout += " (fast_path.layout=auto: the device's measured choice, docs/algorithms.md §12.4)"
         statistics = (
             "from the update's forward"
             if statistics_blocker is None
             else f"from a separate pass ({statistics_blocker})"
         )
         cut = "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width"
-        line = f"update path: shared prefix {prefix}; statistics {statistics}; micro-batches {cut}"
+        line = f"update path: layout {layout}; statistics {statistics}; micro-batches {cut}"
         if not self.fast_path.fused_head:  # off (or auto off a GPU): the head as it always was, nothing to add
             return line
         head = "fused over vocabulary chunks" if self.head_blocker is None else f"materialised ({self.head_blocker})"

@@ -1,6 +1,7 @@
 """The passes a rollout step runs over its policy and reference: the no-grad statistics pass (statistics.py), the
 reference's log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in
-the layout `fast_path` asks for (models/response_forward.py) where the model allows it, and with the head either
+the layout `fast_path.layout` asks for (models/response_forward.py) where the model allows it (`layout_blocker`), and
+with the head either
 materialising the (tokens × vocabulary) logits or fused and chunked over the vocabulary (models/lm_head.py,
 `fast_path.fused_head`, docs/algorithms.md §12.5) where the head allows it (`fused_head_blocker`)."""
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from tokenrl.algorithms.token_stats import check_js_peers, stats_from_logits
 from tokenrl.models.lm_head import HeadOutput, fusable_head, fused_head, response_slots
+from tokenrl.models.packed import packed_blocker
 from tokenrl.models.response_forward import (
     decoder_and_head,
     forward_response_logits,
@@ -39,12 +41,17 @@ class UpdateForward:
     entropy: torch.Tensor | None = None
 
 
-def shared_prefix_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
-    """Why a pass over `model` cannot run the shared-prefix layout (None: it can): FSDP runs every pass through the
-    root's single forward; gradient checkpointing turns transformers' KV cache off, but only in the update
-    (`with_grad`): the no-grad passes pause it (`checkpointing_paused`)."""
+def layout_blocker(model: nn.Module, layout: str, with_grad: bool = True) -> str | None:
+    """Why a pass over `model` cannot run `layout` (None: it can; the padded layout always can): FSDP runs every pass
+    through the root's single forward; in the update (`with_grad`), gradient checkpointing turns transformers' KV cache
+    off (the shared prefix) and recomputes the layers outside the packed attention (the no-grad passes pause it:
+    `checkpointing_paused`); the packed layout needs full attention in every layer (`packed_blocker`)."""
+    if layout == "padded":
+        return None
     if is_sharded(model):
         return "FSDP updates through the root module's own forward"
+    if layout == "packed":
+        return packed_blocker(model, with_grad)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if with_grad and getattr(base, "is_gradient_checkpointing", False):
         return "gradient checkpointing turns transformers' KV cache off in the update"
@@ -66,7 +73,7 @@ def fused_response_head(
     model: nn.Module,
     batch: RolloutBatch,
     temperature: float,
-    share_prefix: bool,
+    layout: str,
     trim: bool,
     with_js: bool = False,
     js_peers: str = "all",
@@ -74,7 +81,7 @@ def fused_response_head(
     """The fused head (models/lm_head.py) over every (row, position) of `batch`'s response grid, flattened row-major:
     ((b·T') per-token outputs, the batch they belong to: trimmed to T' with `trim`); with `with_js`, JS over the
     batch's groups (whole groups: the caller's)."""
-    hidden, batch = response_hidden(model, batch, share_prefix, trim)
+    hidden, batch = response_hidden(model, batch, trim=trim, layout=layout)
     rows, width, _ = hidden.shape
     _, head = decoder_and_head(model)
     groups = response_slots(batch.group_ids, width, batch.response_mask, js_peers) if with_js else None
@@ -120,8 +127,8 @@ def checkpointing_paused(model: nn.Module) -> Iterator[None]:
 class PolicyPasses:
     """`reference` is the frozen copy (None: a LoRA policy, whose reference is itself with adapters off). Under FSDP
     (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered.
-    share_prefix (the no-grad passes) / share_prefix_update / trim: the layouts of models/response_forward.py (callers
-    pass them only where the model allows: `shared_prefix_blocker`). fused_head: the head fused and chunked over the
+    layout (the no-grad passes) / update_layout / trim: models/response_forward.py's `LAYOUTS` and trimming (callers
+    pass a layout only where the model allows it: `layout_blocker`). fused_head: the head fused and chunked over the
     vocabulary (models/lm_head.py) in every pass where the head allows it (`fused_head_blocker`)."""
 
     policy: nn.Module
@@ -131,8 +138,8 @@ class PolicyPasses:
     stats_chunk_size: int
     with_js: bool
     js_peers: str
-    share_prefix: bool = False
-    share_prefix_update: bool = False
+    layout: str = "padded"
+    update_layout: str = "padded"
     trim: bool = False
     fused_head: bool = False
 
@@ -151,7 +158,7 @@ class PolicyPasses:
                 self.stats_chunk_size,
                 with_js=self.with_js if with_js is None else with_js,
                 js_peers=self.js_peers,
-                share_prefix=self.share_prefix,
+                layout=self.layout,
                 trim=self.trim,
                 fused_head=self.fuses(self.policy, with_grad=False),
             )
@@ -167,13 +174,13 @@ class PolicyPasses:
             for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
                 if fused:
                     head, batch = fused_response_head(
-                        model, rollouts.rows(rows), self.temperature, self.share_prefix, self.trim
+                        model, rollouts.rows(rows), self.temperature, self.layout, self.trim
                     )
                     width = batch.response_ids.shape[1]
                     out[rows, :width] = head.logprobs.reshape(len(rows), width).float().cpu()
                     continue
                 out[rows] = (
-                    response_logprobs(model, rollouts.rows(rows), self.temperature, self.share_prefix, self.trim)
+                    response_logprobs(model, rollouts.rows(rows), self.temperature, trim=self.trim, layout=self.layout)
                     .float()
                     .cpu()
                 )
@@ -187,7 +194,7 @@ class PolicyPasses:
         if is_sharded(self.policy):
             logits = forward_response_logits(self.policy, part)
         else:
-            logits = response_logits(self.policy, part, self.share_prefix_update, self.trim)
+            logits = response_logits(self.policy, part, trim=self.trim, layout=self.update_layout)
         width = logits.shape[1]
         log_pi = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # shared by log π(o_t) and H_t
         logp = log_pi.gather(-1, part.response_ids[:, :width, None].to(logits.device)).squeeze(-1)
@@ -217,7 +224,7 @@ class PolicyPasses:
             self.policy,
             part,
             self.temperature,
-            self.share_prefix_update,
+            self.update_layout,
             self.trim,
             with_js=with_stats and self.with_js,
             js_peers=self.js_peers,

@@ -29,7 +29,7 @@ def compute_token_stats(
     chunk_size: int,
     with_js: bool = False,
     js_peers: str = "all",
-    share_prefix: bool = False,
+    layout: str = "padded",
     trim: bool = False,
     fused_head: bool = False,
 ) -> TokenStats:
@@ -44,7 +44,7 @@ def compute_token_stats(
     def flush(pending: list[torch.Tensor]) -> None:
         rows = torch.cat(pending)
         local[rows] = torch.arange(len(rows))
-        hidden, sub = response_hidden(model, batch.rows(rows), share_prefix, trim)
+        hidden, sub = response_hidden(model, batch.rows(rows), trim=trim, layout=layout)
         if fused_head:
             fused_statistics(hidden, sub, rows)
             return
