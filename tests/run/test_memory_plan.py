@@ -100,3 +100,50 @@ def test_switches_change_what_they_should():
     assert plan_memory(sgd, SHAPE, "cpu").phases["update"]["optimizer state"] == 0
     small = plan_memory(base, SHAPE, "cpu", capacity_gib=0.001)
     assert not small.fits()
+
+
+def test_the_fused_head_plans_its_chunk_buffers_instead_of_the_logits():
+    """At Qwen2.5's vocabulary the materialised head's logits dominate the update; the fused head holds
+    `FUSED_HEAD_BUFFERS` fp32 buffers of one vocabulary chunk (CHUNK_ELEMENTS values, or 64 columns per token beyond
+    that), in the update and the statistics pass; under FSDP the update goes through the model's own head, and no
+    pass shares the prompt."""
+    from tokenrl.models.lm_head import CHUNK_ELEMENTS
+    from tokenrl.run.memory_plan import FUSED_HEAD_BUFFERS
+
+    big = Shape(**{**vars(SHAPE), "vocab": 151_936})
+    settings = ("model=tiny", "algorithm.micro_batch_size=8", "rollout.max_new_tokens=512")
+    plans = {
+        head: plan_memory(container(*settings, f"fast_path.fused_head={head}"), big, "cpu", None, prompt_tokens=20)
+        for head in ("true", "false")
+    }
+    fused = FUSED_HEAD_BUFFERS * CHUNK_ELEMENTS * 4 / GIB  # 8 × 512 tokens: within one chunk's values
+    assert plans["true"].phases["update"]["logits"] == pytest.approx(fused)
+    assert plans["true"].phases["statistics"]["logits"] == pytest.approx(fused)
+    materialised = plans["false"].phases["update"]["logits"]
+    assert materialised == pytest.approx(3 * 8 * 512 * 151_936 * 4 / GIB) and materialised > 30 * fused
+    many = plan_memory(
+        container(
+            "model=tiny",
+            "algorithm.prompts_per_step=8",
+            "algorithm.group_size=8",
+            "algorithm.micro_batch_size=64",
+            "rollout.max_new_tokens=4096",
+            "fast_path.fused_head=true",
+        ),
+        big,
+        "cpu",
+        None,
+        prompt_tokens=20,
+    )
+    # 64 rows × 4,096 tokens × 64 columns: twice one chunk's values
+    assert many.phases["update"]["logits"] == pytest.approx(FUSED_HEAD_BUFFERS * 64 * 4096 * 64 * 4 / GIB)
+    fsdp = plan_memory(
+        container(*settings, "fast_path.fused_head=true", "trainer=fsdp"), big, "cpu", None, prompt_tokens=20
+    )
+    assert fsdp.phases["update"]["logits"] == plans["false"].phases["update"]["logits"]
+    assert fsdp.phases["statistics"]["logits"] == pytest.approx(fused)
+    padded = plan_memory(
+        container(*settings, "fast_path.layout=padded", "trainer=gpu"), big, "cpu", None, prompt_tokens=20
+    )
+    # FSDP runs every pass through the root's forward: no shared prompt either (AtomicFSDPStrategy is FSDP too)
+    assert fsdp.phases["update"]["activations"] == padded.phases["update"]["activations"]

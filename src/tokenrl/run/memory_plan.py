@@ -11,9 +11,10 @@ the activations' bytes per element):
 - the update's activations per micro-batch token and layer: (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for
   backward with fused (SDPA) attention (Korthikanti et al., arXiv 2205.05198, §4.1, re-counted for SwiGLU and GQA);
   with gradient checkpointing only the layer inputs, h·b, plus one layer's full set; plus 3 copies of the micro-batch's
-  response logits in fp32 (logits, log-softmax, its gradient);
+  response logits in fp32 (logits, log-softmax, its gradient) — with `fast_path.fused_head` (not under FSDP) instead
+  the fused head's few (tokens × vocabulary chunk) buffers (`fused_head_bytes`);
 - the statistics pass: one chunk of `stats_chunk_size` tokens × V in fp32, 4 copies (logits, log-softmax, probabilities,
-  their square) and the micro-batch's last hidden states;
+  their square) — fused: `fused_head_bytes` — and the micro-batch's last hidden states;
 - generation: the hf engine's KV cache 2·L·kv·dtype per token of every row, and one step's logits rows·V·fp32; a
   vLLM engine its own weights (P·engine dtype) and KV cache (`kv_cache_gib` on CPU, `gpu_memory_utilization` of the
   GPU there);
@@ -30,6 +31,10 @@ import torch
 
 GIB = 2**30
 BASELINE_GIB = {"cpu": 0.55, "cuda": 0.6}  # an idle process with the stack imported (host RSS; GPU: CUDA context)
+# (tokens × vocabulary chunk) fp32 buffers the fused head holds at its peak, forward and backward: 710 MiB measured at
+# 4,096 tokens of vocabulary 151,936, less the head's gradient (519 MiB, counted as a gradient) ≈ 6 × 32 MiB
+# (python scripts/bench/lm_head.py --device cpu --tokens 1024,4096: benchmarks/lm_head_cpu.json)
+FUSED_HEAD_BUFFERS = 6
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
 
 
@@ -167,10 +172,10 @@ def plan_memory(
             "logits": rows * shape.vocab * 4 / GIB,
         }
 
+    fast_path = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda"))
+    fsdp = "fsdp" in str(cfg["trainer"].get("strategy", "")).lower()  # AtomicFSDPStrategy, FSDPStrategy, "fsdp"
     shared = (  # each group's prompt once: the shared-prefix and packed layouts, where the run takes them
-        FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda")).layout != "padded"
-        and not model.get("gradient_checkpointing")
-        and "fsdp" not in str(cfg["trainer"].get("strategy", ""))
+        fast_path.layout != "padded" and not model.get("gradient_checkpointing") and not fsdp
     )
     groups = max(1, micro // int(algorithm["group_size"])) if shared else micro
     tokens = groups * prompt + micro * response
@@ -182,10 +187,18 @@ def plan_memory(
     update = {
         "gradients": shape.trainable * weight_bytes / GIB,
         "activations": activations / GIB,
-        "logits": 3 * micro * response * shape.vocab * 4 / GIB,
+        "logits": (
+            fused_head_bytes(micro * response)
+            if fast_path.fused_head and not fsdp
+            else 3 * micro * response * shape.vocab * 4
+        )
+        / GIB,
     }
     chunk = min(int(model["stats_chunk_size"]), micro * response)
-    statistics = {"logits": 4 * chunk * shape.vocab * 4 / GIB, "hidden states": tokens * shape.hidden * act_bytes / GIB}
+    statistics = {
+        "logits": (fused_head_bytes(micro * response) if fast_path.fused_head else 4 * chunk * shape.vocab * 4) / GIB,
+        "hidden states": tokens * shape.hidden * act_bytes / GIB,
+    }
     plan = MemoryPlan(device, capacity_gib)
     plan.phases = {
         "generate": {**resident, **generation},
@@ -193,6 +206,14 @@ def plan_memory(
         "update": {**resident, **asleep, **update},
     }
     return plan
+
+
+def fused_head_bytes(tokens: int) -> int:
+    """The fused head's buffers for `tokens` tokens (models/lm_head.py): `FUSED_HEAD_BUFFERS` (tokens × chunk) fp32
+    buffers of `vocab_chunk`'s size, whatever the vocabulary."""
+    from tokenrl.models.lm_head import CHUNK_ELEMENTS
+
+    return FUSED_HEAD_BUFFERS * max(CHUNK_ELEMENTS, tokens * 64) * 4
 
 
 def device_capacity_gib(device: str) -> float | None:
