@@ -86,6 +86,23 @@ def tiny_cfg(tmp_path):
 
 
 @pytest.fixture(scope="module")
+def exact_norm():
+    """RMSNorm (Qwen2's and Llama's) in the input's dtype for a module's tests: transformers' casts to float32, so a
+    float64 model would be only float32-accurate there; everything else stays the real transformers model."""
+    import torch
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    with pytest.MonkeyPatch.context() as patch:
+        for norm in (modeling_qwen2.Qwen2RMSNorm, modeling_llama.LlamaRMSNorm):
+            patch.setattr(norm, "forward", forward)
+        yield
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny tensors: a second thread only waits on a busy machine."""
     import torch

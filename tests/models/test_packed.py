@@ -12,12 +12,10 @@ import warnings
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama import modeling_llama
 
 from tests.models.test_response_forward import (
     TEMPERATURE,
     VOCAB,
-    exact_norm,  # noqa: F401 (fixture)
     grads,
     make_batch,
     ragged_batch,
@@ -30,16 +28,6 @@ from tokenrl.models.packed import ATTENTION_NAME, pack, packed_attention, packed
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs
 
 ATOL = 1e-10
-
-
-@pytest.fixture
-def exact_llama_norm(monkeypatch):
-    """LlamaRMSNorm in the input's dtype (transformers' casts to float32), as `exact_norm` for Qwen2."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", forward)
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
@@ -99,19 +87,19 @@ def check_packed_equals_padded(model, batch, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_packed_equals_padded_qwen2_float64(exact_norm, seed):  # noqa: F811
+def test_packed_equals_padded_qwen2_float64(exact_norm, seed):
     batch = ragged_batch(seed)
     assert batch.prompt_mask.sum(1).unique().numel() > 1 and batch.response_mask.sum(1).min() == 1
     check_packed_equals_padded(tiny_qwen2(seed).train(), batch, seed)
 
 
 @pytest.mark.parametrize("sizes", [(2,), (5,), (2, 3, 1, 4, 2)])
-def test_packed_equals_padded_group_shapes(exact_norm, sizes):  # noqa: F811
+def test_packed_equals_padded_group_shapes(exact_norm, sizes):
     """One group of one row (ragged_batch drops a row of the largest group), one group, many groups of mixed sizes."""
     check_packed_equals_padded(tiny_qwen2(3), ragged_batch(3, group_sizes=sizes), 3)
 
 
-def test_packed_with_only_one_token_responses(exact_norm):  # noqa: F811
+def test_packed_with_only_one_token_responses(exact_norm):
     """Every response of length 1: the packed row holds the prompts only, each predicting its rows' token 0."""
     batch = ragged_batch(4, max_response=1)
     assert batch.response_ids.shape[1] == 1
@@ -120,11 +108,11 @@ def test_packed_with_only_one_token_responses(exact_norm):  # noqa: F811
     check_packed_equals_padded(tiny_qwen2(4), batch, 4)
 
 
-def test_packed_equals_padded_llama_float64(exact_llama_norm):
+def test_packed_equals_padded_llama_float64(exact_norm):
     check_packed_equals_padded(tiny_llama(5).train(), ragged_batch(5), 5)
 
 
-def test_packed_lora_gradients_equal_padded(exact_norm):  # noqa: F811
+def test_packed_lora_gradients_equal_padded(exact_norm):
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(
         r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, target_modules=["q_proj", "k_proj", "v_proj"]
@@ -136,7 +124,7 @@ def test_packed_lora_gradients_equal_padded(exact_norm):  # noqa: F811
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_flex_backend_without_gradient_equals_padded(exact_norm, seed):  # noqa: F811
+def test_flex_backend_without_gradient_equals_padded(exact_norm, seed):
     """FlexAttention (eager on the CPU, no gradient) gives the padded logits to float64 rounding."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     model, batch = tiny_qwen2(seed), ragged_batch(seed)
@@ -192,7 +180,7 @@ def float64_statistics(logits: torch.Tensor, batch, js_peers: str) -> dict[str, 
 
 
 @pytest.mark.parametrize("js_peers", ["all", "others"])
-def test_statistics_from_packed_logits_equal_padded(exact_norm, js_peers):  # noqa: F811
+def test_statistics_from_packed_logits_equal_padded(exact_norm, js_peers):
     """The statistics every selector reads, from the packed logits: `stats_from_logits` (float32 by design) equals
     its value from the padded logits to float32 rounding, and the same formulas in float64 to 1e-10."""
     model, batch = tiny_qwen2(9), ragged_batch(9)
@@ -282,7 +270,7 @@ def test_flex_block_mask_matches_the_rule():
     assert torch.equal(mod(zero, zero, q, k), brute_force_mask(batch)[0])
 
 
-def test_response_logprobs_and_trim_in_packed_layout(exact_norm):  # noqa: F811
+def test_response_logprobs_and_trim_in_packed_layout(exact_norm):
     """The public float32 `response_logprobs`, trimmed or not, equals the padded layout's on real tokens and is 0
     beyond a trimmed width."""
     model, batch = tiny_qwen2(2), ragged_batch(2)

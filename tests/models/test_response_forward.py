@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from transformers.models.qwen2 import modeling_qwen2
 
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs, trimmed
 from tokenrl.records.rollout_batch import RolloutBatch
@@ -23,16 +22,6 @@ VOCAB = 50
 PAD = 7  # a real token id too: only the masks may tell padding apart
 TEMPERATURE = 0.7
 ATOL = 1e-10
-
-
-@pytest.fixture
-def exact_norm(monkeypatch):
-    """RMSNorm in the input's dtype (transformers' casts to float32), so a float64 model is float64-exact."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from transformers.models.qwen2 import modeling_qwen2
 
 from tests.selectors.test_selectors import reference_stats
 from tokenrl.models.response_forward import response_logits, shannon_entropy
@@ -25,18 +24,6 @@ TOL = dict(atol=1e-10, rtol=1e-10)
 STORED = dict(atol=2e-6, rtol=1e-6)  # float32 storage of TokenStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def exact_norm():
-    """RMSNorm in the input's dtype (transformers' casts to float32), so the float64 model is float64-exact."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
-        yield
 
 
 def make_policy(tied: bool) -> Qwen2ForCausalLM:

@@ -19,7 +19,6 @@ import pytest
 import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from transformers.models.qwen2 import modeling_qwen2
 
 from tests.helpers.grids import all_pairs, uncovered_pairs
 from tokenrl.algorithms.config import AlgorithmConfig
@@ -65,18 +64,6 @@ GROUP_SIZE = max(len(rows) for _, rows in GROUPS)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-@pytest.fixture(scope="module")
-def exact_norm():
-    """RMSNorm in the input's dtype (transformers' casts to float32), so the float64 model is float64-exact."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", forward)
-        yield
 
 
 @pytest.fixture(scope="module")
