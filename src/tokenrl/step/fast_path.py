@@ -19,9 +19,9 @@ from tokenrl.models.response_forward import LAYOUTS
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.passes import PolicyPasses, fused_head_blocker, layout_blocker
 
-# `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU:
-# benchmarks/attention_layouts.json; cuda: on an H200 the shared prefix made the update 2x slower than the padded
-# layout (§12.1), and the packed layout has not run on a GPU yet.
+# `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU: the step of
+# scripts/bench/step.py in each layout (benchmarks/step_layouts.json); cuda: on an H200 the shared prefix made the
+# update 2x slower than the padded layout (§12.1), and the packed layout has not run on a GPU yet.
 AUTO_LAYOUT = {"cpu": "shared_prefix", "cuda": "padded"}
 CPU_HEAD_AUTO_OFF = "fast_path.fused_head=auto off a GPU (docs/algorithms.md §12.5); true forces it"
 
