@@ -7,10 +7,11 @@ gpu_vllm_bundle.sh). The file keeps its size and layout; only payload bytes beco
 The `.nv_fatbin` section holds containers (a 16-byte header: magic 0xBA55ED50, u16 version, u16 header size, u64
 size of the entries after it), each a chain of entries (u16 kind: 1 PTX, 2 ELF cubin; u16 version; u32 header size;
 u64 padded payload size; the target's SM number as a u32 at byte 28), the payload right after the entry's header
-(the layout ZLUDA's and gpgpu-sim's fat-binary readers use). Kept: the cubins for exactly `--sm` (a cubin runs only on
-its own major version) and every PTX for an SM ≤ `--sm` (the driver compiles PTX for a kernel that has no cubin for
-the device). The chain is checked to end exactly at each container's size before anything is written; a file whose
-section does not parse is left as it was, with an error.
+(the layout ZLUDA's and gpgpu-sim's fat-binary readers use). Kept: the cubins of `--sm`'s major version up to `--sm` (a
+cubin runs on its own major version at an equal or higher minor), every PTX for an SM ≤ `--sm` (the driver compiles
+PTX for a kernel that has no cubin for the device) and any entry of another kind. Every entry is checked to lie within
+its container and the chain to end exactly at the container's size before anything is written; a file whose section
+does not parse is left as it was, with an error.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def fatbin_section(path: Path) -> tuple[int, int]:
     """(file offset, size) of the `.nv_fatbin` section (readelf)."""
     table = subprocess.run(["readelf", "-S", "--wide", str(path)], capture_output=True, text=True, check=True).stdout
     for line in table.splitlines():
-        if ".nv_fatbin" in line:
-            fields = line.split("]", 1)[1].split()  # name, type, address, offset, size, ...
+        fields = line.split("]", 1)[1].split() if "]" in line else []  # name, type, address, offset, size, ...
+        if fields and fields[0] == ".nv_fatbin":
             return int(fields[3], 16), int(fields[4], 16)
     raise ValueError(f"{path} has no .nv_fatbin section")
 
@@ -47,8 +48,12 @@ def entries(data: bytearray, start: int, end: int):
             continue
         _, _, header, size = struct.unpack_from("<IHHQ", data, pos)
         entry, stop = pos + header, pos + header + size
+        if stop > end:
+            raise ValueError(f"the container at {pos:#x} runs past the section")
         while entry < stop:
             kind, _, entry_header, padded = struct.unpack_from("<HHIQ", data, entry)
+            if entry_header < 32 or entry + entry_header + padded > stop:
+                raise ValueError(f"the entry at {entry:#x} does not fit its container")
             sm = struct.unpack_from("<I", data, entry + 28)[0]
             yield entry + entry_header, padded, kind, sm
             entry += entry_header + padded
@@ -61,11 +66,15 @@ def keep_arch(path: Path, sm: int) -> Counter:
     """Zero the payloads `sm` does not load; bytes kept and zeroed by (kind, sm)."""
     data = bytearray(path.read_bytes())
     start, size = fatbin_section(path)
-    found = list(entries(data, start, start + size))  # parses all before any byte changes
+    try:
+        found = list(entries(data, start, start + size))  # parses all before any byte changes
+    except struct.error as err:
+        raise ValueError(f"the fat binary is truncated ({err})") from err
     report: Counter = Counter()
     for payload, padded, kind, target in found:
-        kept = (kind == CUBIN and target == sm) or (kind == PTX and target <= sm)
-        report[("kept" if kept else "zeroed", "ptx" if kind == PTX else "cubin", target)] += padded
+        kept = kind not in (PTX, CUBIN) or target <= sm and (kind == PTX or target // 10 == sm // 10)
+        name = {PTX: "ptx", CUBIN: "cubin"}.get(kind, f"kind {kind}")
+        report[("kept" if kept else "zeroed", name, target)] += padded
         if not kept:
             data[payload : payload + padded] = bytes(padded)
     path.write_bytes(data)

@@ -54,8 +54,8 @@ from tokenrl.models import build_tokenizer  # noqa: E402
 from tokenrl.run.training import build_components  # noqa: E402
 
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
-FAST_PATH_OFF = {"layout": "padded", "fused_statistics": "false", "pack": "false"}
-FAST_PATH_ON = {"layout": "auto", "fused_statistics": "true", "pack": "true"}
+FAST_PATH_OFF = {"layout": "padded", "fused_statistics": "false", "pack": "false", "fused_head": "false"}
+FAST_PATH_ON = {"layout": "auto", "fused_statistics": "true", "pack": "true", "fused_head": "auto"}
 PREAMBLE_WORD = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
 
 
@@ -140,6 +140,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
     result = {
         "model": name,
         "fast_path": fast_path,
+        "layouts": dict(zip(("no_grad", "update"), module.update_path.layouts(), strict=True)),  # what really ran
         "pid": os.getpid(),
         "parameters": params,
         "rows": rows,

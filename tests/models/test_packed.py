@@ -29,6 +29,8 @@ from tokenrl.models.response_forward import prompt_owners, response_logits, resp
 
 ATOL = 1e-10
 
+pytestmark = pytest.mark.usefixtures("exact_norm")  # the whole module: tests/conftest.py
+
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     """A random float64 Llama (2 layers, 4 heads and 4 key/value heads, untied head)."""

@@ -23,6 +23,8 @@ PAD = 7  # a real token id too: only the masks may tell padding apart
 TEMPERATURE = 0.7
 ATOL = 1e-10
 
+pytestmark = pytest.mark.usefixtures("exact_norm")  # the whole module: tests/conftest.py
+
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
     """A random float64 Qwen2 (2 layers, GQA 4/2 heads, tied embeddings, sdpa: eager gives NaN on left padding)."""
@@ -268,7 +270,7 @@ def test_prompt_owners_maps_rows_to_first_row_of_their_group():
 
 def test_prompt_owners_rejects_a_group_with_two_prompts():
     """Two rows of one group with different prompt tokens, or equal ids but different masks (a real token equal to
-    the pad id), raise a ValueError that names fast_path.shared_prefix."""
+    the pad id), raise a ValueError that names fast_path.layout=padded."""
     responses, groups = [[1, 2], [3], [4]], [0, 0, 1]
     for prompts in (
         [[5, 6, 8], [5, 6, 9], [1]],  # different tokens

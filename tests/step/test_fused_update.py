@@ -63,7 +63,7 @@ DUPLICATE = (0, 2)  # rows 0 and 2 hold the same response
 GROUP_SIZE = max(len(rows) for _, rows in GROUPS)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread", "exact_norm")  # tests/conftest.py; exact_norm: the whole module
 
 
 @pytest.fixture(scope="module")

@@ -188,7 +188,7 @@ def plan_memory(
         "gradients": shape.trainable * weight_bytes / GIB,
         "activations": activations / GIB,
         "logits": (
-            fused_head_bytes(micro * response)
+            fused_head_bytes(micro * response, shape.vocab)
             if fast_path.fused_head and not fsdp
             else 3 * micro * response * shape.vocab * 4
         )
@@ -196,7 +196,10 @@ def plan_memory(
     }
     chunk = min(int(model["stats_chunk_size"]), micro * response)
     statistics = {
-        "logits": (fused_head_bytes(micro * response) if fast_path.fused_head else 4 * chunk * shape.vocab * 4) / GIB,
+        "logits": (
+            fused_head_bytes(micro * response, shape.vocab) if fast_path.fused_head else 4 * chunk * shape.vocab * 4
+        )
+        / GIB,
         "hidden states": tokens * shape.hidden * act_bytes / GIB,
     }
     plan = MemoryPlan(device, capacity_gib)
@@ -208,12 +211,12 @@ def plan_memory(
     return plan
 
 
-def fused_head_bytes(tokens: int) -> int:
-    """The fused head's buffers for `tokens` tokens (models/lm_head.py): `FUSED_HEAD_BUFFERS` (tokens × chunk) fp32
-    buffers of `vocab_chunk`'s size, whatever the vocabulary."""
-    from tokenrl.models.lm_head import CHUNK_ELEMENTS
+def fused_head_bytes(tokens: int, vocab: int) -> int:
+    """The fused head's buffers for `tokens` tokens (models/lm_head.py): `FUSED_HEAD_BUFFERS` fp32 buffers of
+    (tokens × `vocab_chunk` columns)."""
+    from tokenrl.models.lm_head import vocab_chunk
 
-    return FUSED_HEAD_BUFFERS * max(CHUNK_ELEMENTS, tokens * 64) * 4
+    return FUSED_HEAD_BUFFERS * tokens * vocab_chunk(tokens, vocab) * 4
 
 
 def device_capacity_gib(device: str) -> float | None:

@@ -206,7 +206,8 @@ class UpdatePath:
         chosen = self.fast_path.layout
         no_grad, update = self.layouts()
         if update == no_grad:
-            layout = no_grad if update == chosen else f"padded ({chosen}: {self.update_layout_blocker})"
+            reasons = dict.fromkeys((self.layout_blocker, self.update_layout_blocker))  # the no-grad one first
+            layout = no_grad if update == chosen else f"padded ({chosen}: {'; '.join(filter(None, reasons))})"
         else:
             layout = (
                 f"padded in the update ({chosen}: {self.update_layout_blocker}), {chosen} in the statistics and "
