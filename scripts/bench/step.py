@@ -164,7 +164,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(  # the default: each shortcut alone and all of them (`all_<layout>` on request)
+        "--variants",
+        nargs="+",
+        default=["baseline", "shared_prefix", "packed", "fused_statistics", "pack", "all"],
+        choices=list(VARIANTS),
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "step.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", help=argparse.SUPPRESS)
