@@ -118,9 +118,9 @@ def grads(objective: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Ten
     return list(torch.autograd.grad(objective, params))
 
 
-def layout_logprobs(model, batch: RolloutBatch, share_prefix: bool, trim: bool = False) -> torch.Tensor:
+def layout_logprobs(model, batch: RolloutBatch, layout: str, trim: bool = False) -> torch.Tensor:
     """(b, T') float64 log-probs from `response_logits` of the layout (T' the trimmed width with `trim`)."""
-    logits = response_logits(model, batch, share_prefix=share_prefix, trim=trim)
+    logits = response_logits(model, batch, layout=layout, trim=trim)
     assert logits.dtype == torch.float64
     return logprobs64(logits, batch.response_ids[:, : logits.shape[1]])
 
@@ -144,12 +144,12 @@ def check_layouts_against_reference(model, batch: RolloutBatch, seed: int) -> No
     assert all(g.abs().max() > 1e-3 for g in ref_grads), "a parameter has no gradient: the comparison would be vacuous"
 
     layouts = {}
-    for share_prefix in (False, True):
-        logp = layout_logprobs(model, batch, share_prefix)
+    for layout in ("padded", "shared_prefix"):
+        logp = layout_logprobs(model, batch, layout)
         torch.testing.assert_close(logp[mask], torch.cat(ref), atol=ATOL, rtol=0)
         assert_all_close(grads((weights * logp).sum(), params), ref_grads, names)
-        layouts[share_prefix] = logp.detach()
-    torch.testing.assert_close(layouts[True], layouts[False], atol=ATOL, rtol=0)
+        layouts[layout] = logp.detach()
+    torch.testing.assert_close(layouts["shared_prefix"], layouts["padded"], atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -178,16 +178,16 @@ def test_response_logprobs_match_reference_to_float32(exact_norm):
     params = list(model.parameters())
     weights = weights_for(batch, 4).float()
     by_layout = {}
-    for share_prefix in (False, True):
+    for layout in ("padded", "shared_prefix"):
         for trim in (False, True):
-            logp = response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix, trim=trim)
+            logp = response_logprobs(model, batch, TEMPERATURE, layout=layout, trim=trim)
             assert logp.shape == batch.response_ids.shape
             torch.testing.assert_close(logp[mask].double(), ref, atol=2e-6, rtol=0)
             if trim:
                 assert (logp[:, int(batch.response_mask.sum(1).max()) :] == 0).all()
-            by_layout[share_prefix, trim] = grads((weights * logp).sum(), params)
+            by_layout[layout, trim] = grads((weights * logp).sum(), params)
     for key, value in by_layout.items():
-        for a, e in zip(value, by_layout[False, False]):
+        for a, e in zip(value, by_layout["padded", False]):
             torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
 
 
@@ -223,9 +223,9 @@ def test_trimmed_drops_exactly_the_all_padding_columns():
         assert torch.equal(getattr(wide, name), getattr(narrow, name)), name
 
 
-@pytest.mark.parametrize("share_prefix", [False, True])
+@pytest.mark.parametrize("layout", ["padded", "shared_prefix"])
 @pytest.mark.parametrize("left,right", [(0, 0), (3, 4)])
-def test_trim_equals_untrimmed_values_and_gradients(exact_norm, share_prefix, left, right):
+def test_trim_equals_untrimmed_values_and_gradients(exact_norm, layout, left, right):
     """trim=True: log-probs equal the untrimmed layout's on the kept columns (0 beyond them, from
     `response_logprobs`), gradients equal; on a sub-batch whose longest rows were left out and on a batch with
     extra all-pad columns on both sides."""
@@ -238,8 +238,8 @@ def test_trim_equals_untrimmed_values_and_gradients(exact_norm, share_prefix, le
     params = list(model.parameters())
     weights = weights_for(batch, 6)
 
-    untrimmed = layout_logprobs(model, batch, share_prefix)
-    cut = layout_logprobs(model, batch, share_prefix, trim=True)
+    untrimmed = layout_logprobs(model, batch, layout)
+    cut = layout_logprobs(model, batch, layout, trim=True)
     assert cut.shape == (batch.response_ids.shape[0], width)
     torch.testing.assert_close(cut, untrimmed[:, :width], atol=ATOL, rtol=0)
     assert_all_close(
@@ -248,11 +248,11 @@ def test_trim_equals_untrimmed_values_and_gradients(exact_norm, share_prefix, le
         [n for n, _ in model.named_parameters()],
     )
 
-    padded_back = response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix, trim=True).detach()
+    padded_back = response_logprobs(model, batch, TEMPERATURE, layout=layout, trim=True).detach()
     assert padded_back.shape == batch.response_ids.shape and (padded_back[:, width:] == 0).all()
     torch.testing.assert_close(
         padded_back[:, :width],
-        response_logprobs(model, batch, TEMPERATURE, share_prefix=share_prefix)[:, :width].detach(),
+        response_logprobs(model, batch, TEMPERATURE, layout=layout)[:, :width].detach(),
         atol=1e-6,
         rtol=0,
     )
@@ -341,4 +341,4 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
         assert torch.allclose(getattr(stats, name), getattr(expected, name), atol=1e-6), name
     assert all(layer.gradient_checkpointing for layer in policy.model.layers)  # back on for the update
     with torch.no_grad(), pytest.raises(AttributeError):  # the pause is what makes it possible: transformers
-        layout_logprobs(policy, batch, share_prefix=True)  # returns no cache to share
+        layout_logprobs(policy, batch, "shared_prefix")  # returns no cache to share

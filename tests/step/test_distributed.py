@@ -155,7 +155,7 @@ def _bf16_generate_worker(rank: int, port: int, out: str) -> None:
             seed=0,
         )
         with torch.no_grad():
-            scored = response_logprobs(root, batch, 1.0, False, False)
+            scored = response_logprobs(root, batch, 1.0)
     torch.save({"sampled": batch.sampling_logprobs, "scored": scored.float(), "mask": batch.response_mask}, out)
     dist.destroy_process_group()
 

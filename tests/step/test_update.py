@@ -57,7 +57,7 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
 
     return Backend(
         forward=lambda rows, with_stats, with_entropy: UpdateForward(
-            response_logprobs(policy, rows, temperature, share_prefix=True, trim=True)
+            response_logprobs(policy, rows, temperature, layout="shared_prefix", trim=True)
         ),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=scale_gradients,

@@ -156,47 +156,29 @@ def packed_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.device,
     return hidden[layout.predictors.clamp_min(0)] * keep[..., None].to(hidden.dtype)
 
 
-def layout_of(share_prefix: bool, layout: str | None) -> str:
-    """The layout asked for: `layout` where given, else the shared prefix or padded one by `share_prefix`."""
-    if layout is None:
-        return "shared_prefix" if share_prefix else "padded"
+def response_hidden(
+    model: nn.Module, batch: RolloutBatch, *, layout: str = "padded", trim: bool = False, packed_backend: str = "auto"
+) -> tuple[torch.Tensor, RolloutBatch]:
+    """(hidden states (b, T', H) predicting the response tokens, the batch they belong to) in `layout` (one of
+    `LAYOUTS`): T' = T, or the rows' longest response with `trim` (the returned batch is then the trimmed one);
+    `packed_backend`: the packed layout's attention (`packed_hidden`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
-    return layout
-
-
-def response_hidden(
-    model: nn.Module,
-    batch: RolloutBatch,
-    share_prefix: bool = False,
-    trim: bool = False,
-    layout: str | None = None,
-    packed_backend: str = "auto",
-) -> tuple[torch.Tensor, RolloutBatch]:
-    """(hidden states (b, T', H) predicting the response tokens, the batch they belong to): T' = T, or the rows'
-    longest response with `trim` (the returned batch is then the trimmed one). `layout` (one of `LAYOUTS`) overrides
-    `share_prefix`; `packed_backend`: the packed layout's attention (`packed_hidden`)."""
     device = next(model.parameters()).device
     decoder, _ = decoder_and_head(model)
     batch = trimmed(batch) if trim else batch
-    chosen = layout_of(share_prefix, layout)
-    if chosen == "packed":
+    if layout == "packed":
         return packed_hidden(decoder, batch, device, packed_backend), batch
-    forward = shared_prefix_hidden if chosen == "shared_prefix" else padded_hidden
+    forward = shared_prefix_hidden if layout == "shared_prefix" else padded_hidden
     return forward(decoder, batch, device), batch
 
 
 def response_logits(
-    model: nn.Module,
-    batch: RolloutBatch,
-    share_prefix: bool = False,
-    trim: bool = False,
-    layout: str | None = None,
-    packed_backend: str = "auto",
+    model: nn.Module, batch: RolloutBatch, *, layout: str = "padded", trim: bool = False, packed_backend: str = "auto"
 ) -> torch.Tensor:
     """(b, T', V) logits of the response tokens (T' as in `response_hidden`), with gradient when enabled."""
     _, head = decoder_and_head(model)
-    hidden, _ = response_hidden(model, batch, share_prefix, trim, layout, packed_backend)
+    hidden, _ = response_hidden(model, batch, layout=layout, trim=trim, packed_backend=packed_backend)
     return head(hidden)
 
 
@@ -204,13 +186,13 @@ def response_logprobs(
     model: nn.Module,
     batch: RolloutBatch,
     temperature: float,
-    share_prefix: bool = False,
+    *,
+    layout: str = "padded",
     trim: bool = False,
-    layout: str | None = None,
     packed_backend: str = "auto",
 ) -> torch.Tensor:
     """(b, T) log π(o_t) at the sampling temperature (0 beyond a trimmed width), with gradient when enabled."""
-    logits = response_logits(model, batch, share_prefix, trim, layout, packed_backend)
+    logits = response_logits(model, batch, layout=layout, trim=trim, packed_backend=packed_backend)
     width = logits.shape[1]
     logp = sampled_logprobs(logits, batch.response_ids[:, :width].to(logits.device), temperature)
     return nn.functional.pad(logp, (0, batch.response_ids.shape[1] - width))
