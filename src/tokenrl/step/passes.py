@@ -1,9 +1,9 @@
 """The passes a rollout step runs over its policy and reference: the no-grad statistics pass (statistics.py), the
 reference's log-probs, and the update's forward with gradient, each right for a plain, LoRA or FSDP-sharded model, in
 the layout `fast_path.layout` asks for (models/response_forward.py) where the model allows it (`layout_blocker`), and
-with the head either
-materialising the (tokens × vocabulary) logits or fused and chunked over the vocabulary (models/lm_head.py,
-`fast_path.fused_head`, docs/algorithms.md §12.5) where the head allows it (`fused_head_blocker`)."""
+with the head either materialising the (tokens × vocabulary) logits or fused and chunked over the vocabulary
+(models/lm_head.py, `fast_path.fused_head`, docs/algorithms.md §12.5) where the head allows it
+(`fused_head_blocker`)."""
 
 from __future__ import annotations
 
