@@ -51,6 +51,7 @@ def test_every_preset_is_a_valid_record_with_typed_fields(preset):
         ("overlong_buffer", 2000, r"algorithm.overlong_buffer=2000 must lie in \[0, rollout.max_new_tokens=1024\]"),
         ("lr_warmup_steps", -1, r"algorithm.lr_warmup_steps=-1 must be >= 0"),
         ("mini_batches", 0, r"algorithm.mini_batches=0 must be >= 1"),
+        ("micro_batch_tokens", 0, r"algorithm.micro_batch_tokens=0 must be >= 1 \(or null"),
         ("group_size", 2.5, r"algorithm.group_size=2.5 is not a valid int"),
         ("kl_masked", "yes", r"algorithm.kl_masked='yes' is not a valid bool"),
         ("clip_low", None, r"algorithm.clip_low=null is not allowed"),

@@ -55,6 +55,28 @@ def test_each_component_follows_its_formula():
     assert "peak" in plan.table() and plan.as_dict()["peak_phase"] == "update"
 
 
+def test_a_token_budget_plans_its_tokens_not_the_rows():
+    """With algorithm.micro_batch_tokens the update's forward holds at most that many tokens (a longer row alone), the
+    statistics pass's whole groups at least one group; micro_batch_size no longer counts."""
+    settings = ("model=tiny", "algorithm.group_size=4", "rollout.max_new_tokens=10", "model.stats_chunk_size=16")
+    per_token = 2 * (8 * 64 + 2 * 32 + 5 * 128) * 4 / GIB  # layers × per-layer activations, fp32
+    for micro in (1, 4):
+        plan = plan_memory(
+            container(*settings, "algorithm.micro_batch_tokens=300", f"algorithm.micro_batch_size={micro}"),
+            SHAPE,
+            "cpu",
+            None,
+            prompt_tokens=20,
+        )
+        assert plan.phases["update"]["activations"] == pytest.approx(300 * per_token)
+        assert plan.phases["update"]["logits"] == pytest.approx(3 * 300 * 500 * 4 / GIB)
+        assert plan.phases["statistics"]["hidden states"] == pytest.approx(300 * 64 * 4 / GIB)
+    tiny_budget = plan_memory(container(*settings, "algorithm.micro_batch_tokens=8"), SHAPE, "cpu", None, 20)
+    assert tiny_budget.phases["update"]["activations"] == pytest.approx((20 + 10) * per_token)  # one row
+    shared_group = 20 + 4 * 10  # the shared prefix (the CPU's auto): the group's prompt once
+    assert tiny_budget.phases["statistics"]["hidden states"] == pytest.approx(shared_group * 64 * 4 / GIB)
+
+
 def test_switches_change_what_they_should():
     base = container("model=tiny", "rollout.max_new_tokens=10")
     plan = plan_memory(base, SHAPE, "cpu", None, prompt_tokens=20)

@@ -168,12 +168,7 @@ def replay(captured_step, *overrides: str, batch=None):
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
     result = ppo_update(
-        capture.train if batch is None else batch,
-        instantiate(cfg.selector),
-        algorithm,
-        backend,
-        shuffle,
-        by_length=True,
+        capture.train if batch is None else batch, instantiate(cfg.selector), algorithm, backend, shuffle
     )
     assert result.optimizer_steps == algorithm.batch.mini_batches
     return torch.cat([p.detach().flatten() for p in policy.parameters()]), result.metrics

@@ -189,3 +189,26 @@ def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog)
     assert lines[0].endswith("micro-batches by length, cut to their own widths")
     assert float(trainer.callback_metrics["train/fused_statistics"]) == 0.0
     assert capture.train.stats is not None and module.run_state.optimizer_steps == 2
+
+
+def test_a_token_budget_gives_the_weights_of_the_row_cut(tiny_cfg, caplog):
+    """`algorithm.micro_batch_tokens`: the same step as `test_every_shortcut_on_…`'s, its micro-batches cut by
+    tokens (several of them, each within the budget unless a group alone exceeds it) instead of 12 rows; the run says
+    so, and the weights after the step are the row cut's."""
+    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
+    setting = [*ICT, *SGD, "algorithm.aggregation=token-mean"]
+    rows_module, _, by_rows, _ = fit_one_step(tiny_cfg(*setting, "algorithm.micro_batch_size=12"), caplog)
+    budget = 250
+    cfg = tiny_cfg(*setting, f"algorithm.micro_batch_tokens={budget}")
+    module, trainer, by_tokens, lines = fit_one_step(cfg, caplog)
+    assert len(lines) == 1 and lines[0].endswith(
+        f"micro-batches by length, cut to their own widths, at most {budget} tokens each (algorithm.micro_batch_tokens)"
+    )
+    cut = module.passes.cut(with_grad=True)
+    rollouts = by_tokens.train.rollouts
+    parts = cut(rollouts, torch.arange(len(rollouts.texts)), True)
+    assert len(parts) > 1 and all(cut.tokens(rollouts, part) <= budget for part in parts)
+    assert float(trainer.callback_metrics["train/fused_statistics"]) == 1.0
+    assert torch.equal(rollouts.response_ids, by_rows.train.rollouts.response_ids)
+    for name, weight in by_tokens.after.items():
+        torch.testing.assert_close(weight, by_rows.after[name], rtol=0, atol=1e-5, msg=name)

@@ -68,6 +68,15 @@ pytestmark = pytest.mark.usefixtures("one_thread", "exact_norm")  # tests/confte
 
 @pytest.fixture(scope="module")
 def policy(exact_norm) -> Qwen2ForCausalLM:
+    return tiny_float64_qwen2()
+
+
+@pytest.fixture(scope="module")
+def rollouts(policy) -> tuple[RolloutBatch, torch.Tensor]:
+    return ragged_rollouts(policy)
+
+
+def tiny_float64_qwen2() -> Qwen2ForCausalLM:
     """The tiny Qwen2 of `model=tiny` (GQA 4/2 heads, tied embeddings) in float64, with wider random weights so the
     distributions are not all near uniform."""
     config = Qwen2Config(
@@ -91,8 +100,7 @@ def policy(exact_norm) -> Qwen2ForCausalLM:
     return model.train()  # dropout is 0: train mode only to run as the update does
 
 
-@pytest.fixture(scope="module")
-def rollouts(policy) -> tuple[RolloutBatch, torch.Tensor]:
+def ragged_rollouts(policy: Qwen2ForCausalLM) -> tuple[RolloutBatch, torch.Tensor]:
     """The hand-built ragged rollouts and their rewards; sampling log-probs near the policy's own (an engine that
     disagrees a little, so TIS weights vary and some are capped)."""
     g = torch.Generator().manual_seed(1)
@@ -198,6 +206,7 @@ def recording_backend(
 
     backend = Backend(
         forward=counted_forward,
+        micro_batches=passes.cut(with_grad=True),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
@@ -234,7 +243,7 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
     return forward
 
 
-def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_js=None) -> PolicyPasses:
+def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_js=None, by_length=True) -> PolicyPasses:
     return PolicyPasses(
         policy,
         None,
@@ -246,6 +255,8 @@ def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_j
         layout=layout,
         update_layout=layout,
         trim=trim,
+        micro_batch_tokens=cfg.batch.micro_batch_tokens,
+        by_length=by_length,
     )
 
 
@@ -276,7 +287,7 @@ def both_paths(
     """(separate result, its backend's record, the separate pass's statistics, fused result, its backend's record):
     the same policy, rollouts and settings, once with `TrainBatch.stats` from `PolicyPasses.statistics` and once with
     None."""
-    passes = make_passes(policy, selector, cfg, layout, trim, with_js)
+    passes = make_passes(policy, selector, cfg, layout, trim, with_js, by_length)
     forward = float64_forward(policy, passes) if logp64 else None
     policy.zero_grad(set_to_none=True)
     stats = passes.statistics(rollouts)
@@ -287,7 +298,6 @@ def both_paths(
         cfg,
         backend,
         torch.Generator().manual_seed(0),
-        by_length,
         with_js=passes.with_js,
     )
     backend, fused_record = recording_backend(policy, passes, cfg, forward)
@@ -297,7 +307,6 @@ def both_paths(
         cfg,
         backend,
         torch.Generator().manual_seed(0),
-        by_length,
         with_js=passes.with_js,
     )
     assert separate_record.forwards and not any(separate_record.forwards)

@@ -144,7 +144,7 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
     module.policy.load_state_dict(step.before)
     policy, passes, algorithm = module.policy, module.passes, module.cfg
     rollouts = step.train.rollouts
-    fused = module.fused_statistics(ROWS)
+    fused = module.fused_statistics(rollouts)
     train = TrainBatch.assemble(0, rollouts, step.train.scores, step.train.rewards, algorithm, passes, fused)
     optimizer = module.optimizer_factory([p for p in policy.parameters() if p.requires_grad])
     record = Record(fused=fused, advantages=train.advantages)
@@ -183,6 +183,7 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
     module.selector.select = recording_select
     backend = Backend(
         forward=passes.update_forward,
+        micro_batches=passes.cut(with_grad=True),
         backward=backward,
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
@@ -196,7 +197,6 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
         algorithm,
         backend,
         shuffle,
-        by_length=module.fast_path.pack,
         entropy_coef=module.entropy_control.alpha,
         with_js=module.with_js,
     )

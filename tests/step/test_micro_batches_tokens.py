@@ -1,7 +1,9 @@
 """step/micro_batches.py with a token budget (`max_tokens`): every row once, each micro-batch within the budget by
-its cost (packed: each group's prompt once + its responses; padded: rows × (longest prompt + longest response)) unless
-it is one unit that alone exceeds it, greedy (the next unit would not have fit), whole groups kept together, and the
-order of `by_length` kept. Random batches as in test_micro_batches.py (partial groups from a shuffled half)."""
+its cost (packed: each group's prompt once + its responses; shared prefix: groups × longest prompt + rows × longest
+response; padded: rows × (longest prompt + longest response); or, untrimmed, the batch's full widths in place of the
+longest) unless it is one unit that alone exceeds it, greedy (the next unit would not have fit), whole groups kept
+together, and the order of `by_length` kept. Random batches as in test_micro_batches.py (partial groups from a
+shuffled half)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,16 @@ def prompt_lengths_of(group_ids: torch.Tensor, seed: int) -> torch.Tensor:
     return per_group[group_ids]
 
 
-def cost(positions: list[int], rows, group_ids, lengths, prompts, kind: str) -> int:
+FULL = (11, 7)  # (prompt, response) columns of an untrimmed forward: wider than any row's lengths
+
+
+def cost(positions: list[int], rows, group_ids, lengths, prompts, kind: str, full=None) -> int:
     index = rows[torch.tensor(positions)]
-    if kind == "padded":
-        return len(positions) * (int(prompts[index].max()) + int(lengths[index].max()))
     groups = {int(group_ids[i]): int(prompts[i]) for i in index}
-    return sum(groups.values()) + int(lengths[index].sum())
+    if kind == "packed":
+        return sum(groups.values()) + int(lengths[index].sum())
+    prompt, response = full or (int(prompts[index].max()), int(lengths[index].max()))
+    return (len(groups) if kind == "shared_prefix" else len(positions)) * prompt + len(positions) * response
 
 
 def cases():
@@ -35,10 +41,14 @@ def cases():
         yield group_ids, lengths, prompt_lengths_of(group_ids, seed), minibatch(seed, len(group_ids), fraction), budget
 
 
-@pytest.mark.parametrize("kind", ["packed", "padded"])
+@pytest.mark.parametrize(
+    "kind, full",
+    [("packed", None), ("shared_prefix", None), ("padded", None), ("shared_prefix", FULL), ("padded", FULL)],
+    ids=["packed", "shared_prefix", "padded", "shared_prefix_untrimmed", "padded_untrimmed"],
+)
 @pytest.mark.parametrize("whole_groups", [False, True])
 @pytest.mark.parametrize("by_length", [False, True])
-def test_token_budget_contract(kind, whole_groups, by_length):
+def test_token_budget_contract(kind, full, whole_groups, by_length):
     over_budget = 0
     for group_ids, lengths, prompts, rows, budget in cases():
         chunks = micro_batches(
@@ -51,6 +61,7 @@ def test_token_budget_contract(kind, whole_groups, by_length):
             max_tokens=budget,
             prompt_lengths=prompts,
             cost=kind,
+            full_widths=full,
         )
         sequence = torch.cat(chunks).tolist()
         assert sorted(sequence) == list(range(len(rows)))
@@ -60,13 +71,13 @@ def test_token_budget_contract(kind, whole_groups, by_length):
         groups = groups_in(rows, group_ids)
         units = groups if whole_groups else [[p] for p in sequence]
         for chunk in map(torch.Tensor.tolist, chunks):
-            if cost(chunk, rows, group_ids, lengths, prompts, kind) > budget:
+            if cost(chunk, rows, group_ids, lengths, prompts, kind, full) > budget:
                 assert chunk in units, "only a single unit may exceed the budget"
                 over_budget += 1
         for chunk, following in zip(chunks, chunks[1:]):
             nxt = next(unit for unit in units if unit[0] == following[0].item())
             grown = chunk.tolist() + nxt
-            assert cost(grown, rows, group_ids, lengths, prompts, kind) > budget, "two micro-batches could be one"
+            assert cost(grown, rows, group_ids, lengths, prompts, kind, full) > budget, "two micro-batches could be one"
         if whole_groups:
             for group in groups:
                 holder = [c.tolist() for c in chunks if group[0] in c.tolist()][0]
@@ -89,6 +100,8 @@ def test_packed_cost_counts_a_prompt_once_per_micro_batch():
     assert cut(9, whole=False) == [[0, 1], [2]]
     assert cut(100, max_rows=2) == [[0, 1], [2]]  # max_rows still caps
     assert cut(14, kind="padded") == [[0, 1], [2]]  # 2 × (4 + 3) = 14; with row 2: 3 × (4 + 5) = 27
+    assert cut(10, kind="shared_prefix") == [[0, 1], [2]]  # 4 + 2 × 3 = 10; with row 2: 2 × 4 + 3 × 5 = 23
+    assert cut(23, kind="shared_prefix") == [[0, 1, 2]]
 
 
 def test_token_budget_needs_prompt_lengths_and_a_known_cost():

@@ -115,6 +115,7 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
 
     backend = Backend(
         forward=passes.update_forward,
+        micro_batches=passes.cut(with_grad=True),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=lambda factor: None,
         optimizer_step=optimizer_step,

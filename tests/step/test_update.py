@@ -15,6 +15,7 @@ from tests.conftest import TINY, compose_config
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.run.training import build_components
+from tokenrl.step.micro_batches import MicroBatchCut
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.statistics import compute_token_stats
 from tokenrl.step.update import Backend, ppo_update
@@ -59,6 +60,7 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         forward=lambda rows, with_stats, with_entropy: UpdateForward(
             response_logprobs(policy, rows, temperature, layout="shared_prefix", trim=True)
         ),
+        micro_batches=MicroBatchCut(cfg.batch.micro_batch_size, layout="shared_prefix", trim=True, by_length=True),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
@@ -98,7 +100,7 @@ def plain_update(cfg, module, train, before):
         backend, optimizer_step=lambda: (step(), snapshots.append(copy.deepcopy(policy.state_dict())))
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(train, module.selector, module.cfg, backend, shuffle, by_length=True)
+    result = ppo_update(train, module.selector, module.cfg, backend, shuffle)
     return result, policy, snapshots
 
 

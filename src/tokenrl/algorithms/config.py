@@ -39,8 +39,9 @@ def policy_losses() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class BatchSettings:
     """How one rollout step is cut: `prompts_per_step` prompts × `group_size` rollouts, `ppo_epochs` passes of
-    `mini_batches` optimizer steps, forwards of `micro_batch_size` rows; with dynamic sampling, rounds of
-    `gen_prompts_per_step` prompts, at most `max_gen_rounds`."""
+    `mini_batches` optimizer steps, forwards of `micro_batch_size` rows or, with `micro_batch_tokens`, of at most
+    that many tokens (step/micro_batches.py); with dynamic sampling, rounds of `gen_prompts_per_step` prompts, at
+    most `max_gen_rounds`."""
 
     group_size: int
     prompts_per_step: int
@@ -49,6 +50,7 @@ class BatchSettings:
     mini_batches: int
     gen_prompts_per_step: int
     max_gen_rounds: int
+    micro_batch_tokens: int | None = None
 
     @property
     def optimizer_steps(self) -> int:
@@ -71,6 +73,11 @@ class BatchSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 1")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(
+                f"algorithm.micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or null to cut micro-batches "
+                "by algorithm.micro_batch_size rows)"
+            )
 
 
 @dataclass(frozen=True)

@@ -48,9 +48,9 @@ class LightningHooks(Protocol):
 
 @dataclass
 class LightningUpdate:
-    """One rollout step's PPO update of `passes.policy` with `selector` and `cfg`, under the module's `lightning` hooks.
-    `by_length`: micro-batches of groups ordered by length (step/micro_batches.py); `with_js`: the update's forward
-    computes JS (its micro-batches hold whole groups)."""
+    """One rollout step's PPO update of `passes.policy` with `selector` and `cfg`, under the module's `lightning` hooks,
+    micro-batches cut as `passes` says (step/micro_batches.py); `with_js`: the update's forward computes JS (its
+    micro-batches hold whole groups)."""
 
     lightning: LightningHooks
     passes: PolicyPasses
@@ -58,7 +58,6 @@ class LightningUpdate:
     cfg: AlgorithmConfig
     entropy_control: EntropyControl
     seed: int
-    by_length: bool
     with_js: bool
 
     def __call__(self, train: TrainBatch, rollout_step: int) -> tuple[float, UpdateResult]:
@@ -73,7 +72,6 @@ class LightningUpdate:
             self.cfg,
             self.backend(optimizer),
             shuffle,
-            by_length=self.by_length,
             entropy_coef=self.entropy_control.alpha,
             with_js=self.with_js,
         )
@@ -87,6 +85,7 @@ class LightningUpdate:
         device = self.lightning.device
         return Backend(
             forward=self.passes.update_forward,
+            micro_batches=self.passes.cut(with_grad=True),
             backward=self.backward,
             scale_gradients=self.scale_gradients,
             optimizer_step=lambda: self.optimizer_step(optimizer),

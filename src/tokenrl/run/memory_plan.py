@@ -177,8 +177,16 @@ def plan_memory(
     shared = (  # each group's prompt once: the shared-prefix and packed layouts, where the run takes them
         fast_path.layout != "padded" and not model.get("gradient_checkpointing") and not fsdp
     )
-    groups = max(1, micro // int(algorithm["group_size"])) if shared else micro
-    tokens = groups * prompt + micro * response
+    group_size = int(algorithm["group_size"])
+    budget = algorithm.get("micro_batch_tokens")
+    if budget is None:
+        groups = max(1, micro // group_size) if shared else micro
+        tokens = stats_tokens = groups * prompt + micro * response
+        head_tokens = stats_head_tokens = micro * response  # the head runs on response tokens only
+    else:  # a token budget: a unit larger than it runs alone (a row in the update, a group in the statistics pass)
+        tokens = max(int(budget), prompt + response)
+        stats_tokens = max(int(budget), (prompt if shared else group_size * prompt) + group_size * response)
+        head_tokens, stats_head_tokens = tokens, stats_tokens
     per_layer = (8 * shape.hidden + 2 * shape.kv_width + 5 * shape.intermediate) * act_bytes
     if model.get("gradient_checkpointing"):
         activations = tokens * (shape.layers * shape.hidden * act_bytes + per_layer)
@@ -188,19 +196,19 @@ def plan_memory(
         "gradients": shape.trainable * weight_bytes / GIB,
         "activations": activations / GIB,
         "logits": (
-            fused_head_bytes(micro * response, shape.vocab)
+            fused_head_bytes(head_tokens, shape.vocab)
             if fast_path.fused_head and not fsdp
-            else 3 * micro * response * shape.vocab * 4
+            else 3 * head_tokens * shape.vocab * 4
         )
         / GIB,
     }
-    chunk = min(int(model["stats_chunk_size"]), micro * response)
+    chunk = min(int(model["stats_chunk_size"]), stats_head_tokens)
     statistics = {
         "logits": (
-            fused_head_bytes(micro * response, shape.vocab) if fast_path.fused_head else 4 * chunk * shape.vocab * 4
+            fused_head_bytes(stats_head_tokens, shape.vocab) if fast_path.fused_head else 4 * chunk * shape.vocab * 4
         )
         / GIB,
-        "hidden states": tokens * shape.hidden * act_bytes / GIB,
+        "hidden states": stats_tokens * shape.hidden * act_bytes / GIB,
     }
     plan = MemoryPlan(device, capacity_gib)
     plan.phases = {

@@ -28,6 +28,7 @@ from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.records.prompt_batch import PromptBatch
+from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
@@ -105,16 +106,10 @@ class GRPOModule(L.LightningModule):
             int(self.model_cfg["stats_chunk_size"]),
             self.with_js,
             self.selector.js_peers,
+            self.cfg.batch.micro_batch_tokens,
         )
         self.update_step = LightningUpdate(
-            self,
-            self.passes,
-            self.selector,
-            self.cfg,
-            self.entropy_control,
-            self.seed,
-            by_length=self.fast_path.pack,
-            with_js=self.with_js,
+            self, self.passes, self.selector, self.cfg, self.entropy_control, self.seed, with_js=self.with_js
         )
 
     def on_fit_start(self) -> None:
@@ -177,7 +172,7 @@ class GRPOModule(L.LightningModule):
         with timer("generate"):
             self.engine.sleep()
         self.check_preempted()  # safe: nothing of this step is applied yet (the engine wakes at the next generate)
-        fused = self.fused_statistics(len(scored.rollouts.texts))
+        fused = self.fused_statistics(scored.rollouts)
         with timer("statistics"):
             train = TrainBatch.assemble(
                 self.run_state.rollout_step,
@@ -224,10 +219,16 @@ class GRPOModule(L.LightningModule):
             self.sample_writer.record(train, update, whole, self.global_rank)
         self.run_state.mark_step_boundary()
 
-    def fused_statistics(self, rows: int) -> bool:
-        """Whether this step's statistics come from the update's forward; the first step logs the update's path."""
+    def fused_statistics(self, rollouts: RolloutBatch) -> bool:
+        """Whether the statistics of this step's `rollouts` come from the update's forward; the first step logs the
+        update's path."""
         return self.update_path.fused_statistics(
-            self.cfg, self.selector, self.with_js, rows, log if self.global_rank == 0 else None
+            self.cfg,
+            self.selector,
+            self.with_js,
+            rollouts,
+            self.passes.cut(with_grad=True),
+            log if self.global_rank == 0 else None,
         )
 
     def _refill(self) -> PromptBatch:

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models.response_forward import LAYOUTS
+from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.selectors.base import TokenSelector
+from tokenrl.step.micro_batches import MicroBatchCut
 from tokenrl.step.passes import PolicyPasses, fused_head_blocker, layout_blocker
 
 # `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU: the step of
@@ -26,31 +29,57 @@ AUTO_LAYOUT = {"cpu": "shared_prefix", "cuda": "padded"}
 CPU_HEAD_AUTO_OFF = "fast_path.fused_head=auto off a GPU (docs/algorithms.md §12.5); true forces it"
 
 
-def fused_blocker(cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
+@dataclass(frozen=True)
+class TokenBudgetCut:
+    """How the fused update would cut one batch under `algorithm.micro_batch_tokens`: into `parts` micro-batches, one
+    of them holding a group whose tokens exceed the budget (`group_over`: whole groups run whole, however long)."""
+
+    parts: int
+    group_over: bool
+
+    @classmethod
+    def of(cls, cut: MicroBatchCut, rollouts: RolloutBatch, whole_groups: bool) -> TokenBudgetCut:
+        parts = cut(rollouts, torch.arange(rollouts.response_ids.shape[0]), whole_groups)
+        over = any(len(part) > 1 and cut.tokens(rollouts, part) > cut.max_tokens for part in parts)
+        return cls(len(parts), over)
+
+
+def fused_blocker(
+    cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int, budget: TokenBudgetCut | None = None
+) -> str | None:
     """Why the statistics cannot come from the update's forward for a batch of `rows` rows on this rank (None: they
     can, exactly). The first optimizer step must be the only one (π_θ = π_old), and the selection of each micro-batch
     must be the mini-batch's: one micro-batch, or a selector that chooses row by row (`row_local`) on micro-batches of
-    whole groups when it compares a row with its group; the gradient can be divided afterwards only by one
-    normaliser."""
+    whole groups when it compares a row with its group — groups no larger than the micro-batch the setting asks for;
+    the gradient can be divided afterwards only by one normaliser. `budget`: with `algorithm.micro_batch_tokens`, how
+    the fused update would cut this batch (the micro-batches then depend on the lengths, not the row count)."""
     if cfg.batch.optimizer_steps > 1:
         return (
             f"algorithm.ppo_epochs × mini_batches = {cfg.batch.optimizer_steps} optimizer steps: every "
             "step after the first needs π_old's statistics"
         )
-    if rows > cfg.batch.micro_batch_size:
-        if not selector.row_local:
-            scope = getattr(selector, "scope", None)
-            why = (
-                f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
-                if scope is not None
-                else f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
-                "row's choice depends only on that row and its group"
-            )
+    if budget is not None:
+        several = budget.parts > 1
+        spans = f"{budget.parts} micro-batches of algorithm.micro_batch_tokens={cfg.batch.micro_batch_tokens}"
+    else:
+        several = rows > cfg.batch.micro_batch_size
+        spans = f"several micro-batches of algorithm.micro_batch_size={cfg.batch.micro_batch_size}"
+    if several and not selector.row_local:
+        scope = getattr(selector, "scope", None)
+        why = (
+            f"selector.scope={scope} ranks across rows (selector.scope=sequence chooses row by row)"
+            if scope is not None
+            else f"{type(selector).__name__} does not declare row_local: set `row_local = True` on it if each "
+            "row's choice depends only on that row and its group"
+        )
+        return f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans {spans}: {why}"
+    if with_js or selector.reads_groups:
+        if budget is not None and budget.group_over:
             return (
-                f"selector {selector.name} chooses over the mini-batch ({rows} rows), which spans several "
-                f"micro-batches of algorithm.micro_batch_size={cfg.batch.micro_batch_size}: {why}"
+                "JS or the selection compares a group's rows, and a group's tokens exceed "
+                f"algorithm.micro_batch_tokens={cfg.batch.micro_batch_tokens}"
             )
-        if (with_js or selector.reads_groups) and cfg.batch.micro_batch_size < cfg.batch.group_size:
+        if budget is None and several and cfg.batch.micro_batch_size < cfg.batch.group_size:
             return (
                 f"JS or the selection compares a group's {cfg.batch.group_size} rows, more than "
                 f"algorithm.micro_batch_size={cfg.batch.micro_batch_size}"
@@ -166,8 +195,10 @@ class UpdatePath:
         stats_chunk_size: int,
         with_js: bool,
         js_peers: str,
+        micro_batch_tokens: int | None = None,
     ) -> PolicyPasses:
-        """The policy's passes in the layouts this path takes, each micro-batch cut to its own widths with `pack`."""
+        """The policy's passes in the layouts this path takes, each micro-batch cut to its own widths and groups
+        ordered by length with `pack`, by rows or by `micro_batch_tokens` tokens."""
         layout, update_layout = self.layouts()
         return PolicyPasses(
             policy,
@@ -181,28 +212,43 @@ class UpdatePath:
             update_layout=update_layout,
             trim=self.fast_path.pack,
             fused_head=self.fast_path.fused_head,
+            micro_batch_tokens=micro_batch_tokens,
+            by_length=self.fast_path.pack,
         )
 
-    def statistics_blocker(self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int) -> str | None:
-        """Why a step of `rows` rows takes π_old's statistics from a separate pass (None: from the update's forward)."""
+    def statistics_blocker(
+        self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rollouts: RolloutBatch, cut: MicroBatchCut
+    ) -> str | None:
+        """Why the step of `rollouts` (this rank's) takes π_old's statistics from a separate pass (None: from the
+        update's forward, whose micro-batches `cut` makes)."""
         if not self.fast_path.fused_statistics:
             return "fast_path.fused_statistics=false"
-        return fused_blocker(cfg, selector, with_js, rows)
+        budget = None
+        if cut.max_tokens is not None:
+            budget = TokenBudgetCut.of(cut, rollouts, with_js or selector.reads_groups)
+        return fused_blocker(cfg, selector, with_js, rollouts.response_ids.shape[0], budget)
 
     def fused_statistics(
-        self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int, report: logging.Logger | None
+        self,
+        cfg: AlgorithmConfig,
+        selector: TokenSelector,
+        with_js: bool,
+        rollouts: RolloutBatch,
+        cut: MicroBatchCut,
+        report: logging.Logger | None,
     ) -> bool:
-        """Whether a step of `rows` rows takes π_old's statistics from the update's forward; the first call with a
+        """Whether the step of `rollouts` takes π_old's statistics from the update's forward; the first call with a
         `report` logger logs the update's path there."""
-        blocker = self.statistics_blocker(cfg, selector, with_js, rows)
+        blocker = self.statistics_blocker(cfg, selector, with_js, rollouts, cut)
         if report is not None and not self.reported:
-            report.info(self.describe(blocker))
+            report.info(self.describe(blocker, cut.max_tokens))
             self.reported = True
         return blocker is None
 
-    def describe(self, statistics_blocker: str | None) -> str:
+    def describe(self, statistics_blocker: str | None, micro_batch_tokens: int | None = None) -> str:
         """The run log's line: the layout of the forwards (and where it came from), where the statistics come from,
-        how micro-batches are cut and, where `fast_path.fused_head` asks for it, whether the head is fused."""
+        how micro-batches are cut (`micro_batch_tokens`: by that token budget) and, where `fast_path.fused_head` asks
+        for it, whether the head is fused."""
         chosen = self.fast_path.layout
         no_grad, update = self.layouts()
         if update == no_grad:
@@ -221,6 +267,8 @@ class UpdatePath:
             else f"from a separate pass ({statistics_blocker})"
         )
         cut = "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width"
+        if micro_batch_tokens is not None:
+            cut += f", at most {micro_batch_tokens} tokens each (algorithm.micro_batch_tokens)"
         line = f"update path: layout {layout}; statistics {statistics}; micro-batches {cut}"
         if not self.fast_path.fused_head:  # off (or auto off a GPU): the head as it always was, nothing to add
             return line

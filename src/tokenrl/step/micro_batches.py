@@ -6,19 +6,25 @@ its own longest prompt and response (models/response_forward.py: `trim`), spends
 effect of verl's length-balanced dynamic batches, at a fixed row count. The loss is a sum over micro-batches, so the
 order changes nothing but rounding.
 
-With `max_tokens` the cut is by a token budget instead of a row count (docs/algorithms.md §12.4): a micro-batch takes
-groups (or rows) in order while its tokens stay within the budget, counted as its forward will run them — `packed`
-(models/packed.py: each group's prompt once, plus every response's tokens) or `padded` (rows × (longest prompt +
-longest response), the trimmed padded forward). A unit (a group with `whole_groups`, else a row) larger than the budget
-is a micro-batch of its own. In the packed count a group split over two micro-batches pays its prompt in each, so
-`whole_groups` keeps the prompt once.
+With `max_tokens` (`algorithm.micro_batch_tokens`) the cut is by a token budget instead of a row count
+(docs/algorithms.md §12.4): a micro-batch takes groups (or rows) in order while its tokens stay within the budget,
+counted as its forward will run them (models/response_forward.py's layouts) — `packed` (each group's prompt once, plus
+every response's tokens), `shared_prefix` (each group's prompt once at the micro-batch's longest prompt, plus rows ×
+longest response) or `padded` (rows × (longest prompt + longest response)), each forward trimmed to its own widths or,
+with `full_widths`, at the batch's full widths. A unit (a group with `whole_groups`, else a row) larger than the
+budget is a micro-batch of its own. A group split over two micro-batches pays its prompt in each, so `whole_groups`
+keeps the prompt once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-COSTS = ("packed", "padded")
+from tokenrl.records.rollout_batch import RolloutBatch
+
+COSTS = ("packed", "shared_prefix", "padded")  # models/response_forward.py's LAYOUTS, by how each counts its tokens
 
 
 def micro_batches(
@@ -31,13 +37,15 @@ def micro_batches(
     max_tokens: int | None = None,
     prompt_lengths: torch.Tensor | None = None,
     cost: str = "packed",
+    full_widths: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """Positions into `rows` (a mini-batch's row ids, sorted) of each micro-batch: at most `max_rows` rows, or whole
     groups of at most max(`max_rows`, the group's size) rows with `whole_groups`. With `max_tokens`: at most that
     many tokens by `cost` (module docstring; `max_rows`, if not None, caps the rows too), or one unit that alone
     exceeds it.
 
-    group_ids / response_lengths / prompt_lengths (real tokens; needed with `max_tokens`): per row of the full batch.
+    group_ids / response_lengths / prompt_lengths (real tokens; needed with `max_tokens`): per row of the full batch;
+    full_widths: (prompt, response) columns of an untrimmed forward (None: trimmed to the micro-batch's own).
     """
     ids = group_ids[rows]
     groups = [(ids == g).nonzero().squeeze(1) for g in torch.unique(ids)]
@@ -47,7 +55,9 @@ def micro_batches(
     if max_tokens is not None:
         if prompt_lengths is None:
             raise ValueError("a token budget needs the rows' prompt lengths")
-        return by_tokens(groups, rows, ids, response_lengths, prompt_lengths, max_tokens, max_rows, whole_groups, cost)
+        return by_tokens(
+            groups, rows, ids, response_lengths, prompt_lengths, max_tokens, max_rows, whole_groups, cost, full_widths
+        )
     if max_rows is None:
         raise ValueError("micro-batches need max_rows or max_tokens")
     if not whole_groups:
@@ -64,15 +74,18 @@ def micro_batches(
     return chunks
 
 
-def tokens_of(positions: list[int], rows, ids, response_lengths, prompt_lengths, cost: str) -> int:
-    """Tokens of a micro-batch of these positions into `rows` by `cost` (module docstring)."""
+def tokens_of(positions: list[int], rows, ids, response_lengths, prompt_lengths, cost: str, full_widths=None) -> int:
+    """Tokens of a micro-batch of these positions into `rows` by `cost` (module docstring; `ids`: the group ids of
+    `rows`)."""
     if not positions:
         return 0
     index = rows[torch.tensor(positions)]
-    if cost == "padded":
-        return len(positions) * (int(prompt_lengths[index].max()) + int(response_lengths[index].max()))
     prompts = {int(g): int(p) for g, p in zip(ids[torch.tensor(positions)], prompt_lengths[index])}
-    return sum(prompts.values()) + int(response_lengths[index].sum())
+    if cost == "packed":
+        return sum(prompts.values()) + int(response_lengths[index].sum())
+    prompt, response = full_widths or (max(prompts.values()), int(response_lengths[index].max()))
+    prompt_rows = len(prompts) if cost == "shared_prefix" else len(positions)
+    return prompt_rows * prompt + len(positions) * response
 
 
 def by_tokens(
@@ -85,6 +98,7 @@ def by_tokens(
     max_rows: int | None,
     whole_groups: bool,
     cost: str,
+    full_widths: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """The greedy cut of `micro_batches` by a token budget: units (groups or rows) in order, a new micro-batch when
     the next unit would overflow `max_tokens` (or `max_rows`)."""
@@ -97,7 +111,7 @@ def by_tokens(
     pending: list[int] = []
     for unit in units:
         grown = pending + unit
-        over = tokens_of(grown, rows, ids, response_lengths, prompt_lengths, cost) > max_tokens
+        over = tokens_of(grown, rows, ids, response_lengths, prompt_lengths, cost, full_widths) > max_tokens
         if pending and (over or (max_rows is not None and len(grown) > max(max_rows, len(unit)))):
             chunks.append(pending)
             grown = list(unit)
@@ -105,3 +119,49 @@ def by_tokens(
     if pending:
         chunks.append(pending)
     return [torch.tensor(chunk, dtype=torch.long) for chunk in chunks]
+
+
+@dataclass(frozen=True)
+class MicroBatchCut:
+    """How one pass cuts rows into micro-batches: `max_rows` rows (`algorithm.micro_batch_size`) or, with
+    `max_tokens` (`algorithm.micro_batch_tokens`), at most that many tokens as the pass's forward runs them (`layout`,
+    trimmed to its own widths with `trim`); `by_length`: groups ordered by their longest response (`fast_path.pack`)."""
+
+    max_rows: int
+    max_tokens: int | None = None
+    layout: str = "padded"
+    trim: bool = False
+    by_length: bool = False
+
+    def __call__(self, rollouts: RolloutBatch, rows: torch.Tensor, whole_groups: bool = False) -> list[torch.Tensor]:
+        """Positions into `rows` (row ids of `rollouts`, sorted) of each micro-batch (`micro_batches`)."""
+        return micro_batches(
+            rows,
+            rollouts.group_ids,
+            rollouts.response_mask.sum(1),
+            self.max_rows if self.max_tokens is None else None,
+            whole_groups,
+            self.by_length,
+            self.max_tokens,
+            rollouts.prompt_mask.sum(1),
+            self.layout,
+            self.full_widths(rollouts),
+        )
+
+    def full_widths(self, rollouts: RolloutBatch) -> tuple[int, int] | None:
+        """The untrimmed forward's (prompt, response) columns; None where the forward is trimmed or packed."""
+        if self.trim or self.layout == "packed":
+            return None
+        return rollouts.prompt_ids.shape[1], rollouts.response_ids.shape[1]
+
+    def tokens(self, rollouts: RolloutBatch, rows: torch.Tensor) -> int:
+        """The tokens of one micro-batch of `rows` (row ids of `rollouts`) as the forward runs them."""
+        return tokens_of(
+            list(range(len(rows))),
+            rows,
+            rollouts.group_ids[rows],
+            rollouts.response_mask.sum(1),
+            rollouts.prompt_mask.sum(1),
+            self.layout,
+            self.full_widths(rollouts),
+        )

@@ -28,6 +28,7 @@ from tokenrl.models.response_forward import (
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
+from tokenrl.step.micro_batches import MicroBatchCut
 from tokenrl.step.statistics import compute_token_stats
 
 
@@ -129,7 +130,8 @@ class PolicyPasses:
     (models/sharding.py) passes with gradients go through the root's forward; passes without run with it gathered.
     layout (the no-grad passes) / update_layout / trim: models/response_forward.py's `LAYOUTS` and trimming (callers
     pass a layout only where the model allows it: `layout_blocker`). fused_head: the head fused and chunked over the
-    vocabulary (models/lm_head.py) in every pass where the head allows it (`fused_head_blocker`)."""
+    vocabulary (models/lm_head.py) in every pass where the head allows it (`fused_head_blocker`). micro_batch_size /
+    micro_batch_tokens / by_length: how each pass cuts its rows (`cut`)."""
 
     policy: nn.Module
     reference: nn.Module | None
@@ -142,6 +144,17 @@ class PolicyPasses:
     update_layout: str = "padded"
     trim: bool = False
     fused_head: bool = False
+    micro_batch_tokens: int | None = None
+    by_length: bool = False
+
+    def cut(self, with_grad: bool) -> MicroBatchCut:
+        """How the update's forward (`with_grad`) or a pass without gradient cuts its rows into micro-batches, the
+        token budget counted in that pass's layout (FSDP's update: the root's padded, untrimmed forward)."""
+        if with_grad and is_sharded(self.policy):
+            layout, trim = "padded", False
+        else:
+            layout, trim = (self.update_layout if with_grad else self.layout), self.trim
+        return MicroBatchCut(self.micro_batch_size, self.micro_batch_tokens, layout, trim, self.by_length)
 
     def fuses(self, model: nn.Module, with_grad: bool) -> bool:
         return self.fused_head and fused_head_blocker(model, with_grad) is None
@@ -161,6 +174,8 @@ class PolicyPasses:
                 layout=self.layout,
                 trim=self.trim,
                 fused_head=self.fuses(self.policy, with_grad=False),
+                micro_batch_tokens=self.micro_batch_tokens,
+                by_length=self.by_length,
             )
 
     @torch.no_grad()
@@ -171,7 +186,7 @@ class PolicyPasses:
         out = torch.zeros(rollouts.response_ids.shape)
         with gathered_root(model), adapters_off, checkpointing_paused(model):
             fused = self.fuses(model, with_grad=False)
-            for rows in torch.arange(rollouts.response_ids.shape[0]).split(self.micro_batch_size):
+            for rows in self.cut(with_grad=False)(rollouts, torch.arange(rollouts.response_ids.shape[0])):
                 if fused:
                     head, batch = fused_response_head(
                         model, rollouts.rows(rows), self.temperature, self.layout, self.trim

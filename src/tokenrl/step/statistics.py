@@ -2,7 +2,8 @@
 statistics of every response token from its logits (the math: algorithms/token_stats.py; the layouts of the forward:
 models/response_forward.py).
 
-Each forward holds at most max(micro_batch_size, G) rows of hidden states; the head turns them into logits chunk by
+Each forward holds whole groups, at most max(micro_batch_size, G) rows of hidden states or, with `micro_batch_tokens`,
+at most that many tokens (a group larger runs alone: step/micro_batches.py); the head turns them into logits chunk by
 chunk inside `group_statistics`, so at most `chunk_size` response tokens have logits at a time. With `fused_head`
 (`fast_path.fused_head`, docs/algorithms.md §12.5) the fused head of models/lm_head.py computes the same statistics
 from the hidden states vocabulary chunk by vocabulary chunk, all of a forward's tokens at once, without logits."""
@@ -18,6 +19,7 @@ from tokenrl.models.lm_head import response_slots
 from tokenrl.models.response_forward import decoder_and_head, response_hidden
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats, zero_statistics
+from tokenrl.step.micro_batches import MicroBatchCut
 
 
 @torch.no_grad()
@@ -32,26 +34,28 @@ def compute_token_stats(
     layout: str = "padded",
     trim: bool = False,
     fused_head: bool = False,
+    micro_batch_tokens: int | None = None,
+    by_length: bool = False,
 ) -> TokenStats:
-    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows
-    (layouts: models/response_forward.py); `fused_head`: through models/lm_head.py (the head a plain nn.Linear)."""
+    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows or
+    `micro_batch_tokens` tokens, groups ordered by length with `by_length` (`MicroBatchCut`; layouts:
+    models/response_forward.py); `fused_head`: through models/lm_head.py (the head a plain nn.Linear)."""
     check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
     out = zero_statistics(batch.response_ids.shape, with_js)
     local = torch.full((batch.response_ids.shape[0],), -1, dtype=torch.long)
 
-    def flush(pending: list[torch.Tensor]) -> None:
-        rows = torch.cat(pending)
+    def flush(rows: torch.Tensor) -> None:
         local[rows] = torch.arange(len(rows))
         hidden, sub = response_hidden(model, batch.rows(rows), trim=trim, layout=layout)
         if fused_head:
             fused_statistics(hidden, sub, rows)
             return
-        for group in pending:
+        for group in group_rows(batch.group_ids[rows]):
             group_statistics(
                 lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
-                group,
+                rows[group],
                 batch.response_ids,
                 batch.response_mask,
                 temperature,
@@ -76,12 +80,8 @@ def compute_token_stats(
             values = getattr(head_out, name).reshape(count, width).float().cpu()
             whole[rows, :width] = torch.where(mask, values, torch.zeros_like(values))
 
-    pending: list[torch.Tensor] = []
-    for group in group_rows(batch.group_ids):
-        if pending and sum(map(len, pending)) + len(group) > max(micro_batch_size, len(group)):
-            flush(pending)
-            pending = []
-        pending.append(group)
-    if pending:
-        flush(pending)
+    cut = MicroBatchCut(micro_batch_size, micro_batch_tokens, layout, trim, by_length)
+    every = torch.arange(batch.response_ids.shape[0])
+    for rows in cut(batch, every, whole_groups=True):
+        flush(rows)
     return TokenStats(**out)

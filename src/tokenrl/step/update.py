@@ -28,7 +28,6 @@ from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import Selection, single_process
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.step.micro_batches import micro_batches
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.train_batch import TrainBatch
 
@@ -39,14 +38,16 @@ UNIT = LossNormalizer(1.0, 1.0, 1.0)
 class Backend:
     """What the loop needs from the process that owns the policy and the optimizer.
 
-    forward: (sub-batch, with statistics?, with entropy?) → `UpdateForward`; backward: (loss share, last micro-batch
-    of the optimizer step?); scale_gradients: multiply the accumulated gradients by a factor; optimizer_step: clip,
-    step and zero the gradients; current_stats: detached statistics of π_θ for a sub-batch (selectors with
-    `stats_policy=current`); reduce_normalizer: this rank's loss divisors (`local_normalizer`) → their sum over every
-    rank; gather / rank: the selectors' cross-rank view.
+    forward: (sub-batch, with statistics?, with entropy?) → `UpdateForward`; micro_batches: (rollouts, sorted row
+    ids, whole groups?) → positions into those rows of each micro-batch, cut as `forward` runs them
+    (`MicroBatchCut`); backward: (loss share, last micro-batch of the optimizer step?); scale_gradients: multiply
+    the accumulated gradients by a factor; optimizer_step: clip, step and zero the gradients; current_stats: detached
+    statistics of π_θ for a sub-batch (selectors with `stats_policy=current`); reduce_normalizer: this rank's loss
+    divisors (`local_normalizer`) → their sum over every rank; gather / rank: the selectors' cross-rank view.
     """
 
     forward: Callable[[RolloutBatch, bool, bool], UpdateForward]
+    micro_batches: Callable[[RolloutBatch, torch.Tensor, bool], list[torch.Tensor]]
     backward: Callable[[torch.Tensor, bool], None]
     scale_gradients: Callable[[float], None]
     optimizer_step: Callable[[], None]
@@ -105,18 +106,17 @@ def ppo_update(
     cfg: AlgorithmConfig,
     backend: Backend,
     shuffle: torch.Generator,
-    by_length: bool = False,
     entropy_coef: float | None = None,
     with_js: bool = False,
 ) -> UpdateResult:
     """`cfg.batch.ppo_epochs` passes over `batch` in `cfg.batch.mini_batches` shuffled mini-batches (`shuffle` orders
-    them); one pass with statistics from the update's forward when `batch.stats` is None (`with_js`: the forward
-    computes JS, so its micro-batches hold whole groups). `by_length`: micro-batches of groups ordered by length
-    (step/micro_batches.py). `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's current
-    value; None: `cfg.loss.entropy_coef`)."""
+    them), each cut into micro-batches by `backend.micro_batches`; one pass with statistics from the update's forward
+    when `batch.stats` is None (`with_js`: the forward computes JS, so its micro-batches hold whole groups).
+    `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's current value; None:
+    `cfg.loss.entropy_coef`)."""
     settings = cfg.loss if entropy_coef is None else replace(cfg.loss, entropy_coef=entropy_coef)
     if batch.stats is None:
-        return fused_update(batch, selector, cfg, backend, by_length, settings, with_js or selector.reads_groups)
+        return fused_update(batch, selector, backend, cfg, settings, with_js or selector.reads_groups)
     rollouts = batch.rollouts
     is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
@@ -141,7 +141,7 @@ def ppo_update(
             if epoch == 0:
                 record_selection(first_epoch_weights, shaping, minibatch, selection)
             normalizer = backend.reduce_normalizer(local_normalizer(cfg, rollouts.response_mask[minibatch], selection))
-            parts = batch_parts(batch, minibatch, cfg, False, by_length)
+            parts = backend.micro_batches(rollouts, minibatch, False)
             for index, local in enumerate(parts):
                 rows = minibatch[local]
                 forward = backend.forward(rollouts.rows(rows), False, settings.entropy_coef > 0)
@@ -164,9 +164,8 @@ def ppo_update(
 def fused_update(
     batch: TrainBatch,
     selector: TokenSelector,
-    cfg: AlgorithmConfig,
     backend: Backend,
-    by_length: bool,
+    cfg: AlgorithmConfig,
     settings: LossSettings,
     whole_groups: bool,
 ) -> UpdateResult:
@@ -175,7 +174,7 @@ def fused_update(
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
     is_weights = None if cfg.engine_is.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
-    parts = [rows.sort().values for rows in batch_parts(batch, torch.arange(batch.size), cfg, whole_groups, by_length)]
+    parts = [rows.sort().values for rows in backend.micro_batches(rollouts, torch.arange(batch.size), whole_groups)]
     weights = torch.zeros(shape)
     shaping: dict[str, torch.Tensor] = {}
     local = LossNormalizer(0.0, 0.0, 0.0)
@@ -217,16 +216,6 @@ def engine_weights(
         cfg.engine_is.tis_mode,
         cfg.engine_is.tis_cap,
         cfg.engine_is.tis_min,
-    )
-
-
-def batch_parts(
-    batch: TrainBatch, rows: torch.Tensor, cfg: AlgorithmConfig, whole_groups: bool, by_length: bool
-) -> list[torch.Tensor]:
-    """Positions into `rows` of each micro-batch (step/micro_batches.py)."""
-    rollouts = batch.rollouts
-    return micro_batches(
-        rows, rollouts.group_ids, rollouts.response_mask.sum(1), cfg.batch.micro_batch_size, whole_groups, by_length
     )
 
 
