@@ -244,6 +244,19 @@ def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp
     assert moved > 1e-3  # the step really changed the weights
 
 
+def test_ddp_step_under_a_token_budget_equals_one_process(tmp_path):
+    """`algorithm.micro_batch_tokens` with one optimizer step and a row-local ICT: each rank cuts its own rows by their
+    lengths and decides on its own cut whether the update's forward gives the statistics, the ranks agree on one path
+    (step/fast_path.py: `everyone`), and 2 ranks end at the weights of one process on the whole batch."""
+    budget = ["algorithm.ppo_epochs=1", "selector.scope=sequence", "algorithm.micro_batch_tokens=30"]
+    single = _one_step(tmp_path / "one", 1, "ddp", *budget)
+    ddp = _one_step(tmp_path / "two", 2, "ddp", *budget)
+    assert ddp["counts"][:, 1].tolist() == [1, 1]  # one optimizer step per rank
+    for name, weight in single["weights"].items():
+        torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(w, single["initial"][n]) for n, w in single["weights"].items())
+
+
 def test_fsdp_step_with_gradient_clipping_equals_one_process(tmp_path, one_process):
     """`trainer=fsdp` on 2 ranks (FULL_SHARD, one unit per decoder layer: models/sharding.py) runs a step with
     `algorithm.grad_clip=1.0` — Lightning's own norm clipping raises under FSDP; the root's `clip_grad_norm_` clips

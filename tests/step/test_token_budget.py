@@ -139,3 +139,27 @@ def test_the_step_decides_on_its_own_cut(policy, rollouts, layout, trim):
         cut = make_passes(policy, ICT, cfg, layout, trim).cut(with_grad=True)
         for selector, with_js in ((ICT, True), (Entropy20Selector(scope="batch"), False)):
             assert (path.statistics_blocker(cfg, selector, with_js, batch, cut) is None) == admitted
+
+
+def test_every_rank_takes_the_path_of_the_one_that_cannot_fuse(policy, rollouts):
+    """Under a budget each rank decides on its own rows; one rank that cannot fuse sends every rank to the separate
+    pass (their collectives would otherwise run in different orders), and the run's line says why."""
+    batch, _ = rollouts
+    path = UpdatePath.of(FastPath("padded", pack=True), policy)
+    cfg = algorithm(micro_batch_tokens=1000)
+    cut = make_passes(policy, ICT, cfg, "padded", True).cut(with_grad=True)
+    asked = []
+
+    def everyone(mine: bool) -> bool:
+        asked.append(mine)
+        return False  # another rank's answer is no
+
+    class Log:
+        def info(self, line: str) -> None:
+            self.line = line
+
+    log = Log()
+    assert path.statistics_blocker(cfg, ICT, True, batch, cut) is None  # this rank alone could
+    assert not path.fused_statistics(cfg, ICT, True, batch, cut, log, everyone)
+    assert asked == [True] and "another rank's rows cannot take it" in log.line
+    assert path.fused_statistics(cfg, ICT, True, batch, cut, None, lambda mine: mine)  # every rank can

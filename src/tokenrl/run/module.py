@@ -221,7 +221,8 @@ class GRPOModule(L.LightningModule):
 
     def fused_statistics(self, rollouts: RolloutBatch) -> bool:
         """Whether the statistics of this step's `rollouts` come from the update's forward; the first step logs the
-        update's path."""
+        update's path. Every rank takes the same path."""
+        several = self._trainer is not None and self._trainer.world_size > 1
         return self.update_path.fused_statistics(
             self.cfg,
             self.selector,
@@ -229,6 +230,7 @@ class GRPOModule(L.LightningModule):
             rollouts,
             self.passes.cut(with_grad=True),
             log if self.global_rank == 0 else None,
+            self._everyone if several else None,
         )
 
     def _refill(self) -> PromptBatch:

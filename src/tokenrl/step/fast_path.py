@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,10 +236,15 @@ class UpdatePath:
         rollouts: RolloutBatch,
         cut: MicroBatchCut,
         report: logging.Logger | None,
+        everyone: Callable[[bool], bool] | None = None,
     ) -> bool:
         """Whether the step of `rollouts` takes π_old's statistics from the update's forward; the first call with a
-        `report` logger logs the update's path there."""
+        `report` logger logs the update's path there. `everyone` (several ranks): whether every rank's answer is yes —
+        each rank decides on its own rows (a token budget cuts them by their lengths), and the ranks must take one path
+        (their collectives run in a different order on each)."""
         blocker = self.statistics_blocker(cfg, selector, with_js, rollouts, cut)
+        if everyone is not None and not everyone(blocker is None) and blocker is None:
+            blocker = "another rank's rows cannot take it, and every rank takes the same path"
         if report is not None and not self.reported:
             report.info(self.describe(blocker, cut.max_tokens))
             self.reported = True
