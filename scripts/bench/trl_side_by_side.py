@@ -1,7 +1,8 @@
 """The same GRPO step in tokenrl and in TRL's `GRPOTrainer`, side by side: step time, generation and update time, peak
 memory, and their ratios (issue #39 §3).
 
-    python scripts/bench/trl_side_by_side.py [--device cpu|cuda] [--engine hf|vllm] [--model DIR|SHAPE]
+    python scripts/bench/trl_side_by_side.py [--device cpu|cuda] [--engine hf|vllm] [--trl-engine hf|vllm]
+        [--model DIR|SHAPE]
         [--prompts P] [--group G] [--max-new-tokens N] [--prompt-tokens T] [--micro-batch M] [--steps S]
         [--rounds R] [--out FILE]
 
@@ -360,7 +361,7 @@ def run_trl(settings: dict) -> dict:
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, seed=cfg.seed)  # the same folder, fp32, as tokenrl builds its policy
     rows = trl_prompts(cfg, tokenizer)
-    use_vllm = settings["engine"] == "vllm"
+    use_vllm = settings["trl_engine"] == "vllm"
     if use_vllm:
         patch_trl_vllm(cfg, device)
     prompts, group, micro = settings["prompts"], settings["group"], settings["micro_batch"]
@@ -564,6 +565,7 @@ def prepare_settings(args: argparse.Namespace, workdir: Path) -> dict:
     settings = {
         "device": args.device,
         "engine": args.engine,
+        "trl_engine": args.trl_engine,
         "model": args.model,
         "folder": folder,
         "preset": preset,
@@ -588,6 +590,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--trl-engine", choices=["hf", "vllm"], help="TRL's engine where it differs (default: --engine)")
     parser.add_argument("--model", help="a local HF folder, or a tokenrl preset name (random weights, char tokenizer)")
     parser.add_argument("--prompts", type=int)
     parser.add_argument("--group", type=int)
@@ -609,7 +612,9 @@ def main() -> None:
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.out = args.out or ROOT / "benchmarks" / f"trl_side_by_side_{args.device}_{args.engine}.json"
+    args.trl_engine = args.trl_engine or args.engine
+    engines = args.engine if args.trl_engine == args.engine else f"{args.engine}_vs_trl_{args.trl_engine}"
+    args.out = args.out or ROOT / "benchmarks" / f"trl_side_by_side_{args.device}_{engines}.json"
     if args.device == "cuda":
         import torch
 
@@ -669,7 +674,8 @@ def report(args: argparse.Namespace, settings: dict, rounds: list[dict], quiet: 
     say(f"{'':<24}{head}{memory:>26}{'completion tokens':>19}")
     for f in FRAMEWORKS:
         row = "".join(f"{mean[f][p]:>11.2f}" for p in PHASES)
-        say(f"{f:<24}{row}{mean[f]['peak_gib']:>26.2f}{mean[f]['completion_tokens']:>19.0f}")
+        engine = settings["engine"] if f == "tokenrl" else settings["trl_engine"]
+        say(f"{f + ' (' + engine + ')':<24}{row}{mean[f]['peak_gib']:>26.2f}{mean[f]['completion_tokens']:>19.0f}")
     cells = "".join(
         f"{ratio_mean[p.removesuffix('_s')]:>10.2f}x" if ratio_mean[p.removesuffix("_s")] else f"{'-':>11}"
         for p in PHASES
