@@ -590,7 +590,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    parser.add_argument("--trl-engine", choices=["hf", "vllm"], help="TRL's engine where it differs (default: --engine)")
+    parser.add_argument("--trl-engine", choices=["hf", "vllm"], help="TRL's engine if not --engine's")
     parser.add_argument("--model", help="a local HF folder, or a tokenrl preset name (random weights, char tokenizer)")
     parser.add_argument("--prompts", type=int)
     parser.add_argument("--group", type=int)
