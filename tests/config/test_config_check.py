@@ -103,6 +103,10 @@ def test_a_bad_setting_is_named_with_what_is_allowed(override, expected):
         ),
         (["method=dppo", "algorithm.dppo_divergence=js"], "algorithm.dppo_divergence='js' is not one of ('tv', 'kl')"),
         (["method=dppo", "algorithm.mini_batches=3"], "algorithm.mini_batches=3: the 32 responses of a step"),
+        (
+            ["trainer=fsdp", "algorithm.micro_batch_tokens=4096"],
+            "algorithm.micro_batch_tokens=4096 with trainer=fsdp: each rank cuts its own rows by their lengths",
+        ),
     ],
 )
 def test_a_broken_relation_is_named(overrides, expected):

@@ -99,16 +99,29 @@ def full_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class Probe(L.Callback):
-    """Swaps in the per-prompt engine, counts backward passes that all-reduce (bucket 0 of each) and records the
-    global gradient norm each optimizer step applies (after clipping; FSDP: summed over the ranks' shards)."""
+    """Swaps in the per-prompt engine, counts backward passes that all-reduce (bucket 0 of each), records the
+    global gradient norm each optimizer step applies (after clipping; FSDP: summed over the ranks' shards) and, per
+    step, whether this rank's own rows could take the statistics from the update's forward and whether it did."""
 
     def __init__(self) -> None:
         self.synced_backwards = 0
         self.grad_norms: list[float] = []
+        self.paths: list[tuple[bool, bool]] = []
 
     def on_train_start(self, trainer, module) -> None:
         module.engine = PerPromptEngine(module.policy, module.tokenizer)
         self.initial = full_weights(module.policy)
+        decide = module.fused_statistics
+
+        def recorded(rollouts):
+            alone = module.update_path.statistics_blocker(
+                module.cfg, module.selector, module.with_js, rollouts, module.passes.cut(with_grad=True)
+            )
+            took = decide(rollouts)
+            self.paths.append((alone is None, took))
+            return took
+
+        module.fused_statistics = recorded
         if isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel):
 
             def counting(state, bucket):
@@ -135,12 +148,16 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
     trainer.callbacks.append(probe)
     trainer.fit(module, datamodule=datamodule)
     counts = torch.tensor([probe.synced_backwards, module.run_state.optimizer_steps], device=module.device)
+    paths = torch.tensor(probe.paths[0], device=module.device)  # the first step's (alone could fuse, fused)
     weights = full_weights(module.policy)
     checkpoint_keys = list(module.state_dict())  # what a checkpoint's state_dict holds (FSDP: gathered, collective)
     if torch.distributed.is_initialized():
         everyone = [torch.zeros_like(counts) for _ in range(torch.distributed.get_world_size())]
         torch.distributed.all_gather(everyone, counts)
         counts = torch.stack(everyone)
+        every_path = [torch.zeros_like(paths) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(every_path, paths)
+        paths = torch.stack(every_path)
         torch.distributed.destroy_process_group()
     if not trainer.is_global_zero:
         return None
@@ -148,6 +165,7 @@ def one_step(out: Path, overrides: list[str]) -> dict | None:
         "weights": weights,
         "initial": probe.initial,
         "counts": counts.cpu().reshape(-1, 2),
+        "paths": paths.cpu().reshape(-1, 2).bool(),
         "grad_norms": probe.grad_norms,
         "checkpoint_keys": checkpoint_keys,
     }

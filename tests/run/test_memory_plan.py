@@ -56,25 +56,32 @@ def test_each_component_follows_its_formula():
 
 
 def test_a_token_budget_plans_its_tokens_not_the_rows():
-    """With algorithm.micro_batch_tokens the update's forward holds at most that many tokens (a longer row alone), the
-    statistics pass's whole groups at least one group; micro_batch_size no longer counts."""
-    settings = ("model=tiny", "algorithm.group_size=4", "rollout.max_new_tokens=10", "model.stats_chunk_size=16")
+    """With algorithm.micro_batch_tokens the update's forward holds at most that many tokens (a longer row alone, and
+    never more than the step's), the statistics pass's whole groups at least one group; micro_batch_size no longer
+    counts."""
+    settings = (
+        "model=tiny",
+        "algorithm.prompts_per_step=4",
+        "algorithm.group_size=4",
+        "rollout.max_new_tokens=10",
+        "model.stats_chunk_size=16",
+    )
     per_token = 2 * (8 * 64 + 2 * 32 + 5 * 128) * 4 / GIB  # layers × per-layer activations, fp32
+
+    def plan(*overrides):
+        return plan_memory(container(*settings, *overrides), SHAPE, "cpu", None, prompt_tokens=20)
+
     for micro in (1, 4):
-        plan = plan_memory(
-            container(*settings, "algorithm.micro_batch_tokens=300", f"algorithm.micro_batch_size={micro}"),
-            SHAPE,
-            "cpu",
-            None,
-            prompt_tokens=20,
-        )
-        assert plan.phases["update"]["activations"] == pytest.approx(300 * per_token)
-        assert plan.phases["update"]["logits"] == pytest.approx(3 * 300 * 500 * 4 / GIB)
-        assert plan.phases["statistics"]["hidden states"] == pytest.approx(300 * 64 * 4 / GIB)
-    tiny_budget = plan_memory(container(*settings, "algorithm.micro_batch_tokens=8"), SHAPE, "cpu", None, 20)
+        budgeted = plan("algorithm.micro_batch_tokens=200", f"algorithm.micro_batch_size={micro}")
+        assert budgeted.phases["update"]["activations"] == pytest.approx(200 * per_token)
+        assert budgeted.phases["update"]["logits"] == pytest.approx(3 * 200 * 500 * 4 / GIB)
+        assert budgeted.phases["statistics"]["hidden states"] == pytest.approx(200 * 64 * 4 / GIB)
+    step = 4 * 20 + 16 * 10  # the shared prefix (the CPU's auto): each group's prompt once, every response
+    huge = plan("algorithm.micro_batch_tokens=100000")
+    assert huge.phases["update"]["activations"] == pytest.approx(step * per_token)
+    tiny_budget = plan("algorithm.micro_batch_tokens=8")
     assert tiny_budget.phases["update"]["activations"] == pytest.approx((20 + 10) * per_token)  # one row
-    shared_group = 20 + 4 * 10  # the shared prefix (the CPU's auto): the group's prompt once
-    assert tiny_budget.phases["statistics"]["hidden states"] == pytest.approx(shared_group * 64 * 4 / GIB)
+    assert tiny_budget.phases["statistics"]["hidden states"] == pytest.approx((20 + 4 * 10) * 64 * 4 / GIB)
 
 
 def test_switches_change_what_they_should():

@@ -244,14 +244,24 @@ def test_ddp_step_all_reduces_once_per_optimizer_step_and_equals_one_process(tmp
     assert moved > 1e-3  # the step really changed the weights
 
 
-def test_ddp_step_under_a_token_budget_equals_one_process(tmp_path):
-    """`algorithm.micro_batch_tokens` with one optimizer step and a row-local ICT: each rank cuts its own rows by their
-    lengths and decides on its own cut whether the update's forward gives the statistics, the ranks agree on one path
-    (step/fast_path.py: `everyone`), and 2 ranks end at the weights of one process on the whole batch."""
-    budget = ["algorithm.ppo_epochs=1", "selector.scope=sequence", "algorithm.micro_batch_tokens=30"]
+def test_ddp_ranks_that_disagree_under_a_token_budget_take_one_path(tmp_path):
+    """`algorithm.micro_batch_tokens` with one optimizer step and a row-local ICT (JS over whole groups): each rank
+    cuts its own rows by their lengths. Operands 0–20 give the two ranks' groups prompts of different lengths, and
+    the budget of 85 tokens holds rank 0's group but not rank 1's: alone, rank 0 would take the statistics from the
+    update's forward and rank 1 could not. The ranks agree on the separate pass (step/fast_path.py: `everyone`; the
+    two paths' collectives run in different orders), and 2 ranks end at the weights of one process."""
+    budget = [
+        "algorithm.ppo_epochs=1",
+        "selector.scope=sequence",
+        "algorithm.prompts_per_step=2",  # one group per rank
+        "task.high=20",
+        "algorithm.micro_batch_tokens=85",
+    ]
     single = _one_step(tmp_path / "one", 1, "ddp", *budget)
     ddp = _one_step(tmp_path / "two", 2, "ddp", *budget)
-    assert ddp["counts"][:, 1].tolist() == [1, 1]  # one optimizer step per rank
+    alone, took = ddp["paths"].T.tolist()
+    assert sorted(alone) == [False, True], f"the ranks no longer disagree on their own ({alone}): retune the budget"
+    assert took == [False, False] and ddp["counts"][:, 1].tolist() == [1, 1]
     for name, weight in single["weights"].items():
         torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-5, atol=1e-6, msg=name)
     assert any(not torch.equal(w, single["initial"][n]) for n, w in single["weights"].items())

@@ -98,7 +98,8 @@ def test_packed_cost_counts_a_prompt_once_per_micro_batch():
     assert cut(16) == [[0, 1], [2]]
     assert cut(8, whole=False) == [[0], [1], [2]]  # 4+2 = 6, + 3 = 9 > 8: row 1 starts again with its prompt
     assert cut(9, whole=False) == [[0, 1], [2]]
-    assert cut(100, max_rows=2) == [[0, 1], [2]]  # max_rows still caps
+    with pytest.raises(ValueError, match="one of them"):
+        cut(100, max_rows=2)  # a row count and a token budget: one or the other
     assert cut(14, kind="padded") == [[0, 1], [2]]  # 2 × (4 + 3) = 14; with row 2: 3 × (4 + 5) = 27
     assert cut(10, kind="shared_prefix") == [[0, 1], [2]]  # 4 + 2 × 3 = 10; with row 2: 2 × 4 + 3 × 5 = 23
     assert cut(23, kind="shared_prefix") == [[0, 1, 2]]
@@ -110,5 +111,5 @@ def test_token_budget_needs_prompt_lengths_and_a_known_cost():
         micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4)
     with pytest.raises(ValueError, match="not one of"):
         micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4, prompt_lengths=lengths, cost="x")
-    with pytest.raises(ValueError, match="max_rows or max_tokens"):
+    with pytest.raises(ValueError, match="max_rows or max_tokens, one of them"):
         micro_batches(torch.arange(2), group_ids, lengths, None)

@@ -226,6 +226,12 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
             f"(algorithm.prompts_per_step={algorithm.prompts_per_step} × algorithm.group_size="
             f"{algorithm.group_size}) must split into equal mini-batches"
         )
+    if algorithm.get("micro_batch_tokens") is not None and uses_fsdp(cfg.trainer):
+        problems.append(
+            f"algorithm.micro_batch_tokens={algorithm.micro_batch_tokens} with trainer=fsdp: each rank cuts its own "
+            "rows by their lengths, so ranks would run different numbers of forwards, and under FSDP every forward "
+            "gathers parameters from all ranks; use algorithm.micro_batch_size (rows) with FSDP"
+        )
     rollout = cfg.rollout
     batched = rollout.get("max_num_batched_tokens")
     if batched and not rollout.get("enable_chunked_prefill") and batched < rollout.get("max_model_len", 0):
@@ -243,6 +249,11 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
             f"(the paper's Θ = 20 is for runs of hundreds of steps)"
         )
     return problems
+
+
+def uses_fsdp(trainer: Any) -> bool:
+    """Whether a composed `trainer` node shards with FSDP (`AtomicFSDPStrategy`, `FSDPStrategy`, "fsdp")."""
+    return "fsdp" in str(trainer.get("strategy", "")).lower()
 
 
 def _added_keys(overrides: Iterable[str]) -> list[str]:

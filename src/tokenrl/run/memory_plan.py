@@ -132,6 +132,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """The plan of the composed train config `cfg` (a resolved container) for `shape` on `device`, with prompts of
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
+    from tokenrl.config.check import uses_fsdp
     from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.layout: auto`
 
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
@@ -173,7 +174,7 @@ def plan_memory(
         }
 
     fast_path = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda"))
-    fsdp = "fsdp" in str(cfg["trainer"].get("strategy", "")).lower()  # AtomicFSDPStrategy, FSDPStrategy, "fsdp"
+    fsdp = uses_fsdp(cfg["trainer"])
     shared = (  # each group's prompt once: the shared-prefix and packed layouts, where the run takes them
         fast_path.layout != "padded" and not model.get("gradient_checkpointing") and not fsdp
     )
@@ -183,9 +184,11 @@ def plan_memory(
         groups = max(1, micro // group_size) if shared else micro
         tokens = stats_tokens = groups * prompt + micro * response
         head_tokens = stats_head_tokens = micro * response  # the head runs on response tokens only
-    else:  # a token budget: a unit larger than it runs alone (a row in the update, a group in the statistics pass)
-        tokens = max(int(budget), prompt + response)
-        stats_tokens = max(int(budget), (prompt if shared else group_size * prompt) + group_size * response)
+    else:  # a token budget, at most the step's tokens: a unit larger runs alone (a row; a group in the statistics pass)
+        step_tokens = rows // group_size * (prompt if shared else group_size * prompt) + rows * response
+        tokens = max(min(int(budget), step_tokens), prompt + response)
+        group = (prompt if shared else group_size * prompt) + group_size * response
+        stats_tokens = max(min(int(budget), step_tokens), group)
         head_tokens, stats_head_tokens = tokens, stats_tokens
     per_layer = (8 * shape.hidden + 2 * shape.kv_width + 5 * shape.intermediate) * act_bytes
     if model.get("gradient_checkpointing"):

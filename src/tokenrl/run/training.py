@@ -105,7 +105,8 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     if not plan.fits():
         raise ValueError(
             f"this run needs about {plan.peak()[1]:.1f} GiB on {device}, more than its "
-            f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size, "
+            f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size (or "
+            "algorithm.micro_batch_tokens), "
             "rollout.max_new_tokens, LoRA (model.lora) or a larger device"
         )
     return plan

@@ -224,7 +224,7 @@ class UpdatePath:
         if not self.fast_path.fused_statistics:
             return "fast_path.fused_statistics=false"
         budget = None
-        if cut.max_tokens is not None:
+        if cut.max_tokens is not None and cfg.batch.optimizer_steps == 1:  # else refused whatever the cut
             budget = TokenBudgetCut.of(cut, rollouts, with_js or selector.reads_groups)
         return fused_blocker(cfg, selector, with_js, rollouts.response_ids.shape[0], budget)
 

@@ -18,13 +18,12 @@ keeps the prompt once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from tokenrl.models.response_forward import LAYOUTS
 from tokenrl.records.rollout_batch import RolloutBatch
-
-COSTS = ("packed", "shared_prefix", "padded")  # models/response_forward.py's LAYOUTS, by how each counts its tokens
 
 
 def micro_batches(
@@ -40,9 +39,9 @@ def micro_batches(
     full_widths: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """Positions into `rows` (a mini-batch's row ids, sorted) of each micro-batch: at most `max_rows` rows, or whole
-    groups of at most max(`max_rows`, the group's size) rows with `whole_groups`. With `max_tokens`: at most that
-    many tokens by `cost` (module docstring; `max_rows`, if not None, caps the rows too), or one unit that alone
-    exceeds it.
+    groups of at most max(`max_rows`, the group's size) rows with `whole_groups`. Or, with `max_tokens` instead of
+    `max_rows`: at most that many tokens by `cost` (one of models/response_forward.py's `LAYOUTS`; module docstring),
+    or one unit that alone exceeds it.
 
     group_ids / response_lengths / prompt_lengths (real tokens; needed with `max_tokens`): per row of the full batch;
     full_widths: (prompt, response) columns of an untrimmed forward (None: trimmed to the micro-batch's own).
@@ -52,14 +51,14 @@ def micro_batches(
     if by_length:
         longest = torch.tensor([int(response_lengths[rows[group]].max()) for group in groups])
         groups = [groups[i] for i in torch.sort(longest, descending=True, stable=True).indices.tolist()]
+    if (max_rows is None) == (max_tokens is None):
+        raise ValueError("micro-batches need max_rows or max_tokens, one of them")
     if max_tokens is not None:
         if prompt_lengths is None:
             raise ValueError("a token budget needs the rows' prompt lengths")
         return by_tokens(
-            groups, rows, ids, response_lengths, prompt_lengths, max_tokens, max_rows, whole_groups, cost, full_widths
+            groups, rows, ids, response_lengths, prompt_lengths, max_tokens, whole_groups, cost, full_widths
         )
-    if max_rows is None:
-        raise ValueError("micro-batches need max_rows or max_tokens")
     if not whole_groups:
         return list(torch.cat(groups).split(max_rows)) if groups else []
     chunks: list[torch.Tensor] = []
@@ -74,18 +73,44 @@ def micro_batches(
     return chunks
 
 
-def tokens_of(positions: list[int], rows, ids, response_lengths, prompt_lengths, cost: str, full_widths=None) -> int:
-    """Tokens of a micro-batch of these positions into `rows` by `cost` (module docstring; `ids`: the group ids of
-    `rows`)."""
-    if not positions:
-        return 0
-    index = rows[torch.tensor(positions)]
-    prompts = {int(g): int(p) for g, p in zip(ids[torch.tensor(positions)], prompt_lengths[index])}
-    if cost == "packed":
-        return sum(prompts.values()) + int(response_lengths[index].sum())
-    prompt, response = full_widths or (max(prompts.values()), int(response_lengths[index].max()))
-    prompt_rows = len(prompts) if cost == "shared_prefix" else len(positions)
-    return prompt_rows * prompt + len(positions) * response
+@dataclass
+class TokenCount:
+    """A growing micro-batch's tokens by `cost` (module docstring), counted unit by unit: (group, prompt length,
+    response length) per row."""
+
+    cost: str
+    full_widths: tuple[int, int] | None = None
+    groups: set[int] = field(default_factory=set)
+    rows: int = 0
+    prompts: int = 0  # each group's prompt once
+    longest_prompt: int = 0
+    responses: int = 0
+    longest_response: int = 0
+
+    def tokens(self, unit: list[tuple[int, int, int]] = ()) -> int:
+        """The tokens with `unit`'s rows added (nothing is added)."""
+        new = {group: prompt for group, prompt, _ in unit if group not in self.groups}
+        rows = self.rows + len(unit)
+        if not rows:
+            return 0
+        if self.cost == "packed":
+            return self.prompts + sum(new.values()) + self.responses + sum(r for _, _, r in unit)
+        prompt, response = self.full_widths or (
+            max([self.longest_prompt, *(p for _, p, _ in unit)]),
+            max([self.longest_response, *(r for _, _, r in unit)]),
+        )
+        prompt_rows = len(self.groups) + len(new) if self.cost == "shared_prefix" else rows
+        return prompt_rows * prompt + rows * response
+
+    def add(self, unit: list[tuple[int, int, int]]) -> None:
+        for group, prompt, response in unit:
+            if group not in self.groups:
+                self.groups.add(group)
+                self.prompts += prompt
+            self.rows += 1
+            self.longest_prompt = max(self.longest_prompt, prompt)
+            self.responses += response
+            self.longest_response = max(self.longest_response, response)
 
 
 def by_tokens(
@@ -95,29 +120,29 @@ def by_tokens(
     response_lengths: torch.Tensor,
     prompt_lengths: torch.Tensor,
     max_tokens: int,
-    max_rows: int | None,
     whole_groups: bool,
     cost: str,
     full_widths: tuple[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """The greedy cut of `micro_batches` by a token budget: units (groups or rows) in order, a new micro-batch when
-    the next unit would overflow `max_tokens` (or `max_rows`)."""
-    if cost not in COSTS:
-        raise ValueError(f"micro-batch cost {cost!r} is not one of {COSTS}")
+    the next unit would overflow `max_tokens`."""
+    if cost not in LAYOUTS:
+        raise ValueError(f"micro-batch cost {cost!r} is not one of {LAYOUTS}")
     if max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens} must be positive")
+    row = list(zip(ids.tolist(), prompt_lengths[rows].tolist(), response_lengths[rows].tolist()))
     units = [group.tolist() for group in groups] if whole_groups else [[p] for g in groups for p in g.tolist()]
     chunks: list[list[int]] = []
-    pending: list[int] = []
+    count = TokenCount(cost, full_widths)
     for unit in units:
-        grown = pending + unit
-        over = tokens_of(grown, rows, ids, response_lengths, prompt_lengths, cost, full_widths) > max_tokens
-        if pending and (over or (max_rows is not None and len(grown) > max(max_rows, len(unit)))):
-            chunks.append(pending)
-            grown = list(unit)
-        pending = grown
-    if pending:
-        chunks.append(pending)
+        items = [row[p] for p in unit]
+        if count.rows and count.tokens(items) > max_tokens:
+            count = TokenCount(cost, full_widths)
+            chunks.append([])
+        elif not chunks:
+            chunks.append([])
+        count.add(items)
+        chunks[-1].extend(unit)
     return [torch.tensor(chunk, dtype=torch.long) for chunk in chunks]
 
 
@@ -139,13 +164,13 @@ class MicroBatchCut:
             rows,
             rollouts.group_ids,
             rollouts.response_mask.sum(1),
-            self.max_rows if self.max_tokens is None else None,
-            whole_groups,
-            self.by_length,
-            self.max_tokens,
-            rollouts.prompt_mask.sum(1),
-            self.layout,
-            self.full_widths(rollouts),
+            max_rows=self.max_rows if self.max_tokens is None else None,
+            whole_groups=whole_groups,
+            by_length=self.by_length,
+            max_tokens=self.max_tokens,
+            prompt_lengths=rollouts.prompt_mask.sum(1),
+            cost=self.layout,
+            full_widths=self.full_widths(rollouts),
         )
 
     def full_widths(self, rollouts: RolloutBatch) -> tuple[int, int] | None:
@@ -156,12 +181,9 @@ class MicroBatchCut:
 
     def tokens(self, rollouts: RolloutBatch, rows: torch.Tensor) -> int:
         """The tokens of one micro-batch of `rows` (row ids of `rollouts`) as the forward runs them."""
-        return tokens_of(
-            list(range(len(rows))),
-            rows,
-            rollouts.group_ids[rows],
-            rollouts.response_mask.sum(1),
-            rollouts.prompt_mask.sum(1),
-            self.layout,
-            self.full_widths(rollouts),
+        unit = zip(
+            rollouts.group_ids[rows].tolist(),
+            rollouts.prompt_mask[rows].sum(1).tolist(),
+            rollouts.response_mask[rows].sum(1).tolist(),
         )
+        return TokenCount(self.layout, self.full_widths(rollouts)).tokens(list(unit))
