@@ -216,13 +216,10 @@ def test_each_bad_input_is_one_error_line_and_status_2(sweep, tmp_path, given, m
 
 
 def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):
-    import importlib.util
-
+    from tests.helpers.scripts import load_script
     from tokenrl.report.runs import load_run, rollout_step_index
 
-    spec = importlib.util.spec_from_file_location("plot_curves", ROOT / "scripts" / "plot_curves.py")
-    plot_curves = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot_curves)
+    plot_curves = load_script("scripts/plot_curves.py")
     steps, values = plot_curves.read_metric(sweep / "0", "train/reward")
     run = load_run(sweep / "0")
     assert steps == sorted(run.steps) == list(range(TOTAL_STEPS))  # logged 1 … N, plotted from 0 like samples

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from tests.conftest import ROOT
+from tests.helpers.scripts import load_script
 
 
 def load_machine_module():
-    spec = importlib.util.spec_from_file_location("bench_machine", ROOT / "scripts" / "bench" / "machine.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/bench/machine.py")
 
 
 def test_cpu_model_and_vector_flags_from_cpuinfo():

@@ -5,33 +5,25 @@ same number of new tokens, one optimizer step and a loss."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
 
 from tests.conftest import ROOT
 from tests.helpers.forked_cli import forked_python
+from tests.helpers.scripts import load_script
 
 BENCH = ROOT / "scripts" / "bench"
 
 
-def load_script():
-    sys.path.insert(0, str(BENCH))  # the script imports its neighbours (machine.py, step.py)
-    try:
-        spec = importlib.util.spec_from_file_location("bench_trl_side_by_side", BENCH / "trl_side_by_side.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+def load_side_by_side():
+    return load_script("scripts/bench/trl_side_by_side.py")
 
 
 def test_tokenrl_side_is_plain_grpo_without_kl_as_trl_is_configured():
-    script = load_script()
+    script = load_side_by_side()
     settings = {
         "device": "cuda",
         "engine": "vllm",
@@ -71,7 +63,7 @@ def test_tokenrl_side_is_plain_grpo_without_kl_as_trl_is_configured():
 
 
 def test_prompts_compared_as_rows_per_step():
-    script = load_script()
+    script = load_side_by_side()
 
     def run(*steps):
         return {"steps": [{"work": {"prompt_ids": ids}} for ids in steps]}

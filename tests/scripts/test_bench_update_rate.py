@@ -4,27 +4,11 @@ response token, the head's over the response tokens only."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.conftest import ROOT
-
-BENCH = ROOT / "scripts" / "bench"
-
-
-def load_script():
-    sys.path.insert(0, str(BENCH))  # the script imports machine.py beside it
-    try:
-        spec = importlib.util.spec_from_file_location("bench_update_rate", BENCH / "update_rate.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+from tests.helpers.scripts import load_script
 
 
 def test_least_work_counts_the_models_own_linear_parameters():
@@ -42,7 +26,7 @@ def test_least_work_counts_the_models_own_linear_parameters():
     mlp = sum(n for name, n in linear if ".mlp." in name)
     assert attention + mlp == sum(n for _, n in linear) and attention and mlp
     groups, prompt, responses = 3, 11.0, 70.0
-    parts = load_script().least_update_flops(config, groups, prompt, responses)
+    parts = load_script("scripts/bench/update_rate.py").least_update_flops(config, groups, prompt, responses)
     assert parts["attention"] == pytest.approx(6 * attention * (groups * prompt + responses))
     assert parts["mlp"] == pytest.approx(6 * mlp * (groups * prompt + responses))
     assert parts["head"] == pytest.approx(6 * model.lm_head.weight.numel() * responses)
