@@ -87,8 +87,8 @@ class TokenCount:
     responses: int = 0
     longest_response: int = 0
 
-    def tokens(self, unit: list[tuple[int, int, int]] = ()) -> int:
-        """The tokens with `unit`'s rows added (nothing is added)."""
+    def tokens(self, unit: list[tuple[int, int, int]]) -> int:
+        """The tokens with `unit`'s rows added (the count itself does not change)."""
         new = {group: prompt for group, prompt, _ in unit if group not in self.groups}
         rows = self.rows + len(unit)
         if not rows:
@@ -103,6 +103,7 @@ class TokenCount:
         return prompt_rows * prompt + rows * response
 
     def add(self, unit: list[tuple[int, int, int]]) -> None:
+        """Add `unit`'s rows."""
         for group, prompt, response in unit:
             if group not in self.groups:
                 self.groups.add(group)
