@@ -149,12 +149,9 @@ class PolicyPasses:
 
     def cut(self, with_grad: bool) -> MicroBatchCut:
         """How the update's forward (`with_grad`) or a pass without gradient cuts its rows into micro-batches, the
-        token budget counted in that pass's layout (FSDP's update: the root's padded, untrimmed forward)."""
-        if with_grad and is_sharded(self.policy):
-            layout, trim = "padded", False
-        else:
-            layout, trim = (self.update_layout if with_grad else self.layout), self.trim
-        return MicroBatchCut(self.micro_batch_size, self.micro_batch_tokens, layout, trim, self.by_length)
+        token budget counted in that pass's layout (a budget is refused under FSDP: config/check.py)."""
+        layout = self.update_layout if with_grad else self.layout
+        return MicroBatchCut(self.micro_batch_size, self.micro_batch_tokens, layout, self.trim, self.by_length)
 
     def fuses(self, model: nn.Module, with_grad: bool) -> bool:
         return self.fused_head and fused_head_blocker(model, with_grad) is None
