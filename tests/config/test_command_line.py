@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
-from tokenrl.config.command_line import composition_problem, machine_overrides, with_machine_defaults
+from tokenrl.config.command_line import composition_problem, machine_overrides, run_dir_override, with_machine_defaults
 
 HEADLINE = ["selector=ict", "model=qwen1.5b"]
 
@@ -96,3 +96,68 @@ def test_a_command_line_hydra_cannot_compose_is_one_line_naming_the_fix(argv, co
 @pytest.mark.parametrize("argv", [["selector=ict", "selector.ratio=0.2"], ["-m", "seed=0,1"], ["+foo=1"], []])
 def test_a_command_line_that_composes_or_a_sweep_is_left_to_hydra(argv):
     assert composition_problem(argv) is None
+
+
+def _run_train_main(monkeypatch, capsys, argv: list[str], gpu: bool) -> str:
+    """`python train.py <argv>` in this process on a machine with or without a GPU (vLLM installed): its stdout."""
+    from tokenrl.cli import train as train_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(train_cli, "reexec_with_tcmalloc", lambda: None)
+    monkeypatch.setattr("sys.argv", ["train.py", *argv])
+    train_cli.main()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+@pytest.mark.parametrize(
+    "flags,shows",
+    [
+        (["--cfg", "job"], "config"),
+        (["--cfg", "job", "--resolve"], "config"),
+        (["--info", "defaults"], "defaults"),
+    ],
+)
+def test_hydras_flags_get_the_machines_overrides_where_hydra_reads_them(monkeypatch, capsys, gpu, flags, shows):
+    """Break 3 of issue #46: the added overrides went after the flags (`... --cfg job trainer=gpu`), which Hydra's
+    parser refuses. Now `python train.py selector=ict model=qwen1.5b <flags>` composes what the machine adds, whichever
+    side of the overrides the flags stand."""
+    for argv in ([*HEADLINE, *flags], [*flags, *HEADLINE]):
+        out = _run_train_main(monkeypatch, capsys, argv, gpu)
+        added = machine_overrides(argv, gpu=gpu, vllm=True)
+        expected = {"trainer": "gpu" if "trainer=gpu" in added else "cpu"}
+        expected["rollout"] = "vllm_gpu" if "rollout=vllm_gpu" in added else "hf"
+        expected["task"] = "gsm8k" if "task=gsm8k" in added else "arithmetic"
+        if shows == "defaults":  # Hydra's defaults list: one row per chosen preset, `group/preset`
+            assert all(f"{group}/{preset} " in out for group, preset in expected.items()), out
+        else:
+            import yaml
+
+            cfg = yaml.safe_load(out)
+            assert cfg["trainer"]["accelerator"] == expected["trainer"]
+            assert cfg["rollout"]["engine"] == ("vllm" if expected["rollout"] == "vllm_gpu" else "hf")
+            assert cfg["task"]["test"] == ("gsm8k" if expected["task"] == "gsm8k" else cfg["task"]["test"])
+            assert cfg["model"]["name"] == "qwen1.5b"
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
+def test_a_sweep_is_handed_to_hydra_as_typed(monkeypatch, gpu):
+    """`-m` (Hydra refuses it beside --cfg / --info): its jobs may run on other machines, so nothing is added."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    for argv in (["-m", *HEADLINE, "seed=0,1"], [*HEADLINE, "seed=0,1", "--multirun"]):
+        assert with_machine_defaults(list(argv)) == argv
+
+
+def test_a_resume_run_folder_stands_beside_the_overrides(tmp_path):
+    """`hydra.run.dir=` (a resume into its run) goes with the overrides, not after a flag."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    last = run / "checkpoints" / "last.ckpt"
+    last.touch()
+    argv = [f"ckpt_path={last}", "--cfg", "job"]
+    assert run_dir_override(argv) == [f"ckpt_path={last}", f"hydra.run.dir={run}", "--cfg", "job"]

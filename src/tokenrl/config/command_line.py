@@ -78,7 +78,16 @@ def with_machine_defaults(argv: list[str]) -> list[str]:
             f"tokenrl: {where}; added {' '.join(added)} (name trainer=, rollout= or task= to choose otherwise)",
             file=sys.stderr,
         )
-    return [*argv, *added]
+    return beside_the_overrides(argv, added)
+
+
+def beside_the_overrides(argv: list[str], added: list[str]) -> list[str]:
+    """`argv` with `added` right after its last override (before its first flag where it has none). Hydra's parser
+    takes the overrides as one run of positionals: one after `--cfg job` (or `--info`, `-m`, ...) that is not part of
+    that run is an unrecognized argument."""
+    overrides = [i for i, arg in enumerate(argv) if "=" in arg and not arg.startswith("-")]
+    at = overrides[-1] + 1 if overrides else next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+    return [*argv[:at], *added, *argv[at:]]
 
 
 def run_dir_override(argv: list[str]) -> list[str]:
@@ -92,7 +101,7 @@ def run_dir_override(argv: list[str]) -> list[str]:
     folder = Path(paths[-1]).expanduser().resolve().parent
     if folder.name != "checkpoints" or not (folder.parent / ".hydra").is_dir():
         return argv  # a checkpoint outside a run folder: a new run folder
-    return [*argv, f"hydra.run.dir={folder.parent}"]
+    return beside_the_overrides(argv, [f"hydra.run.dir={folder.parent}"])
 
 
 def composition_problem(argv: list[str], config_name: str = "train") -> str | None:
