@@ -4,10 +4,11 @@ and a KL (off, k3 on the selected tokens, low_var_kl on every response token) ch
 settings is in some row (tests/helpers/grids.py: 60 rows hold the 540 combinations' pairs), on a small ragged float64
 batch, through the update's own entry points: `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
 
-The loss and its gradient must equal the float64 loop of tests/algorithms/test_grpo_math.py (`loop_policy_loss`, written
-from docs/algorithms.md §1.4/§11, not from the vectorised code) fed with the selection's fields: its token weights
-(zero: no policy-gradient term), its normaliser (`selected`: the tokens of non-zero weight, `all`: every response token;
-seq-mean: the rows with a non-zero divisor; sum-norm: B·budget), per-token ε, KL weights, token advantages and drift.
+The loss and its gradient must equal the float64 loop of tests/algorithms/losses/reference.py (`loop_policy_loss`,
+written from docs/algorithms.md §1.4/§11, not from the vectorised code) fed with the selection's fields: its token
+weights (zero: no policy-gradient term), its normaliser (`selected`: the tokens of non-zero weight, `all`: every
+response token; seq-mean: the rows with a non-zero divisor; sum-norm: B·budget), per-token ε, KL weights, token
+advantages and drift.
 For each combination, zeroing the weight of one selected token must zero that token's policy-gradient gradient exactly
 (no combination drops the weights) and the normaliser must be the reference's (no combination drops it); micro-batch
 shares of the selection's rows must add up to the mini-batch loss.
@@ -20,7 +21,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.algorithms.test_grpo_math import loop_policy_loss
+from tests.algorithms.losses.reference import loop_policy_loss
 from tests.helpers.grids import all_pairs, uncovered_pairs
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
