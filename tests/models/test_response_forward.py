@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.helpers.qwen2 import float64_qwen2
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs, trimmed
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.step.passes import layout_blocker
@@ -27,23 +28,8 @@ pytestmark = pytest.mark.usefixtures("exact_norm")  # the whole module: tests/co
 
 
 def tiny_qwen2(seed: int = 0) -> Qwen2ForCausalLM:
-    """A random float64 Qwen2 (2 layers, GQA 4/2 heads, tied embeddings, sdpa: eager gives NaN on left padding)."""
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        attn_implementation="sdpa",
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float64)
-    return model.eval()
+    """The tiny float64 Qwen2 of tests/helpers/qwen2.py over this module's vocabulary, in eval mode."""
+    return float64_qwen2(VOCAB, seed).eval()
 
 
 def make_batch(prompts: list[list[int]], responses: list[list[int]], group_ids: list[int]) -> RolloutBatch:

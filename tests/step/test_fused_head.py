@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
+from tests.helpers.qwen2 import float64_qwen2
 from tests.selectors.test_selectors import reference_stats
 from tokenrl.models.response_forward import response_logits, shannon_entropy
 from tokenrl.records.rollout_batch import RolloutBatch
@@ -27,24 +28,9 @@ pytestmark = pytest.mark.usefixtures("one_thread", "exact_norm")  # tests/confte
 
 
 def make_policy(tied: bool) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tied,
-        initializer_range=0.2,
-        bos_token_id=EOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        attn_implementation="sdpa",
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(config).to(torch.float64).train()
+    """The tiny float64 Qwen2 (tests/helpers/qwen2.py), its head tied or not, with this module's special tokens."""
+    special = dict(bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
+    return float64_qwen2(VOCAB, tie_word_embeddings=tied, **special).train()
 
 
 def make_rollouts() -> RolloutBatch:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from tests.helpers.grids import all_pairs, uncovered_pairs
+from tests.helpers.qwen2 import float64_qwen2
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.token_stats import stats_from_logits
@@ -79,24 +80,8 @@ def rollouts(policy) -> tuple[RolloutBatch, torch.Tensor]:
 def tiny_float64_qwen2() -> Qwen2ForCausalLM:
     """The tiny Qwen2 of `model=tiny` (GQA 4/2 heads, tied embeddings) in float64, with wider random weights so the
     distributions are not all near uniform."""
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        initializer_range=0.15,
-        bos_token_id=EOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        attn_implementation="sdpa",
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config).to(torch.float64)
+    wider = dict(hidden_size=64, intermediate_size=128, initializer_range=0.15)
+    model = float64_qwen2(VOCAB, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD, **wider)
     return model.train()  # dropout is 0: train mode only to run as the update does
 
 
