@@ -214,18 +214,21 @@ def loop_forks_metrics(weights: torch.Tensor, batch: SelectionBatch, references:
     for key, where in kinds.items():
         if where:
             out[key] = len(where & inv) / len(where)
-    failed = [r for r in range(valid.shape[0]) if FAILURES[int(marks.failure[r])] != "none"]
+    responses = range(valid.shape[0])
+    failed = [r for r in responses if FAILURES[int(marks.failure[r])] != "none"]
+    kind = {}
+    for r in failed:
+        at = [c for c in cells if c[0] == r and marks.decisive[c]]
+        kind[r] = None if not at else "fork" if at[0] in F else "decision" if at[0] in D else "forced"
+    counts = {f"forks/fail_{way}": sum(FAILURES[int(marks.failure[r])] == way for r in failed) for way in FAILURES[1:]}
+    for name in ("fork", "decision", "forced"):
+        counts[f"forks/fail_invalid_letter_{name}"] = sum(
+            FAILURES[int(marks.failure[r])] == "invalid_letter" and kind[r] == name for r in failed
+        )
+    out["forks/fail_rate"] = len(failed) / len(responses)  # absolute rates: over every response, failing or not
+    out.update({f"{key}_of_all": n / len(responses) for key, n in counts.items()})
     if failed:
-        for way in FAILURES[1:]:
-            out[f"forks/fail_{way}"] = sum(FAILURES[int(marks.failure[r])] == way for r in failed) / len(failed)
-        kind = {}
-        for r in failed:
-            at = [c for c in cells if c[0] == r and marks.decisive[c]]
-            kind[r] = None if not at else "fork" if at[0] in F else "decision" if at[0] in D else "forced"
-        for name in ("fork", "decision", "forced"):
-            out[f"forks/fail_invalid_letter_{name}"] = sum(
-                FAILURES[int(marks.failure[r])] == "invalid_letter" and kind[r] == name for r in failed
-            ) / len(failed)
+        out.update({key: n / len(failed) for key, n in counts.items()})
         out["forks/fail_at_fork"] = sum(kind[r] == "fork" for r in failed) / len(failed)
         decided = [r for r in failed if kind[r] is not None]
         if decided:
@@ -251,6 +254,61 @@ def test_forks_metrics_equal_a_loop_over_responses_to_random_graphs(seed):
     new = {k for k in metrics if k.startswith("forks/")} - {k for k in metrics if k in loop_fork_keys(metrics)}
     assert new == set(expected), sorted(new ^ set(expected))  # nothing more is logged, nothing is missing
     assert any(k.startswith("forks/fail_") for k in expected) and "forks/auroc_entropy" in expected
+
+
+def loop_deciding_token_reach(mask: torch.Tensor, batch: SelectionBatch) -> float | None:
+    """Of the failed responses decided at a token, the share whose deciding token `mask` updates: a plain loop over
+    rows and positions in Python floats (None when no failure is decided at a token)."""
+    marks, valid = batch.forks, batch.response_mask.bool()
+    reached = decided = 0
+    for r in range(valid.shape[0]):
+        if FAILURES[int(marks.failure[r])] == "none":
+            continue
+        deciding = [t for t in range(valid.shape[1]) if valid[r, t] and marks.decisive[r, t]]
+        if deciding:
+            decided += 1
+            reached += any(bool(mask[r, t] != 0) for t in deciding)
+    return reached / decided if decided else None
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_deciding_token_reach_equals_a_brute_force_loop_on_random_graphs(seed):
+    """issue #48: `forks/fail_decided_updated`, the deciding-token reach, for a random sparse mask, for the true forks
+    (the oracle: its reach is the share of decided failures decided at a fork) and for every token (uniform: 1)."""
+    batch = graph_batch(seed, with_js=False)
+    valid = batch.response_mask.bool()
+    g = torch.Generator().manual_seed(1000 + seed)
+    masks = {
+        "random": (torch.rand(valid.shape, generator=g) < [0.1, 0.33, 0.6][seed % 3]).float() * valid,
+        "oracle": batch.forks.forks.float() * valid,
+        "uniform": valid.float(),
+    }
+    for name, mask in masks.items():
+        expected = loop_deciding_token_reach(mask, batch)
+        got = selection_diagnostics(mask, batch).get("forks/fail_decided_updated")
+        if expected is None:
+            assert got is None, name
+        else:
+            assert got == pytest.approx(expected, rel=0, abs=1e-12), name
+    if loop_deciding_token_reach(masks["uniform"], batch) is not None:
+        assert selection_diagnostics(masks["uniform"], batch)["forks/fail_decided_updated"] == 1.0
+
+
+def test_absolute_failure_rates_are_the_shares_times_the_failure_rate_and_zero_when_nothing_fails():
+    ways = [*FAILURES[1:], "invalid_letter_fork", "invalid_letter_decision", "invalid_letter_forced"]
+    for seed in range(6):
+        batch = graph_batch(seed, False)
+        metrics = selection_diagnostics(torch.ones(batch.response_mask.shape), batch)
+        rate = metrics["forks/fail_rate"]
+        for way in ways:
+            share = metrics.get(f"forks/fail_{way}", 0.0)
+            assert metrics[f"forks/fail_{way}_of_all"] == pytest.approx(share * rate, abs=1e-12)
+        assert sum(metrics[f"forks/fail_{way}_of_all"] for way in FAILURES[1:]) == pytest.approx(rate)
+    batch = graph_batch(0, False)
+    none_fail = dataclasses.replace(batch.forks, failure=torch.zeros_like(batch.forks.failure))
+    metrics = selection_diagnostics(torch.ones(batch.response_mask.shape), dataclasses.replace(batch, forks=none_fail))
+    assert metrics["forks/fail_rate"] == 0.0 and metrics["forks/fail_wrong_branch_of_all"] == 0.0
+    assert "forks/fail_wrong_branch" not in metrics and "forks/fail_decided_updated" not in metrics
 
 
 def loop_fork_keys(metrics: dict) -> set[str]:

@@ -23,8 +23,10 @@ reference selector's S instead of the run's.
   invalid_nonfork (on the graph, not in F): |invalid ∩ K| / |K| of the sampled tokens;
   among the responses that fail (reward 0), the share by way of failing (records/marks.py `FAILURES`): fail_<way>,
   the invalid letters split by the kind of their position (fail_invalid_letter_{fork,decision,forced}),
-  fail_at_fork: the share decided at a fork token, and fail_decided_updated: of the failures decided at a token,
-  the share whose deciding token the run's selection updates.
+  fail_at_fork: the share decided at a fork token, and fail_decided_updated (the deciding-token reach): of the
+  failures decided at a token, the share whose deciding token the run's selection updates; beside these shares of
+  the failures, absolute rates over every response: fail_rate (the share that fails) and fail_<way>_of_all,
+  fail_invalid_letter_{fork,decision,forced}_of_all (present whenever the step has a response, 0 when none fails).
 A ratio with an empty divisor is absent, as are all `forks/*` on tasks that cannot name their forks.
 """
 
@@ -126,19 +128,24 @@ def decision_scores(
 
 
 def failure_anatomy(marks: ForkMarks, chosen: torch.Tensor) -> dict[str, float]:
-    """`forks/fail_*` over the responses that fail (module docstring)."""
+    """`forks/fail_*` over the responses that fail, and the same counts over every response (`forks/fail_rate`,
+    `forks/fail_*_of_all`: absolute rates beside the shares; module docstring)."""
     failed = marks.failure != FAILURES.index("none")
-    count = int(failed.sum())
-    if count == 0:
-        return {}
-    out = {f"forks/fail_{way}": float((marks.failure[failed] == i).sum()) / count for i, way in enumerate(FAILURES)}
-    del out["forks/fail_none"]
+    count, responses = int(failed.sum()), failed.numel()
     decisive = marks.decisive & failed[:, None]
     at_fork = (decisive & marks.forks).any(1)
     at_decision = (decisive & marks.decisions & ~marks.forks).any(1)
     invalid_letter = marks.failure == FAILURES.index("invalid_letter")
+    rows_by_way = {f"forks/fail_{way}": marks.failure == i for i, way in enumerate(FAILURES) if way != "none"}
     for kind, rows in (("fork", at_fork), ("decision", at_decision), ("forced", ~at_fork & ~at_decision)):
-        out[f"forks/fail_invalid_letter_{kind}"] = float((invalid_letter & rows).sum()) / count
+        rows_by_way[f"forks/fail_invalid_letter_{kind}"] = invalid_letter & rows
+    out = {}
+    if responses:
+        out["forks/fail_rate"] = count / responses
+        out.update({f"{key}_of_all": float(rows.sum()) / responses for key, rows in rows_by_way.items()})
+    if count == 0:
+        return out
+    out.update({key: float(rows.sum()) / count for key, rows in rows_by_way.items()})
     out["forks/fail_at_fork"] = float(at_fork.sum()) / count
     decided = decisive.any(1)
     if decided.any():

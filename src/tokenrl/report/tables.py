@@ -43,12 +43,15 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
                 f"steps to a training reward of {REWARD_THRESHOLD} (5-step mean; censored if never)": lambda run: (
                     steps_to_reward(run, REWARD_THRESHOLD)
                 ),
-                **{title: lambda run, key=key: last_mean(run, key, last=10**9) for title, key in FORK_METRICS.items()},
-                "precision above the fork rate (per step: precision − rate)": lambda run: step_mean(
+                **{
+                    f"{title}{ALL_STEPS}": lambda run, key=key: last_mean(run, key, last=10**9)
+                    for title, key in FORK_METRICS.items()
+                },
+                f"precision above the fork rate (per step: precision − rate){ALL_STEPS}": lambda run: step_mean(
                     run, lambda values: values["forks/precision"] - values["forks/rate"]
                 ),
                 **{
-                    f"precision of {name}'s picks on this run's rollouts": lambda run, name=name: last_mean(
+                    f"precision of {name}'s picks on this run's rollouts{ALL_STEPS}": lambda run, name=name: last_mean(
                         run, f"forks/precision_{name}", last=10**9
                     )
                     for name in ("ict", "entropy20", "stapo")
@@ -59,6 +62,7 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
 
 
 REWARD_THRESHOLD = 0.6
+ALL_STEPS = ", mean over all steps"  # the window of every forks/* table: each step's value, averaged over the run
 FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the task's true forks, mean over every step
     "precision of updated tokens on true forks": "forks/precision",
     "recall of true forks": "forks/recall",
@@ -77,7 +81,7 @@ FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the tas
     "AUROC of −log π, forks vs other decisions": "forks/auroc_surprisal",
     "sampled invalid letter at non-fork positions (≈ their invalid mass)": "forks/invalid_nonfork",
     "sampled invalid letter at forks": "forks/invalid_at_forks",
-    # failure anatomy: over the responses that fail
+    # failure anatomy: shares of the responses that fail, then absolute rates over every response
     "failed responses: an invalid letter": "forks/fail_invalid_letter",
     "failed responses: an invalid letter at a forced step (no fork, no decision)": "forks/fail_invalid_letter_forced",
     "failed responses: an invalid letter at a non-fork decision": "forks/fail_invalid_letter_decision",
@@ -85,7 +89,12 @@ FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the tas
     "failed responses: a wrong branch": "forks/fail_wrong_branch",
     "failed responses: out of tokens": "forks/fail_out_of_tokens",
     "failed responses whose deciding token is a fork": "forks/fail_at_fork",
-    "decided failures whose deciding token was updated": "forks/fail_decided_updated",
+    "deciding-token reach: decided failures whose deciding token was updated": "forks/fail_decided_updated",
+    "responses that fail (absolute)": "forks/fail_rate",
+    "responses failing by an invalid letter (absolute)": "forks/fail_invalid_letter_of_all",
+    "responses failing by an invalid letter at a forced step (absolute)": "forks/fail_invalid_letter_forced_of_all",
+    "responses failing by a wrong branch (absolute)": "forks/fail_wrong_branch_of_all",
+    "responses failing by an early stop (absolute)": "forks/fail_early_stop_of_all",
 }
 
 
