@@ -1,5 +1,6 @@
-"""The package's layers (docs/architecture.md): no module imports sideways or upward, every module is placed, and
-the package root holds only the helpers every layer uses."""
+"""The package's layers (docs/architecture.md): no module imports sideways or upward, no two files of one unit import
+each other (directly or round a loop), every module is placed, and the package root holds only the helpers every
+layer uses."""
 
 from __future__ import annotations
 
@@ -85,6 +86,51 @@ def test_no_module_imports_its_own_layer_or_above(path):
     assert sideways_or_upward(name, found, documented_layers()) == [], (
         f"{path.relative_to(ROOT)} imports sideways or upward (docs/architecture.md)"
     )
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import loops of `graph` (module -> the modules it imports), each as the modules round it, the first repeated at
+    the end: a depth-first search, which finds one at least wherever there is one."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            if target in path:
+                found.append(path[path.index(target) :] + [target])
+            elif target not in done:
+                visit(target, path + [target])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return found
+
+
+def unit_graph(unit: str) -> dict[str, set[str]]:
+    """module -> the modules of the same unit it imports, wherever the import is (functions, TYPE_CHECKING)."""
+    paths = sorted((PACKAGE / unit).rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    graph = {}
+    for path in paths:
+        name = module_name(path)
+        found = imports(path.read_text(), name, path.name == "__init__.py")
+        graph[name] = {target for _, target in found if target in modules and target != name}
+    return graph
+
+
+@pytest.mark.parametrize("unit", sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()))
+def test_no_two_files_of_a_unit_import_each_other(unit):
+    assert cycles(unit_graph(unit)) == [], f"src/tokenrl/{unit}/ has an import cycle (move what both need below both)"
+
+
+def test_the_cycle_check_finds_a_hidden_loop():
+    """A loop closed by an import inside a function or under TYPE_CHECKING is a loop; a chain is not."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tokenrl.algorithms.config import X\n"
+    assert imports(source, "tokenrl.algorithms.surrogates") == [(3, "tokenrl.algorithms.config")]
 
 
 def test_the_check_finds_hidden_relative_and_sideways_imports():

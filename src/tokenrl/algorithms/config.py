@@ -20,20 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-AGGREGATIONS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+from tokenrl.algorithms.loss_settings import LossSettings, one_of
+from tokenrl.algorithms.surrogates import REFUSES_DUAL_CLIP, get_surrogate
+
 TIS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-DPPO_DIVERGENCES = ("tv", "kl")
 FILTER_METRICS = ("acc", "reward")
 NOT_LOSS_SETTINGS = ("name", "optimizer")  # keys of the node that other code reads (the optimizer factory, a label)
 DERIVED = ("response_budget",)  # fields set from other nodes, not from `algorithm`
-
-
-def policy_losses() -> tuple[str, ...]:
-    """The valid `algorithm.policy_loss` values: every registered surrogate (user code may register more)."""
-    from tokenrl.algorithms.surrogates import SURROGATES  # imports torch: only when a config is checked
-
-    return tuple(SURROGATES)
 
 
 @dataclass(frozen=True)
@@ -81,59 +74,6 @@ class BatchSettings:
 
 
 @dataclass(frozen=True)
-class LossSettings:
-    """What `policy_loss` reads (docs/algorithms.md §1.2, §1.4, §11): the surrogate (`policy_loss`, a name of
-    `algorithms/surrogates.py::SURROGATES`) with its ε, dual clip, DPPO trust region and SAPO temperatures, the KL term,
-    the entropy bonus and the aggregation. The defaults after `clip_high` turn every extra term off."""
-
-    aggregation: str
-    clip_low: float
-    clip_high: float
-    policy_loss: str = "ppo"
-    dual_clip: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    kl_masked: bool = True
-    entropy_coef: float = 0.0
-    entropy_masked: bool = False
-    dppo_divergence: str = "tv"
-    dppo_low: float = 0.15
-    dppo_high: float = 0.15
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    response_budget: int = 0  # rollout.max_new_tokens: Dr. GRPO's constant normaliser (seq-mean-token-sum-norm)
-
-    def validate(self) -> None:
-        from tokenrl.algorithms.surrogates import REFUSES_DUAL_CLIP
-
-        _one_of("aggregation", self.aggregation, AGGREGATIONS)
-        _one_of("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        _one_of("policy_loss", self.policy_loss, policy_losses())
-        _one_of("dppo_divergence", self.dppo_divergence, DPPO_DIVERGENCES)
-        if self.aggregation == "seq-mean-token-sum-norm" and self.response_budget < 1:
-            raise ValueError(
-                "algorithm.aggregation=seq-mean-token-sum-norm divides by rollout.max_new_tokens, which is "
-                f"{self.response_budget}; build the config with the response budget"
-            )
-        if self.policy_loss in REFUSES_DUAL_CLIP and self.dual_clip is not None:
-            raise ValueError(
-                f"algorithm.dual_clip={self.dual_clip} does not apply to algorithm.policy_loss={self.policy_loss} "
-                f"({REFUSES_DUAL_CLIP[self.policy_loss]}); set algorithm.dual_clip=null"
-            )
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(
-                f"algorithm.dual_clip={self.dual_clip} must be > 1 (verl's clip_ratio_c; 3 or 10 typical) "
-                "or null for off"
-            )
-        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be >= 0")
-        for name in ("dppo_low", "dppo_high", "sapo_tau_pos", "sapo_tau_neg"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"algorithm.{name}={getattr(self, name)} must be > 0")
-
-
-@dataclass(frozen=True)
 class EngineISSettings:
     """The engine's importance weights on the policy-gradient term (docs/algorithms.md §1.6, §11.13): upper bound
     `tis_cap` (None: off), `tis_mode`, lower bound `tis_min` (None: none)."""
@@ -143,7 +83,7 @@ class EngineISSettings:
     tis_min: float | None = None
 
     def validate(self) -> None:
-        _one_of("tis_mode", self.tis_mode, TIS_MODES)
+        one_of("tis_mode", self.tis_mode, TIS_MODES)
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} must be > 0 (or null to turn the correction off)")
         for name, off in (("tis_mode", "token_truncate"), ("tis_min", None)):
@@ -173,7 +113,7 @@ class ShapingSettings:
 
     def validate(self, max_new_tokens: int) -> None:
         if self.filter_groups is not None:
-            _one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
+            one_of("filter_groups", self.filter_groups, FILTER_METRICS, "(or null for off)")
         if not 0 <= self.overlong_buffer <= max_new_tokens:
             raise ValueError(
                 f"algorithm.overlong_buffer={self.overlong_buffer} must lie in [0, rollout.max_new_tokens="
@@ -285,8 +225,16 @@ class AlgorithmConfig:
         return config
 
     def validate(self, max_new_tokens: int) -> None:
-        """Every group's rules, then the rules across groups."""
+        """Every group's rules, then the rules across groups: the surrogate `loss.policy_loss` names is registered and
+        takes `loss.dual_clip` if one is set."""
         self.loss.validate()
+        get_surrogate(self.loss.policy_loss)  # a name nobody registered: ValueError naming the key
+        reason = REFUSES_DUAL_CLIP.get(self.loss.policy_loss)
+        if reason is not None and self.loss.dual_clip is not None:
+            raise ValueError(
+                f"algorithm.dual_clip={self.loss.dual_clip} does not apply to algorithm.policy_loss="
+                f"{self.loss.policy_loss} ({reason}); set algorithm.dual_clip=null"
+            )
         self.engine_is.validate()
         self.shaping.validate(max_new_tokens)
         self.batch.validate()
@@ -306,11 +254,6 @@ class AlgorithmConfig:
     def uses_reference(self) -> bool:
         """A KL term to the frozen initial policy is on."""
         return self.loss.kl_coef > 0
-
-
-def _one_of(name: str, value: Any, allowed: tuple[str, ...], suffix: str = "") -> None:
-    if value not in allowed:
-        raise ValueError(f"algorithm.{name}={value!r} is not one of {allowed}" + (f" {suffix}" if suffix else ""))
 
 
 def _typed(name: str, value: Any, annotation: str) -> Any:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenrl.algorithms.config import AGGREGATIONS, KL_ESTIMATORS, TIS_MODES, LossSettings
+from tokenrl.algorithms.config import TIS_MODES
+from tokenrl.algorithms.loss_settings import AGGREGATIONS, KL_ESTIMATORS, LossSettings
 from tokenrl.algorithms.surrogates import get_surrogate
 from tokenrl.records.loss_inputs import LossInputs
 

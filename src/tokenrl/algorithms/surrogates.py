@@ -18,15 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from tokenrl.algorithms.config import DPPO_DIVERGENCES
+from tokenrl.algorithms.loss_settings import DPPO_DIVERGENCES, LossSettings
 from tokenrl.records.loss_inputs import LossInputs
-
-if TYPE_CHECKING:
-    from tokenrl.algorithms.config import LossSettings
 
 
 @dataclass
@@ -39,7 +35,7 @@ class SurrogateTerms:
     dual_clipped: torch.Tensor
 
 
-Surrogate = Callable[[LossInputs, "LossSettings"], SurrogateTerms]
+Surrogate = Callable[[LossInputs, LossSettings], SurrogateTerms]
 SURROGATES: dict[str, Surrogate] = {}
 REFUSES_DUAL_CLIP: dict[str, str] = {}  # name → why `algorithm.dual_clip` does not apply to it
 

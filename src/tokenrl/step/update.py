@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from tokenrl.algorithms.config import AlgorithmConfig, LossSettings
+from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import LossNormalizer, LossOutput, engine_is_weights, policy_loss
+from tokenrl.algorithms.loss_settings import LossSettings
 from tokenrl.records.loss_inputs import LossInputs
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import Selection, single_process
