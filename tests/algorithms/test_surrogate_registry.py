@@ -8,6 +8,8 @@ three aggregations), and (b) be accepted by `AlgorithmConfig.from_node` and the 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import lightning as L
 import pytest
@@ -19,11 +21,11 @@ from tokenrl.algorithms.config import AlgorithmConfig, LossSettings
 from tokenrl.algorithms.grpo import LossNormalizer, policy_loss
 from tokenrl.algorithms.surrogates import (
     BUILT_IN_SURROGATES,
+    REFUSES_DUAL_CLIP,
     SURROGATES,
     SurrogateTerms,
     dual_clip,
     register_surrogate,
-    unregister_surrogate,
 )
 from tokenrl.config.check import ConfigError, check_config
 from tokenrl.records.loss_inputs import LossInputs
@@ -33,11 +35,23 @@ NAME = "reinforce_test"
 CALLS: list[int] = []
 
 
+@contextmanager
+def restored_registry() -> Iterator[None]:
+    """The registry (`SURROGATES`, `REFUSES_DUAL_CLIP`) as it was before, restored in place (the modules that
+    imported the dicts keep them) whatever was registered meanwhile."""
+    saved = [(names, dict(names)) for names in (SURROGATES, REFUSES_DUAL_CLIP)]
+    try:
+        yield
+    finally:
+        for names, before in saved:
+            names.clear()
+            names.update(before)
+
+
 @pytest.fixture
 def reinforce():
-    """Register `reinforce_test` for the test; unregister at teardown, whatever happened."""
+    """`reinforce_test`, registered for the test (the registry restored at teardown, whatever happened)."""
 
-    @register_surrogate(NAME)
     def reinforce_surrogate(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
         """pg_t = −r_t·Â_t, r_t = exp(clamped log-ratio), no clip; the dual clip caps it where Â_t < 0."""
         CALLS.append(inputs.logp.shape[0])
@@ -46,8 +60,8 @@ def reinforce():
         return SurrogateTerms(pg, torch.zeros_like(pg), capped)
 
     CALLS.clear()
-    yield reinforce_surrogate
-    unregister_surrogate(NAME)
+    with restored_registry():
+        yield register_surrogate(NAME)(reinforce_surrogate)
     assert NAME not in SURROGATES
 
 
@@ -184,17 +198,17 @@ def test_the_registry_decides_which_names_the_config_accepts(reinforce):
 
 
 def test_a_surrogate_that_refuses_the_dual_clip_says_why():
-    @register_surrogate("no_dual_test", refuses_dual_clip="it is bounded already")
-    def bounded(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
-        pg = -torch.tanh(inputs.advantages * torch.exp(inputs.log_ratio))
-        return SurrogateTerms(pg, torch.zeros_like(pg), torch.zeros_like(pg))
+    with restored_registry():
 
-    try:
+        @register_surrogate("no_dual_test", refuses_dual_clip="it is bounded already")
+        def bounded(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
+            pg = -torch.tanh(inputs.advantages * torch.exp(inputs.log_ratio))
+            return SurrogateTerms(pg, torch.zeros_like(pg), torch.zeros_like(pg))
+
         assert AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test"), 64).loss.policy_loss
         with pytest.raises(ValueError, match=r"algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss="):
             AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test", dual_clip=3.0), 64)
-    finally:
-        unregister_surrogate("no_dual_test")
+    assert "no_dual_test" not in REFUSES_DUAL_CLIP
     with pytest.raises(ValueError, match=r"algorithm.policy_loss='no_dual_test' is not one of"):
         AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test"), 64)
 

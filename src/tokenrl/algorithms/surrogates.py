@@ -55,12 +55,6 @@ def register_surrogate(name: str, *, refuses_dual_clip: str | None = None) -> Ca
     return register
 
 
-def unregister_surrogate(name: str) -> None:
-    """Remove a registered surrogate (a test's own, at its teardown)."""
-    SURROGATES.pop(name, None)
-    REFUSES_DUAL_CLIP.pop(name, None)
-
-
 def get_surrogate(name: str) -> Surrogate:
     """The surrogate of `algorithm.policy_loss=name`; ValueError naming the key and the registered names."""
     if name not in SURROGATES:
