@@ -116,11 +116,7 @@ def _run_train_main(monkeypatch, capsys, argv: list[str], gpu: bool) -> str:
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpu", "cpu"])
 @pytest.mark.parametrize(
     "flags,shows",
-    [
-        (["--cfg", "job"], "config"),
-        (["--cfg", "job", "--resolve"], "config"),
-        (["--info", "defaults"], "defaults"),
-    ],
+    [(["--cfg", "job"], "config"), (["--cfg", "job", "--resolve"], "config"), (["--info", "defaults"], "defaults")],
 )
 def test_hydras_flags_get_the_machines_overrides_where_hydra_reads_them(monkeypatch, capsys, gpu, flags, shows):
     """Break 3 of issue #46: the added overrides went after the flags (`... --cfg job trainer=gpu`), which Hydra's

@@ -13,33 +13,48 @@ import torch
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from gpu_check import CALL_BUDGET_S, Step, merge, missing, run_step, steps  # noqa: E402
+from gpu_check import (  # noqa: E402
+    CALL_BUDGET_S,
+    ESTIMATE_S,
+    SETUP_S,
+    Step,
+    chosen,
+    measured_estimates,
+    merge,
+    missing,
+    run_step,
+    steps,
+)
 
 
 def test_the_steps_are_in_order_of_value_and_the_first_calls_fit_a_window(tmp_path):
     plan = steps(1, tmp_path)
     assert [step.name for step in plan] == [
-        "doctor_vllm",
+        "doctor_vllm",  # the smoke: vLLM generates on the GPU
         "vllm_follows",
+        "step_0.5b_vllm",
+        "step_1.5b_vllm",
+        "headline",
+        "profile_0.5b",
+        "update_0.5b",
+        "trl_hf",
+        "update_1.5b",
+        "trl_vllm",
         "engines_hf",
         "engines_vllm",
         "attention",
         "lm_head",
-        "update_0.5b",
-        "update_1.5b",
-        "trl_hf",
-        "trl_vllm",
         "update_0.5b_packed",
         "tests",
-        "step_0.5b_vllm",
         "fsdp_resume",
         "step_1.5b_ckpt",
         "ddp_no_sync",
     ]
     assert [step.call for step in plan] == sorted(step.call for step in plan)  # calls in order, values within
     assert sum(CALL_BUDGET_S[call] for call in (1, 2, 3)) <= 12 * 60  # + the machine's start: one 15-minute window
-    for call in (1, 2):  # the most valuable calls hold all their steps at their estimates
-        assert sum(step.estimate_s for step in plan if step.call == call) <= CALL_BUDGET_S[call]
+    assert CALL_BUDGET_S[1] + 30 <= 180  # the smoke, its probe included, ends within 3 minutes
+    for call in (1, 2):  # the most valuable calls hold all their steps and the setup at their estimates
+        assert SETUP_S + sum(step.estimate_s for step in plan if step.call == call) <= CALL_BUDGET_S[call]
     by_name = {step.name: step for step in plan}
     assert by_name["ddp_no_sync"].skip == "needs 2 GPUs" and steps(2, tmp_path)[-1].skip is None
     for step in plan:
@@ -48,6 +63,35 @@ def test_the_steps_are_in_order_of_value_and_the_first_calls_fit_a_window(tmp_pa
             assert all((ROOT / part).is_file() or part in step.scripts for part in files), files
     resume = by_name["fsdp_resume"].commands[1]
     assert any(part.startswith("ckpt_path=") for part in resume) and "total_steps=3" in resume
+    composed, ran = by_name["headline"].commands
+    assert composed[2:] == ["selector=ict", "model=qwen1.5b", "--cfg", "job"] and ran[2:4] == composed[2:4]
+
+
+def test_named_steps_run_in_the_order_given_with_their_last_measured_estimates(tmp_path):
+    plan = steps(1, tmp_path)
+    assert [step.name for step in chosen(plan, None, ["trl_hf", "doctor_vllm", "update_0.5b"])] == [
+        "trl_hf",
+        "doctor_vllm",
+        "update_0.5b",
+    ]
+    assert [step.name for step in chosen(steps(1, tmp_path), 1, None)] == ["doctor_vllm"]
+    with pytest.raises(SystemExit, match="no step nosuch"):
+        chosen(plan, None, ["nosuch"])
+    record = tmp_path / "gpu_check.json"
+    record.write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {"date": "2026-11-26", "steps": {"update_0.5b": {"status": "passed", "seconds": 80.4}}},
+                    {"date": "2026-11-28", "steps": {"update_0.5b": {"status": "passed", "seconds": 116.3}}},
+                    {"date": "2026-11-29", "steps": {"update_0.5b": {"status": "failed", "seconds": 3.0}}},
+                ]
+            }
+        )
+    )
+    estimates = measured_estimates(record)
+    assert estimates["update_0.5b"] == 116 and estimates["trl_hf"] == ESTIMATE_S["trl_hf"]
+    assert measured_estimates(tmp_path / "absent.json") == ESTIMATE_S
 
 
 def test_what_is_missing_is_a_skip_with_the_reason():
