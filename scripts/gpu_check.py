@@ -84,7 +84,7 @@ ESTIMATE_S = {
     "step_1.5b_vllm": 150,  # guess
     "headline": 150,  # guess: composing (~10 s) and 2 steps at 1.5B with vLLM
     "profile_0.5b": 60,  # guess
-    "update_0.5b": 117,  # measured 116.3 s (H200, 2026-11-28: ../shared/gpu-runs/2026-11-28/update_0.5b.json)
+    "update_0.5b": 117,  # measured 116.3 s (H200, 2026-11-28, the hf engine: docs/measured.md)
     "trl_hf": 150,  # its target (issue #47): it did not end within 157 s on 2026-11-28
     "update_1.5b": 200,  # guess: update_0.5b scaled
     "trl_vllm": 150,  # guess
