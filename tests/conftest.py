@@ -21,11 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(ROOT / "configs")
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("TOKENRL_ROOT", str(ROOT))
-# The benchmark files of the offline route (paths.data_dir reads the same variable); .ci/run sets it.
+# The benchmark files of the offline route (paths.data_dir reads the same variable). A fresh clone has none: the tests
+# marked `data` skip without them, and .ci/run runs them (`-m data`) in a pass of their own with TOKENRL_DATA_DIR set.
 DATA_DIR = os.environ.get("TOKENRL_DATA_DIR") or None
-needs_data = pytest.mark.skipif(
-    DATA_DIR is None, reason="needs the benchmark files: set TOKENRL_DATA_DIR to the folder that holds them"
-)
+needs_data = pytest.mark.data
 
 
 def compose_config(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
@@ -142,7 +141,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Modules with slow tests run first, those of `LONGEST_FIRST` in its order, each module's tests together and in
     their order (a module fixture is built once per worker): xdist's workers take tests from the front of their queues
     and steal from the back, so a run ends on quick tests, not with one worker finishing a long test alone (~80 s
-    here)."""
+    here). Without the benchmark files, the tests marked `data` skip, saying so."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
 
     def rank(item) -> int:
@@ -151,6 +150,11 @@ def pytest_collection_modifyitems(config, items) -> None:
         return len(LONGEST_FIRST) + (item.path not in slow)
 
     items.sort(key=rank)
+    if DATA_DIR is None:
+        skip = pytest.mark.skip(reason="needs the benchmark files: set TOKENRL_DATA_DIR to the folder that holds them")
+        for item in items:
+            if item.get_closest_marker("data"):
+                item.add_marker(skip)
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
