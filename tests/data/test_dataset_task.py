@@ -14,7 +14,7 @@ import pytest
 from hydra.utils import instantiate
 
 from tests.conftest import ROOT, TINY, compose_config
-from tokenrl.data.dataset_task import DatasetTask
+from tokenrl.data.dataset_task import DatasetTask, read_file
 from tokenrl.data.jsonl import DataFormatError
 from tokenrl.run.training import build_components, run
 
@@ -244,6 +244,28 @@ def test_an_unreadable_file_is_named_with_its_line(tmp_path, name, content, mess
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataFormatError, match=message):
         DatasetTask(str(tmp_path / name)).problems("train")
+
+
+ROWS = [{"question": "Combien font 2+2 ? été", "answer": "4"}, {"question": "1+1=?", "answer": "2"}]
+LAYOUTS = {
+    ".jsonl": "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in ROWS),
+    ".json": json.dumps(ROWS, ensure_ascii=False, indent=1) + "\n",
+    ".csv": "question,answer\n" + "".join(f"{row['question']},{row['answer']}\n" for row in ROWS),
+}
+
+
+@pytest.mark.parametrize("suffix", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "bom,crlf,blank_end",
+    [(True, False, False), (False, True, False), (True, True, False), (False, False, True), (True, True, True)],
+    ids=["bom", "crlf", "bom+crlf", "blank-end", "all"],
+)
+def test_files_from_windows_tools_read_as_the_same_rows(tmp_path, suffix, bom, crlf, blank_end):
+    text = LAYOUTS[suffix] + ("\n" if blank_end else "")
+    data = ("\ufeff" if bom else "") + (text.replace("\n", "\r\n") if crlf else text)
+    path = tmp_path / f"p{suffix}"
+    path.write_bytes(data.encode("utf-8"))
+    assert [row for _, row in read_file(path)] == ROWS
 
 
 @pytest.mark.parametrize(

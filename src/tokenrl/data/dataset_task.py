@@ -75,7 +75,7 @@ def read_file(path: Path) -> list[Row]:
         return [(f"{path}:{lineno}", row) for lineno, row in read_jsonl(path, ())]
     if suffix == ".json":
         try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
+            rows = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is dropped
         except json.JSONDecodeError as err:
             raise json_error(path, err) from None
         except UnicodeDecodeError:
@@ -86,7 +86,7 @@ def read_file(path: Path) -> list[Row]:
     if suffix == ".csv":
         out = []
         try:
-            with path.open(encoding="utf-8", newline="") as handle:
+            with path.open(encoding="utf-8-sig", newline="") as handle:
                 reader = csv.DictReader(handle, strict=True)
                 for row in reader:
                     out.append((f"{path}:{reader.line_num}", row))

@@ -42,16 +42,18 @@ def require_data(path: Path) -> Path:
 
 
 def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, row) of a JSONL file; an empty file, a malformed row or a missing field raises naming
-    file:line (and the column of a JSON error)."""
+    """Yield (line number, row) of a JSONL file (a UTF-8 BOM and CRLF line ends accepted); an empty file, a malformed
+    row or a missing field raises naming file:line (and the column of a JSON error)."""
     with require_data(path).open("rb") as handle:
         for lineno, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
             try:
-                row = json.loads(raw.decode("utf-8").rstrip("\r\n"))  # columns count on this line
+                line = raw.decode("utf-8-sig").rstrip("\r\n")  # a BOM (Windows tools write one) is dropped
             except UnicodeDecodeError:
                 raise DataFormatError(f"{path}:{lineno}: not UTF-8 text") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)  # columns count on this line
             except json.JSONDecodeError as err:
                 raise json_error(path, err, lineno) from None
             if not isinstance(row, dict):
