@@ -7,9 +7,14 @@ three aggregations), and (b) be accepted by `AlgorithmConfig.from_node` and the 
 
 from __future__ import annotations
 
+import csv
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -30,6 +35,7 @@ from tokenrl.algorithms.surrogates import (
 from tokenrl.config.check import ConfigError, check_config
 from tokenrl.records.loss_inputs import LossInputs
 from tokenrl.run.training import build_components
+from tokenrl.step.update import loss_terms, update_metrics
 
 NAME = "reinforce_test"
 CALLS: list[int] = []
@@ -208,7 +214,7 @@ def test_a_surrogate_that_refuses_the_dual_clip_says_why():
         assert AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test"), 64).loss.policy_loss
         with pytest.raises(ValueError, match=r"algorithm.dual_clip=3.0 does not apply to algorithm.policy_loss="):
             AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test", dual_clip=3.0), 64)
-    assert "no_dual_test" not in REFUSES_DUAL_CLIP
+    assert bounded not in REFUSES_DUAL_CLIP
     with pytest.raises(ValueError, match=r"algorithm.policy_loss='no_dual_test' is not one of"):
         AlgorithmConfig.from_node(algorithm_node(policy_loss="no_dual_test"), 64)
 
@@ -240,3 +246,103 @@ def test_a_registered_surrogate_trains_the_tiny_model(reinforce, tiny_cfg):
     assert moved > 0.0
     with pytest.raises(ConfigError, match=r"algorithm.policy_loss='reinforce_nobody' is not one of"):
         check_config(tiny_cfg("algorithm.policy_loss=reinforce_nobody"))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The door for user code: `algorithm.policy_loss=package.module:function`, and a surrogate's own metrics.
+# ---------------------------------------------------------------------------------------------------------------------
+
+HERE = "tests.algorithms.test_surrogate_registry"
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = LossNormalizer(1.0, 1.0, 1.0)
+
+
+def ratio_logged(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
+    """PPO's surrogate, logging r_t (per token) and 7 (a scalar) as its own metrics."""
+    ratio = torch.exp(inputs.log_ratio)
+    pg = -ratio * inputs.advantages
+    return SurrogateTerms(pg, torch.zeros_like(pg), torch.zeros_like(pg), metrics={"ratio": ratio, "seven": 7.0})
+
+
+def test_a_path_names_a_function_of_user_code_and_a_bad_path_says_how_to_fix_it():
+    cfg = AlgorithmConfig.from_node(algorithm_node(policy_loss=f"{HERE}:ratio_logged"), max_new_tokens=64)
+    assert cfg.loss.policy_loss == f"{HERE}:ratio_logged"
+    fix = r": name a function of a module on PYTHONPATH, or one of \('ppo', "
+    for path, problem in [
+        ("no_such_module:reinforce", r"cannot be imported \(No module named 'no_such_module'\)"),
+        (f"{HERE}:nothing", rf"cannot be imported \(module '{HERE}' has no attribute 'nothing'\)"),
+        (":reinforce", r"cannot be imported \(Empty module name\)"),
+        (f"{HERE}:NAME", "is not a function"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^algorithm.policy_loss='{path}' {problem}{fix}"):
+            AlgorithmConfig.from_node(algorithm_node(policy_loss=path), max_new_tokens=64)
+
+
+def test_a_registered_surrogate_named_by_its_path_keeps_its_refusal_of_the_dual_clip():
+    with restored_registry():
+        register_surrogate("ratio_logged_test", refuses_dual_clip="it is bounded already")(ratio_logged)
+        with pytest.raises(ValueError, match=rf"algorithm.policy_loss={HERE}:ratio_logged \(it is bounded already\)"):
+            AlgorithmConfig.from_node(algorithm_node(policy_loss=f"{HERE}:ratio_logged", dual_clip=3.0), 64)
+
+
+def test_a_surrogates_metrics_are_its_means_over_the_selected_tokens_of_the_step():
+    """Two micro-batches of rows: `train/surrogate/ratio` is the mean r_t over every selected token of both, however
+    the rows were cut; a scalar is itself."""
+    logp, old, ref, adv, resp, weights = ragged(1)
+    settings = LossSettings("token-mean", 0.2, 0.2, policy_loss=f"{HERE}:ratio_logged")
+    cfg = AlgorithmConfig.from_node(algorithm_node(policy_loss=f"{HERE}:ratio_logged"), 64)
+    terms = [
+        loss_terms(policy_loss(LossInputs(logp[r], old[r], adv[r], resp[r], weights[r]), UNIT, settings))
+        for r in (torch.tensor([0, 2, 5]), torch.tensor([1, 3, 4]))
+    ]
+    metrics = update_metrics(terms, 1, cfg, None, None)
+    selected = (resp * (weights != 0)).bool()
+    expected = float(torch.exp((logp - old).clamp(-20, 20))[selected].mean())
+    assert metrics["surrogate/ratio"] == pytest.approx(expected, rel=1e-12)
+    assert metrics["surrogate/seven"] == pytest.approx(7.0, rel=1e-12)
+
+
+USER_LOSS = """
+import torch
+from tokenrl.algorithms.surrogates import SurrogateTerms, register_surrogate
+
+
+@register_surrogate("user_reinforce")
+def reinforce(inputs, settings):
+    ratio = torch.exp(inputs.log_ratio)
+    pg = -ratio * inputs.advantages
+    none = torch.zeros_like(pg)
+    return SurrogateTerms(pg, none, none, metrics={"ratio": ratio, "user_code": 1.0})
+"""
+
+
+@pytest.mark.slow  # `python train.py -m` in a fresh interpreter: its own PYTHONPATH
+def test_a_surrogate_in_a_file_outside_tokenrl_trains_a_step_of_a_sweep_from_the_command_line(tmp_path):
+    """A sweep's job runs in a fresh process (hydra_plugins/tokenrl_launcher/fresh_process.py), which imports the
+    user's file by the path on the command line; the surrogate's metrics reach the job's metrics.csv."""
+    (tmp_path / "user_loss.py").write_text(USER_LOSS)
+    sweep_dir = tmp_path / "sweep"
+    python_path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "debug=default",
+            "total_steps=1",
+            "validation.every_n_steps=0",
+            "task.verifier=tests.helpers.rewards:length_reward",
+            "algorithm.policy_loss=user_loss:reinforce",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(sweep_dir / "0" / "csv" / "metrics.csv", newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("train/rollout_step")]
+    assert [float(row["train/surrogate/user_code"]) for row in rows] == [1.0]  # the user's surrogate ran
+    assert float(rows[0]["train/surrogate/ratio"]) == pytest.approx(1.0, abs=1e-6)  # one optimizer step: r = 1

@@ -8,9 +8,10 @@ changes over steps or acts on the gradient: lr warm-up, gradient clip, the adapt
 Each group checks its own fields (`validate`), `AlgorithmConfig.validate` the rules across groups, and every error
 names the key as the command line writes it (`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is
 loaded; the hot path reads typed attributes. The valid `algorithm.policy_loss` values are the registered surrogates
-(algorithms/surrogates.py). The math each field controls: docs/algorithms.md §1.2–1.4 (GRPO, DAPO pieces, the masked
-loss), §1.6 and §11.13 (the engine's importance weights: truncated or masked, per token or per sequence), §11 (loss
-variants — GSPO, CISPO, DPPO, SAPO —, KL estimators, the entropy bonus and its adaptive coefficient).
+and `package.module:function` paths (algorithms/surrogates.py). The math each field controls: docs/algorithms.md
+§1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 and §11.13 (the engine's importance weights: truncated or masked,
+per token or per sequence), §11 (loss variants — GSPO, CISPO, DPPO, SAPO —, KL estimators, the entropy bonus and its
+adaptive coefficient).
 """
 
 from __future__ import annotations
@@ -225,11 +226,10 @@ class AlgorithmConfig:
         return config
 
     def validate(self, max_new_tokens: int) -> None:
-        """Every group's rules, then the rules across groups: the surrogate `loss.policy_loss` names is registered and
-        takes `loss.dual_clip` if one is set."""
+        """Every group's rules, then the rules across groups: the surrogate `loss.policy_loss` names is registered (or
+        imports) and takes `loss.dual_clip` if one is set."""
         self.loss.validate()
-        get_surrogate(self.loss.policy_loss)  # a name nobody registered: ValueError naming the key
-        reason = REFUSES_DUAL_CLIP.get(self.loss.policy_loss)
+        reason = REFUSES_DUAL_CLIP.get(get_surrogate(self.loss.policy_loss))  # ValueError for a bad name or path
         if reason is not None and self.loss.dual_clip is not None:
             raise ValueError(
                 f"algorithm.dual_clip={self.loss.dual_clip} does not apply to algorithm.policy_loss="

@@ -99,12 +99,13 @@ class LossNormalizer:
 @dataclass
 class LossOutput:
     """The loss share and, summed over the micro-batch's selected (non-zero weight) tokens, how many were clipped,
-    dual-clipped and selected (for the clip fractions)."""
+    dual-clipped and selected (for the clip fractions) and the surrogate's own metrics (`SurrogateTerms.metrics`)."""
 
     loss: torch.Tensor
     clipped_tokens: torch.Tensor
     selected_tokens: torch.Tensor
     dual_clipped_tokens: torch.Tensor
+    metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 def policy_loss(inputs: LossInputs, normalizer: LossNormalizer, settings: LossSettings) -> LossOutput:
@@ -150,6 +151,7 @@ def policy_loss(inputs: LossInputs, normalizer: LossNormalizer, settings: LossSe
         (terms.clipped * selected).sum().detach(),
         selected.sum().detach(),
         (terms.dual_clipped * selected).sum().detach(),
+        {name: (value * selected).sum().detach() for name, value in terms.metrics.items()},
     )
 
 

@@ -8,16 +8,19 @@ the tokens whose clip (or drop) is active, for `train/clip_frac`; `dual_clipped`
     @register_surrogate("reinforce", refuses_dual_clip="…")
     def reinforce(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms: ...
 
-makes `algorithm.policy_loss=reinforce` valid (the start-up check reads `SURROGATES`). Dual clip (arXiv 1912.09729;
-verl's `clip_ratio_c`): a surrogate either caps its own pg with `dual_clip` or names why it refuses the setting
-(`refuses_dual_clip`), and the start-up check then refuses `algorithm.dual_clip` with it. In the manner of verl's
-`register_policy_loss` and prime-rl's `LossInputs` / `LossOutputs`.
+makes `algorithm.policy_loss=reinforce` valid (the start-up check reads `SURROGATES`); a function in user code is
+reached as `algorithm.policy_loss=package.module:function`, as `task.verifier` (each process that reads the setting
+imports it: a sweep's fresh processes too). Its `metrics` are logged as `train/surrogate/<name>`. Dual clip (arXiv
+1912.09729; verl's `clip_ratio_c`): a surrogate either caps its own pg with `dual_clip` or names why it refuses the
+setting (`refuses_dual_clip`), and the start-up check then refuses `algorithm.dual_clip` with it. In the manner of
+verl's `register_policy_loss` and prime-rl's `LossInputs` / `LossOutputs`.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,16 +31,18 @@ from tokenrl.records.loss_inputs import LossInputs
 @dataclass
 class SurrogateTerms:
     """Per-token (b, T) terms of a surrogate: pg (to minimise, with its gradient), clipped and dual_clipped (float
-    0/1, detached or not: only summed over the selected tokens)."""
+    0/1, detached or not: only summed over the selected tokens); metrics: the surrogate's own, each per token or a
+    scalar, the same names on every call, logged as their mean over the step's selected tokens."""
 
     pg: torch.Tensor
     clipped: torch.Tensor
     dual_clipped: torch.Tensor
+    metrics: dict[str, torch.Tensor | float] = field(default_factory=dict)
 
 
 Surrogate = Callable[[LossInputs, LossSettings], SurrogateTerms]
 SURROGATES: dict[str, Surrogate] = {}
-REFUSES_DUAL_CLIP: dict[str, str] = {}  # name → why `algorithm.dual_clip` does not apply to it
+REFUSES_DUAL_CLIP: dict[Surrogate, str] = {}  # surrogate → why `algorithm.dual_clip` does not apply to it
 
 
 def register_surrogate(name: str, *, refuses_dual_clip: str | None = None) -> Callable[[Surrogate], Surrogate]:
@@ -49,17 +54,33 @@ def register_surrogate(name: str, *, refuses_dual_clip: str | None = None) -> Ca
             raise ValueError(f"a surrogate named {name!r} is already registered (algorithm.policy_loss={name})")
         SURROGATES[name] = fn
         if refuses_dual_clip is not None:
-            REFUSES_DUAL_CLIP[name] = refuses_dual_clip
+            REFUSES_DUAL_CLIP[fn] = refuses_dual_clip
         return fn
 
     return register
 
 
 def get_surrogate(name: str) -> Surrogate:
-    """The surrogate of `algorithm.policy_loss=name`; ValueError naming the key and the registered names."""
-    if name not in SURROGATES:
-        raise ValueError(f"algorithm.policy_loss={name!r} is not one of {tuple(SURROGATES)}")
-    return SURROGATES[name]
+    """The surrogate of `algorithm.policy_loss=name`: a registered name or a `package.module:function`; ValueError
+    naming the key, the value and what it may be."""
+    if name in SURROGATES:
+        return SURROGATES[name]
+    if ":" not in name:
+        raise ValueError(
+            f"algorithm.policy_loss={name!r} is not one of {tuple(SURROGATES)} (or a 'package.module:function')"
+        )
+    module, _, attribute = name.partition(":")
+    try:
+        surrogate = getattr(importlib.import_module(module), attribute)
+        if callable(surrogate):
+            return surrogate
+        problem = "is not a function"
+    except (ImportError, AttributeError, ValueError) as err:  # ValueError: an empty module name
+        problem = f"cannot be imported ({err})"
+    raise ValueError(
+        f"algorithm.policy_loss={name!r} {problem}: name a function of a module on PYTHONPATH, or one of "
+        f"{tuple(SURROGATES)}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------ helpers

@@ -122,7 +122,7 @@ def ppo_update(
     is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
-    terms: list[torch.Tensor] = []  # (loss, clipped, dual-clipped, selected) per micro-batch, read once at the end
+    terms: list[dict[str, torch.Tensor]] = []  # `loss_terms` per micro-batch, read once at the end
     # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
     # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
     whole = (
@@ -179,7 +179,7 @@ def fused_update(
     weights = torch.zeros(shape)
     shaping: dict[str, torch.Tensor] = {}
     local = LossNormalizer(0.0, 0.0, 0.0)
-    terms: list[torch.Tensor] = []
+    terms: list[dict[str, torch.Tensor]] = []
     part_stats: list[TokenStats] = []
     for index, rows in enumerate(parts):
         part = rollouts.rows(rows)
@@ -200,7 +200,7 @@ def fused_update(
     backend.scale_gradients(1.0 / divisor)
     backend.optimizer_step()
     if terms:
-        terms = [torch.cat([term[:1] / divisor, term[1:]]) for term in terms]
+        terms = [{**term, "loss": term["loss"] / divisor} for term in terms]
     stats = TokenStats.scatter(shape, parts, part_stats)
     return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping)
 
@@ -259,30 +259,37 @@ def micro_batch_loss(
     return policy_loss(inputs, normalizer, settings)
 
 
-def loss_terms(out: LossOutput) -> torch.Tensor:
-    """(loss, clipped, dual-clipped, selected) of a micro-batch, kept on the device and read once at the end."""
-    return torch.stack(
-        [
-            term.detach().double()
-            for term in (out.loss, out.clipped_tokens, out.dual_clipped_tokens, out.selected_tokens)
-        ]
-    )
+def loss_terms(out: LossOutput) -> dict[str, torch.Tensor]:
+    """A micro-batch's loss, clipped, dual-clipped and selected tokens and the surrogate's metrics summed over them
+    (`surrogate/<name>`), kept on the device and read once at the end."""
+    terms = {
+        "loss": out.loss,
+        "clipped": out.clipped_tokens,
+        "dual_clipped": out.dual_clipped_tokens,
+        "selected": out.selected_tokens,
+        **{f"surrogate/{name}": value for name, value in out.metrics.items()},
+    }
+    return {name: term.detach().double() for name, term in terms.items()}
 
 
 def update_metrics(
-    terms: list[torch.Tensor],
+    terms: list[dict[str, torch.Tensor]],
     steps: int,
     cfg: AlgorithmConfig,
     batch: TrainBatch,
     is_weights: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> dict[str, float]:
-    """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share) and the
-    engine's importance weights: their mean and the share of response tokens whose ratio fell outside [tis_min,
-    tis_cap] (truncated or masked)."""
-    loss, clipped, dual_clipped, selected = torch.stack(terms).sum(0).tolist() if terms else (0.0, 0.0, 0.0, 0.0)
-    metrics = {"loss": loss / max(steps, 1), "clip_frac": clipped / max(selected, 1.0)}
+    """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share), the
+    surrogate's metrics averaged over them and the engine's importance weights: their mean and the share of response
+    tokens whose ratio fell outside [tis_min, tis_cap] (truncated or masked)."""
+    sums = dict.fromkeys(("loss", "clipped", "dual_clipped", "selected"), 0.0)
+    if terms:  # one read of the device: every micro-batch's terms, in `loss_terms`' order
+        sums = dict(zip(terms[0], torch.stack([torch.stack(list(term.values())) for term in terms]).sum(0).tolist()))
+    selected = max(sums["selected"], 1.0)
+    metrics = {"loss": sums["loss"] / max(steps, 1), "clip_frac": sums["clipped"] / selected}
     if cfg.loss.dual_clip is not None:
-        metrics["dual_clip_frac"] = dual_clipped / max(selected, 1.0)
+        metrics["dual_clip_frac"] = sums["dual_clipped"] / selected
+    metrics.update({name: value / selected for name, value in sums.items() if name.startswith("surrogate/")})
     if is_weights is not None:
         weights, outside = is_weights
         valid = batch.rollouts.response_mask.bool().to(weights.device)
