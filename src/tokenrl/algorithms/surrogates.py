@@ -65,22 +65,18 @@ def get_surrogate(name: str) -> Surrogate:
     naming the key, the value and what it may be."""
     if name in SURROGATES:
         return SURROGATES[name]
-    if ":" not in name:
-        raise ValueError(
-            f"algorithm.policy_loss={name!r} is not one of {tuple(SURROGATES)} (or a 'package.module:function')"
-        )
-    module, _, attribute = name.partition(":")
-    try:
-        surrogate = getattr(importlib.import_module(module), attribute)
-        if callable(surrogate):
-            return surrogate
-        problem = "is not a function"
-    except (ImportError, AttributeError, ValueError) as err:  # ValueError: an empty module name
-        problem = f"cannot be imported ({err})"
-    raise ValueError(
-        f"algorithm.policy_loss={name!r} {problem}: name a function of a module on PYTHONPATH, or one of "
-        f"{tuple(SURROGATES)}"
-    )
+    module, colon, attribute = name.partition(":")
+    problem = f"is not one of {tuple(SURROGATES)} (or a 'package.module:function')"
+    if colon:
+        try:
+            surrogate = getattr(importlib.import_module(module), attribute)
+            if callable(surrogate):
+                return surrogate
+            problem = "is not a function"
+        except (ImportError, AttributeError, ValueError) as err:  # ValueError: an empty module name
+            problem = f"cannot be imported ({err})"
+        problem += f": name a function of a module on PYTHONPATH, or one of {tuple(SURROGATES)}"
+    raise ValueError(f"algorithm.policy_loss={name!r} {problem}")
 
 
 # ------------------------------------------------------------------------------------------------------------ helpers
