@@ -104,12 +104,13 @@ def prepared_policy(
 
 
 def validator_for(cfg: DictConfig, task: Task, formatter: PromptFormatter) -> Validator:
-    """Held-out pass@k as `validation.*` sets it, sampling as `rollout.*` does."""
+    """Held-out pass@k as `validation.*` sets it, sampling as `rollout.*` does (temperature and top-p: where
+    `validation.*` leaves them null)."""
     settings = EvalSettings(
         n_samples=cfg.validation.n_samples,
         ks=tuple(cfg.validation.ks),
-        temperature=cfg.validation.temperature,
-        top_p=cfg.validation.top_p,
+        temperature=cfg.rollout.temperature if cfg.validation.temperature is None else cfg.validation.temperature,
+        top_p=cfg.rollout.top_p if cfg.validation.top_p is None else cfg.validation.top_p,
         top_k=cfg.rollout.top_k,
         max_new_tokens=cfg.rollout.max_new_tokens,
         max_prompt_length=cfg.rollout.max_prompt_length,
