@@ -106,6 +106,64 @@ def test_eval_greedy_is_top_k_1_and_recorded(tmp_path):
         assert len({line["response"] for line in lines if line["id"] == problem}) == 1
 
 
+def one_gsm8k_problem(folder) -> str:
+    """A data folder holding a one-problem gsm8k/test.jsonl: eval.py runs without the benchmark files."""
+    (folder / "gsm8k").mkdir(parents=True)
+    (folder / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "1+1=?", "answer": "1 and 1 #### 2"}) + "\n")
+    return f"paths.data_dir={folder}"
+
+
+def quick_eval(out, data: str, *overrides: str) -> list[dict]:
+    """`python eval.py model=tiny` on the one problem, 2 samples of 2 tokens; its results.json."""
+    done = forked_python(
+        ["eval.py", "model=tiny", data, "eval.n_samples=2", "eval.ks=[1]", "eval.max_new_tokens=2", *overrides]
+        + [f"hydra.run.dir={out}"]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_eval_labels_the_weights_by_what_they_are(tiny_cfg, tmp_path):
+    """summary.md's title and results.json's `weights`: a checkpoint, a tokenrl export (naming the run its card
+    names), another model folder (base weights) or random weights."""
+    import shutil
+
+    run_dir, data = tmp_path / "run", one_gsm8k_problem(tmp_path / "data")
+    cfg = tiny_cfg("total_steps=1", "checkpoint.enabled=true", "task.verifier=tests.helpers.rewards:length_reward")
+    cfg.paths.output_dir = str(run_dir)
+    run(cfg)
+    plain = shutil.copytree(run_dir / "model", tmp_path / "plain", ignore=shutil.ignore_patterns("README.md"))
+    folder = ["model.init=pretrained", "model.tokenizer=null"]
+    cases = {
+        "checkpoint": ([f"ckpt_path={run_dir}/checkpoints/last.ckpt"], f"checkpoint `{run_dir}/checkpoints/last.ckpt`"),
+        "export": (
+            [f"model.source={run_dir}/model", *folder],
+            f"`{run_dir}/model`, exported by tokenrl from the end of its training run `{run_dir}`",
+        ),
+        "plain": ([f"model.source={plain}", *folder], f"base weights `{plain}`"),
+        "random": (["seed=3"], "random weights (seed 3)"),
+    }
+    for name, (overrides, label) in cases.items():
+        assert quick_eval(tmp_path / name, data, *overrides)[0]["weights"] == label
+        assert (tmp_path / name / "summary.md").read_text().startswith(f"# tiny: {label}, "), name
+
+
+def test_results_name_the_sampling_the_run_used(tmp_path):
+    """results.json's top-level sampling is what was applied: greedy for eval.top_k=1 (no temperature), else the
+    temperature, top-p and top-k."""
+    data = one_gsm8k_problem(tmp_path / "data")
+    greedy = quick_eval(tmp_path / "greedy", data, "eval.top_k=1")[0]
+    assert (greedy["decoding"], greedy["temperature"], greedy["top_p"], greedy["top_k"]) == ("greedy", None, None, 1)
+    sampled = quick_eval(tmp_path / "sampled", data, "eval.temperature=0.7", "eval.top_p=0.9", "eval.top_k=5")[0]
+    assert (sampled["decoding"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (
+        "sampling",
+        0.7,
+        0.9,
+        5,
+    )
+
+
 BAD_INPUTS = [
     ("benchmark=nope", "error: 1 bad setting:\n  - benchmark='nope': must be a benchmark ("),
     ("paths.data_dir=/nonexistent", "/nonexistent/gsm8k/test.jsonl does not exist: set paths.data_dir"),

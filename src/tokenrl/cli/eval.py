@@ -33,6 +33,7 @@ from tokenrl.config.command_line import composition_problem
 from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark, expand
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.runner import EvalSettings, evaluate
+from tokenrl.export.hf_folder import exported_from
 from tokenrl.models import build_model, build_tokenizer
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.rewards.scorer import SafeScorer
@@ -168,6 +169,18 @@ def reproduction_record(
     }
 
 
+def model_label(cfg: DictConfig) -> str:
+    """What the evaluated weights are: a training checkpoint, random weights, a tokenrl export (with the run or
+    checkpoint its model card names) or the base weights of `model.source`."""
+    source = cfg.model.source
+    if cfg.ckpt_path:
+        return f"checkpoint `{_resolved(cfg.ckpt_path)}`"
+    if cfg.model.init == "random":
+        return f"random weights (seed {cfg.seed})"
+    origin = exported_from(source)
+    return f"`{_resolved(source)}`, exported by tokenrl from {origin}" if origin else f"base weights `{source}`"
+
+
 def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
     head = "| benchmark | problems | n | " + " | ".join(f"pass@{k}" for k in ks) + " | seconds |"
     rule = "|---|---|---|" + "---|" * len(ks) + "---|"
@@ -194,6 +207,7 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
     scorer = SafeScorer(cfg.reward_timeout_s)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    label = model_label(cfg)
     results = []
     try:
         for name in names:
@@ -225,6 +239,7 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
             result.update(
                 {
                     "model": cfg.model.name,
+                    "weights": label,
                     "ckpt_path": cfg.ckpt_path,
                     "reproduce": reproduction_record(
                         cfg, bench, settings, formatter, sorted({p.verifier for p in problems})
@@ -238,9 +253,7 @@ def run(cfg: DictConfig) -> list[dict[str, Any]]:
         scorer.close()
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     table = summary_table(results, list(cfg.eval.ks))
-    (out_dir / "summary.md").write_text(
-        f"# {cfg.model.name} ({cfg.ckpt_path or 'initial weights'}), {time.strftime('%Y-%m-%d')}\n\n{table}\n"
-    )
+    (out_dir / "summary.md").write_text(f"# {cfg.model.name}: {label}, {time.strftime('%Y-%m-%d')}\n\n{table}\n")
     print(table)
     return results
 

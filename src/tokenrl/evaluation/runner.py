@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,6 +33,13 @@ class EvalSettings:
     max_prompt_length: int = 2048
     batch_prompts: int = 8
     seed: int = 0
+
+    def decoding(self) -> dict[str, Any]:
+        """The sampling these settings apply: greedy with top_k=1 (temperature and top-p then change nothing), else
+        temperature, top-p and top-k (0: off)."""
+        if self.top_k == 1:
+            return {"decoding": "greedy", "temperature": None, "top_p": None, "top_k": 1}
+        return {"decoding": "sampling", "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
 
 def evaluate(
@@ -127,8 +135,7 @@ def evaluate(
         "problems": n_problems,
         "skipped_long_prompts": skipped,
         "n_samples": settings.n_samples,
-        "temperature": settings.temperature,
-        "top_p": settings.top_p,
+        **settings.decoding(),
         "max_new_tokens": settings.max_new_tokens,
         f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
         **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 SHARD_BYTES = 5 * 2**30  # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
 INDEX = "model.safetensors.index.json"
 CARD_METRICS = ("reward_first5", "reward_last5", "train/reward", "train/accuracy", "train/entropy")
+EXPORTED_FROM = "A plain Hugging Face causal LM exported by tokenrl from "  # the card's line naming the origin
 
 
 def export_dtype(cfg: DictConfig) -> str:
@@ -239,7 +240,7 @@ def model_card(
             "",
             f"# {model_cfg['name']} trained with tokenrl ({selector})",
             "",
-            f"A plain Hugging Face causal LM exported by tokenrl from {origin}.",
+            f"{EXPORTED_FROM}{origin}.",
             "",
             "| | |",
             "|---|---|",
@@ -265,6 +266,17 @@ def model_card(
             "",
             *(_adapter_use(source) if adapter_only else _folder_use(model_cfg["name"])),
         ]
+    )
+
+
+def exported_from(folder: str | Path) -> str | None:
+    """The origin a tokenrl export's model card names (its run, or the checkpoint); None for any other folder."""
+    card = Path(folder).expanduser() / "README.md"
+    if not card.is_file():
+        return None
+    lines = card.read_text(encoding="utf-8").splitlines()
+    return next(
+        (line.removeprefix(EXPORTED_FROM).removesuffix(".") for line in lines if line.startswith(EXPORTED_FROM)), None
     )
 
 
@@ -307,7 +319,8 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
             deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
             return None
         policy = module.policy
-        card = model_card(cfg, module.model_cfg, choices, summary, "the end of its training run", dtype)
+        origin = f"the end of its training run `{cfg.paths.output_dir}`"
+        card = model_card(cfg, module.model_cfg, choices, summary, origin, dtype)
         return write_model_folder(
             out,
             weights,
