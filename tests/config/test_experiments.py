@@ -132,7 +132,7 @@ def test_experiment_runs_one_tiny_step(name, tmp_path):
         shaping += ["algorithm.gen_prompts_per_step=2", "algorithm.max_gen_rounds=1"]
     summary = run(compose_config([f"experiment={name}", *SHRINK, *smaller_task.split(), *shaping], output_dir=tmp_path))
     assert summary["rollout_steps"] == 1 and summary["optimizer_steps"] == paper.algorithm.mini_batches
-    assert (tmp_path / "samples" / "step_0000.jsonl").is_file()
+    assert (tmp_path / "samples" / "step_0001.jsonl").is_file()
 
 
 @pytest.mark.parametrize("name", sorted(SWEEPS))

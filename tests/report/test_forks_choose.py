@@ -47,7 +47,7 @@ def write_tune_job(folder, job, arm, lr, seed=1000, complete=True):
         (run / "summary.json").write_text(json.dumps({"rollout_steps": 2}))
     (run / "samples").mkdir()
     records = [{"tokens": ["x"] * t, "updated": [1] * t} for t in LENGTHS]
-    (run / "samples" / "step_0000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "samples" / "step_0001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def choose(*args):

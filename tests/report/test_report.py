@@ -78,7 +78,7 @@ def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, 
     (run / "samples").mkdir()
     with_js = selector == "ict"  # as a run writes them: only a run that computes JS records u and ICT's choice
     record = {
-        "step": 0,
+        "step": 1,
         "row": 0,
         "group": 0,
         "selector": selector,
@@ -92,7 +92,7 @@ def write_job(folder, job, selector, seed, *, steps=TOTAL_STEPS, finished=True, 
         "updated": [1, 1],
         "would_select": {**({"ict": [1, 0]} if with_js else {}), "entropy20": [1, 0], "stapo": [1, 1]},
     }
-    (run / "samples" / "step_0000.jsonl").write_text(json.dumps(record) + "\n")
+    (run / "samples" / "step_0001.jsonl").write_text(json.dumps(record) + "\n")
 
 
 @pytest.fixture
@@ -215,6 +215,34 @@ def test_each_bad_input_is_one_error_line_and_status_2(sweep, tmp_path, given, m
     assert not (sweep / "report").exists()
 
 
+def test_a_single_runs_samples_open_by_step_counted_from_1(sweep, tmp_path):
+    """`scripts/report.py <run> --samples [STEP]`: samples.html of every step the run recorded, or of STEP alone; a
+    step it did not record, or a sweep's folder, is one error line."""
+    run = sweep / "3"  # ict, seed 0: step_0001.jsonl; a later page added
+    later = json.loads((run / "samples" / "step_0001.jsonl").read_text()) | {"step": 6, "prompt": "user\nLater?\n"}
+    (run / "samples" / "step_0006.jsonl").write_text(json.dumps(later) + "\n")
+
+    def report(*args):
+        command = [sys.executable, "scripts/report.py", *map(str, args), "--out", str(tmp_path / "out")]
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    done = report(run, "--samples")
+    page = (tmp_path / "out" / "samples.html").read_text()
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "out" / "samples.html"), done.stderr
+    assert "<h2>Step 1: <code>What is 1 + 1?</code>" in page and "<h2>Step 6: <code>Later?</code>" in page
+    assert "would select: ict" in page and "run: updated" in page
+    from tests.helpers.scripts import load_script
+
+    one = load_script("scripts/report.py").run_samples(run, tmp_path / "one", 6).read_text()
+    assert "<h2>Step 6" in one and "<h2>Step 1" not in one
+    for args, message in (
+        ((run, "--samples", "2"), f"error: {run} has no samples of step 2; it recorded steps 1, 6, counted from 1"),
+        ((sweep, "--samples"), f"error: --samples opens a single run's folder (one with .hydra/config.yaml); {sweep}"),
+    ):
+        done = report(*args)
+        assert done.returncode == 2 and done.stderr.startswith(message) and len(done.stderr.splitlines()) == 1
+
+
 def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):
     from tests.helpers.scripts import load_script
     from tokenrl.report.runs import load_run, rollout_step_index
@@ -222,7 +250,7 @@ def test_plot_curves_counts_rollout_steps_as_the_report_does(sweep):
     plot_curves = load_script("scripts/plot_curves.py")
     steps, values = plot_curves.read_metric(sweep / "0", "train/reward")
     run = load_run(sweep / "0")
-    assert steps == sorted(run.steps) == list(range(TOTAL_STEPS))  # logged 1 … N, plotted from 0 like samples
+    assert steps == sorted(run.steps) == list(range(TOTAL_STEPS))  # logged 1 … N, keyed from 0
     assert values == [run.steps[s]["train/reward"] for s in steps]
     assert rollout_step_index("1.0") == rollout_step_index(1) == 0
 

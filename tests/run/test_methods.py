@@ -89,7 +89,7 @@ def test_every_method_trains_end_to_end(tiny_cfg, method):
     assert torch.isfinite(torch.tensor(step["train/loss"])) and 0 < step["select/fraction"] <= 1
     records = [
         json.loads(line)
-        for line in (Path(cfg.paths.output_dir) / "samples" / "step_0000.jsonl").read_text().splitlines()
+        for line in (Path(cfg.paths.output_dir) / "samples" / "step_0001.jsonl").read_text().splitlines()
     ]
     assert set(records[0]["shaping"]) == SHAPING.get(method, set())
     weights = [w for record in records for w in record["updated"]]

@@ -455,7 +455,8 @@ def test_samples_record_tokens_statistics_and_each_selectors_choice(tiny_cfg, tm
             "task.verifier=tests.helpers.rewards:length_reward",
         )
     )
-    for step in (0, 1):
+    assert sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["step_0001.jsonl", "step_0002.jsonl"]
+    for step in (1, 2):  # counted from 1, as the console and metrics.csv count
         records = [
             json.loads(line) for line in (tmp_path / "samples" / f"step_{step:04d}.jsonl").read_text().splitlines()
         ]
@@ -483,6 +484,6 @@ def test_a_reference_selection_at_another_ratio_than_the_runs_is_named_by_it(tin
             "task.verifier=tests.helpers.rewards:length_reward",
         )
     )
-    record = json.loads((tmp_path / "samples" / "step_0000.jsonl").read_text().splitlines()[0])
+    record = json.loads((tmp_path / "samples" / "step_0001.jsonl").read_text().splitlines()[0])
     assert set(record["would_select"]) == {"ict@0.1", "entropy20", "stapo"}  # the reference ICT, not the run's 0.3
     assert sum(record["would_select"]["ict@0.1"]) == math.ceil(0.1 * len(record["tokens"]))

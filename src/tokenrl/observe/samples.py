@@ -1,7 +1,8 @@
 """Rollout samples with per-token statistics and token choices, for the report's "branching tokens" view.
 
-Every `every_n_steps` rollout steps, the first `rows` responses of the batch (the first group(s), so the
-rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, one JSON object per response:
+On the first rollout step and every `every_n_steps`-th after it, the first `rows` responses of the batch (the first
+group(s), so the rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, NNNN the step counted
+from 1 as the console and metrics.csv count it (`step_0001.jsonl` is the first step), one JSON object per response:
 the decoded prompt and token pieces, reward, advantage, per-token entropy (and JS when computed), the mask this
 run's selector actually updated (`updated`), and what each reference selector would choose on the same tokens
 (`would_select`: `selectors.reference_selectors`, ICT top-10% per response without warm-up when JS is there,
@@ -30,7 +31,8 @@ def _rounded(values: torch.Tensor) -> list[float | None]:
 
 
 class SampleWriter:
-    """Writes the first `rows` responses of every `every_n_steps`-th rollout step (0 turns it off)."""
+    """Writes the first `rows` responses of the first and every `every_n_steps`-th rollout step after it (0 turns it
+    off)."""
 
     def __init__(
         self,
@@ -47,6 +49,7 @@ class SampleWriter:
         self.tokenizer, self.selector_name, self.selector_ratio = tokenizer, selector_name, selector_ratio
 
     def due(self, step: int) -> bool:
+        """Whether the rollout step of 0-based index `step` is written."""
         return self.every > 0 and self.rows > 0 and step % self.every == 0
 
     @staticmethod
@@ -76,7 +79,7 @@ class SampleWriter:
         }
         if rank == 0:
             self.write(
-                train.step,
+                train.step + 1,
                 train.rollouts,
                 train.rewards,
                 whole,
@@ -97,7 +100,7 @@ class SampleWriter:
         shaping: dict[str, torch.Tensor] | None = None,
         forks: torch.Tensor | None = None,
     ) -> Path:
-        """One JSONL file for rollout step `step`; `batch` is the selector's view of the whole rollout batch,
+        """One JSONL file for rollout step `step` (counted from 1); `batch` is the selector's view of the whole rollout batch,
         `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the per-token
         fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
         self.folder.mkdir(parents=True, exist_ok=True)

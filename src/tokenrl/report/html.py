@@ -1,12 +1,14 @@
 """The "branching tokens" page: sample rollouts with each selector's chosen tokens highlighted side by side.
 
-Part 1 shows one group of rollouts of step 0 — identical in every run of a seed (same weights, same sampling seed);
-the first seed whose group has a learning signal — once per selector: ICT / 20-Entropy / STAPO as recorded in
-`would_select` (paper defaults, no warm-up) by the run of the seed that recorded the most of them (only a run that
-computes JS records ICT), and what each run actually updated. Part 2 shows, for a later step, what every run
-updated on its own rollouts. A run's row shows each token's weight as highlight strength (a mask's are all or
-nothing), and one more row for each per-token field its method sets (ε_high, KL weight, token advantage, drift
-penalty), strength |value| / the row's largest. Hovering a token shows its entropy H, JS score u and the value shown.
+Steps count from 1, as the console counts. Part 1 shows one group of rollouts of step 1 — identical in every run of
+a seed (same weights, same sampling seed); the first seed whose group has a learning signal — once per selector:
+ICT / 20-Entropy / STAPO as recorded in `would_select` (paper defaults, no warm-up) by the run of the seed that recorded
+the most of them (only a run that computes JS records ICT), and what each run actually updated. Part 2 shows, for a
+later step, what every run updated on its own rollouts. A run's row shows each token's weight as highlight strength
+(a mask's are all or nothing), and one more row for each per-token field its method sets (ε_high, KL weight, token
+advantage, drift penalty), strength |value| / the row's largest. Hovering a token shows its entropy H, JS score u
+and the value shown.
+`write_run_samples_page` shows one run's recorded steps the same way (`python scripts/report.py <run> --samples`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ code{background:#f3f3f3;padding:1px 4px}
 
 
 def read_samples(run: Run, step: int) -> list[dict]:
+    """The sample records of rollout step `step` (counted from 1), or [] where none were written."""
     path = run.folder / "samples" / f"step_{step:04d}.jsonl"
     if not path.is_file():
         return []
@@ -75,6 +78,19 @@ def _row(who: str, record: dict, values: list[float], colour: str) -> str:
     return (
         f'<div class="row"><div class="who">{html.escape(who)} ({share:.0%})</div>'
         f'<div class="toks">{_tokens(record, values, colour)}</div></div>'
+    )
+
+
+def recorded_steps(run: Run) -> set[int]:
+    """The rollout steps (counted from 1) the run wrote samples of."""
+    return {int(p.stem.split("_")[1]) for p in (run.folder / "samples").glob("step_*.jsonl")}
+
+
+def _would_rows(record: dict) -> str:
+    """What each reference selector would update in the response."""
+    return "".join(
+        _row(f"would select: {name}", record, mask, COLOURS.get(name.split("@")[0], "#ddd"))
+        for name, mask in record["would_select"].items()
     )
 
 
@@ -106,22 +122,22 @@ def question(record: dict) -> str:
 
 
 def signal_seed(runs: list[Run]) -> int:
-    """The first seed whose step-0 samples carry a learning signal (some advantage ≠ 0), else the first seed."""
+    """The first seed whose step-1 samples carry a learning signal (some advantage ≠ 0), else the first seed."""
     seeds = sorted({run.seed for run in runs})
     for seed in seeds:
-        records = [r for run in runs if run.seed == seed for r in read_samples(run, 0)]
+        records = [r for run in runs if run.seed == seed for r in read_samples(run, 1)]
         if any(abs(r["advantage"]) > 0 for r in records):
             return seed
     return seeds[0]
 
 
-def step_zero_section(runs: list[Run], rows: int) -> str:
-    """One group of step-0 rollouts of one seed, highlighted by every selector."""
+def first_step_section(runs: list[Run], rows: int) -> str:
+    """One group of step-1 rollouts of one seed, highlighted by every selector."""
     seed = signal_seed(runs)
-    same_seed = [run for run in runs if run.seed == seed and read_samples(run, 0)]
+    same_seed = [run for run in runs if run.seed == seed and read_samples(run, 1)]
     if not same_seed:
-        return "<p>No step-0 samples were recorded (samples.every_n_steps = 0?).</p>"
-    records = {run.label: read_samples(run, 0) for run in same_seed}
+        return "<p>No step-1 samples were recorded (samples.every_n_steps = 0?).</p>"
+    records = {run.label: read_samples(run, 1) for run in same_seed}
     # the reference rows come from the run that recorded the most of them: ICT's only where JS was computed
     source = max(same_seed, key=lambda run: len(records[run.label][0]["would_select"]))
     first = records[source.label]
@@ -140,15 +156,13 @@ def step_zero_section(runs: list[Run], rows: int) -> str:
         f"diagnostics.js=true computes it)."
     )
     parts = [
-        f"<h2>Step 0: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
+        f"<h2>Step 1: the same rollouts, each selector's choice</h2><p>Seed {seed}, prompt "
         f"<code>{html.escape(question(first[0]))}</code>; "
         f"the rollouts are {note}. Rows: what {', '.join(shown)} would update (recorded by run {source.job}), "
         f"then what each run updated at this step (warm-up steps update every token).{missing}</p>"
     ]
     for index, record in enumerate(first[:rows]):
-        lines = [_meta(record), _fork_row(record)]
-        for name, mask in record["would_select"].items():
-            lines.append(_row(f"would select: {name}", record, mask, COLOURS.get(name.split("@")[0], "#ddd")))
+        lines = [_meta(record), _fork_row(record), _would_rows(record)]
         if identical:
             for label, recs in records.items():
                 lines.append(_run_rows(f"run {label}", recs[index]))
@@ -160,8 +174,8 @@ def later_step_section(runs: list[Run], rows: int) -> str:
     """For the last step every run of the seed recorded, what each run updated on its own rollouts."""
     seed = signal_seed(runs)
     same_seed = [run for run in runs if run.seed == seed]
-    recorded = [{int(p.stem.split("_")[1]) for p in (run.folder / "samples").glob("step_*.jsonl")} for run in same_seed]
-    common = set.intersection(*recorded) - {0} if recorded else set()
+    recorded = [recorded_steps(run) for run in same_seed]
+    common = set.intersection(*recorded) - {1} if recorded else set()
     if not common:
         return ""
     step = max(common)
@@ -179,20 +193,44 @@ def later_step_section(runs: list[Run], rows: int) -> str:
     return "".join(parts)
 
 
-def write_samples_page(runs: list[Run], path: Path, title: str, rows: int = 8) -> Path:
-    complete = [run for run in runs if run.complete]
-    body = (
-        step_zero_section(complete, rows) + later_step_section(complete, min(rows, 4))
-        if complete
-        else "<p>No complete runs.</p>"
-    )
+def _page(title: str, body: str) -> str:
     legend = " ".join(
         f'<span style="background:{c};padding:1px 6px;border-radius:3px">{n}</span>' for n, c in COLOURS.items()
     )
-    path.write_text(
+    return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}: sample rollouts</h1>"
         f"<p>Highlight colours: {legend}. Hover a token for its entropy H and JS score u.</p>{body}"
         f"</body></html>"
     )
+
+
+def write_samples_page(runs: list[Run], path: Path, title: str, rows: int = 8) -> Path:
+    complete = [run for run in runs if run.complete]
+    body = (
+        first_step_section(complete, rows) + later_step_section(complete, min(rows, 4))
+        if complete
+        else "<p>No complete runs.</p>"
+    )
+    path.write_text(_page(title, body))
+    return path
+
+
+def write_run_samples_page(run: Run, path: Path, step: int | None = None) -> Path:
+    """One run's samples: every recorded step (or `step` alone), each response with what the reference selectors
+    would update and what the run updated."""
+    recorded = sorted(recorded_steps(run))
+    if step is not None and step not in recorded:
+        where = f"steps {', '.join(map(str, recorded))}" if recorded else "no step (samples.every_n_steps=0?)"
+        raise ValueError(f"{run.folder} has no samples of step {step}; it recorded {where}, counted from 1")
+    parts = []
+    for number in recorded if step is None else [step]:
+        records = read_samples(run, number)
+        prompt = html.escape(question(records[0])) if records else ""
+        parts.append(f"<h2>Step {number}: <code>{prompt}</code></h2>")
+        parts += [
+            f'<div class="resp">{_meta(r)}{_fork_row(r)}{_would_rows(r)}{_run_rows("run", r)}</div>' for r in records
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_page(str(run.folder), "".join(parts) or "<p>No samples were recorded.</p>"))
     return path

@@ -43,9 +43,8 @@ SWEEP_FOLDER = "a report is over a sweep's folder, logs/<task_name>/multiruns/<t
 def rollout_step_index(logged: float | str) -> int:
     """The 0-based index of the rollout step a metrics.csv row describes, from its `train/rollout_step`.
 
-    The module logs `train/rollout_step` after counting the step (1 … N: steps done), while the prompt schedule, the
-    samples (`step_NNNN.jsonl`), the selectors' warm-up Θ and `val/at_step` count from 0; every reader of the CSV
-    (this report, scripts/plot_curves.py) plots step k at k = train/rollout_step − 1."""
+    The module logs `train/rollout_step` after counting the step (1 … N: steps done), as the console and the sample
+    files (`step_NNNN.jsonl`) count; the report keys steps by this index and shows them counted from 1 (step k + 1)."""
     return int(float(logged)) - 1
 
 
@@ -119,7 +118,7 @@ def load_sweep(folder: Path) -> list[Run]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'}; {SWEEP_FOLDER}")
     if (folder / ".hydra" / "config.yaml").is_file():
-        raise ValueError(f"{folder} is a single run's folder; {SWEEP_FOLDER}")
+        raise ValueError(f"{folder} is a single run's folder; {SWEEP_FOLDER}; a run's samples: --samples")
     jobs = sorted(
         (p for p in folder.iterdir() if p.is_dir() and (p / ".hydra" / "config.yaml").is_file()),
         key=lambda p: (len(p.name), p.name),
