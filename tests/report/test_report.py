@@ -215,6 +215,37 @@ def test_each_bad_input_is_one_error_line_and_status_2(sweep, tmp_path, given, m
     assert not (sweep / "report").exists()
 
 
+@pytest.mark.parametrize(
+    "narrowed,seeds,missing",
+    [("seed=0", ["0"], ["random/0"]), ("seed=range(0,2)", ["0", "1"], ["random/0", "uniform/1", "ict/1", "random/1"])],
+)
+def test_a_sweep_narrowed_on_the_command_line_misses_only_its_own_jobs(tmp_path, narrowed, seeds, missing):
+    """`python train.py -m experiment=... seed=0`: the grid is the sweep's own, multirun.yaml's sweeper params with the
+    command line's overrides applied, not the experiment's three seeds."""
+    from tokenrl.report.runs import load_sweep, missing_runs, sweep_grid
+
+    folder = tmp_path / "multirun"
+    folder.mkdir()
+    params = {"selector": "uniform,ict,random", "seed": "0,1,2"}
+    task = ["experiment=cpu_study", "debug=default", "rollout=hf", narrowed]
+    (folder / "multirun.yaml").write_text(
+        yaml.safe_dump({"hydra": {"sweeper": {"params": params}, "overrides": {"task": task}}})
+    )
+    write_job(folder, 0, "uniform", 0)
+    write_job(folder, 1, "ict", 0)
+    assert sweep_grid(folder) == {"selector": ["uniform", "ict", "random"], "seed": seeds}
+    assert [f"{m['selector']}/{m['seed']}" for m in missing_runs(folder, load_sweep(folder))] == missing
+    done = subprocess.run(
+        [sys.executable, "scripts/report.py", str(folder), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"2 complete runs, 0 not complete, {len(missing)} never started")
+
+
 def test_a_single_runs_samples_open_by_step_counted_from_1(sweep, tmp_path):
     """`scripts/report.py <run> --samples [STEP]`: samples.html of every step the run recorded, or of STEP alone; a
     step it did not record, or a sweep's folder, is one error line."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 
 
 @dataclass
@@ -138,17 +140,25 @@ def load_sweep(folder: Path) -> list[Run]:
 
 
 def sweep_grid(folder: Path) -> dict[str, list[str]]:
-    """The swept keys and values of the multirun (sweeper params, overridden by comma lists on the command line)."""
+    """The swept keys and the values the sweep ran, as Hydra's basic sweeper expands `multirun.yaml`: the sweeper
+    params, then the command-line overrides (`hydra.overrides.task`), each replacing what came before for its key, so
+    `seed=0` narrows a swept seed to one value. Keys no sweep names are left out, and so is a glob sweep (its options
+    need Hydra's config loader)."""
     path = Path(folder) / "multirun.yaml"
     if not path.is_file():
         return {}
-    config = yaml.safe_load(path.read_text())
-    hydra = config.get("hydra", {})
-    grid = {k: str(v).split(",") for k, v in ((hydra.get("sweeper") or {}).get("params") or {}).items()}
-    for line in (hydra.get("overrides") or {}).get("task") or []:
-        key, _, value = line.partition("=")
-        if "," in value and "(" not in value and "[" not in value:
-            grid[key] = value.split(",")
+    hydra = (yaml.safe_load(path.read_text()) or {}).get("hydra", {})
+    params = (hydra.get("sweeper") or {}).get("params") or {}
+    lines = [f"{key}={value}" for key, value in params.items()] + ((hydra.get("overrides") or {}).get("task") or [])
+    grid: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(lines):
+        key = override.get_key_element()
+        if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            grid.pop(key, None)
+        elif override.is_discrete_sweep():
+            grid[key] = list(override.sweep_string_iterator())
+        elif key in grid:
+            grid[key] = [override.get_value_element_as_str()]
     return grid
 
 
