@@ -67,6 +67,25 @@ def test_auto_on_a_finished_run_says_it_is_complete_and_an_explicit_path_stays_a
         resolve_checkpoint(str(last), run, 3)
 
 
+def test_auto_needs_checkpoints_and_skips_a_finished_job_whatever_they_are(tmp_path):
+    """`ckpt_path=auto` with checkpoints off is refused (a requeued job would start again from step 0 over its folder);
+    a finished job (its summary.json there) is complete whatever the checkpoints, unless its last.ckpt is left to
+    extend (a larger total_steps)."""
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"ckpt_path=auto with checkpoint.enabled=false: a requeued job would find no"):
+        resolve_checkpoint("auto", run, 3, checkpoints=False)
+    (run / "summary.json").parent.mkdir()
+    (run / "summary.json").write_text(json.dumps({"rollout_steps": 3}))
+    for checkpoints in (False, True):
+        with pytest.raises(RunComplete, match=r"ckpt_path=auto: the run is already complete.*its summary") as done:
+            resolve_checkpoint("auto", run, 3, checkpoints=checkpoints)
+        assert done.value.summary == {"rollout_steps": 3}
+    last = write_checkpoint(run / "checkpoints" / "last.ckpt", 3)
+    with pytest.raises(RunComplete):
+        resolve_checkpoint("auto", run, 3, checkpoints=False)
+    assert resolve_checkpoint("auto", run, 6) == (str(last), 3)
+
+
 def write_sharded(path, step):
     AtomicFSDPStrategy(state_dict_type="sharded").save_checkpoint(
         {"state_dict": {"policy.w": torch.zeros(3)}, "tokenrl": {"rollout_step": step}}, path
@@ -179,3 +198,17 @@ def test_a_rerun_sweep_with_auto_skips_its_finished_jobs_and_finishes_the_others
     assert "ckpt_path=auto: the run is already complete" in (folder / "0" / "train.log").read_text()
     assert last.stat().st_mtime_ns == saved and json.loads((folder / "0" / "summary.json").read_text()) == done
     assert json.loads((folder / "1" / "summary.json").read_text())["rollout_steps"] == 1
+
+
+@pytest.mark.slow
+def test_auto_skips_a_finished_run_without_checkpoints(tmp_path):
+    """debug=default (checkpoints off): the run again with ckpt_path=auto says it is complete and trains nothing; its
+    summary is the first run's."""
+    run = tmp_path / "run"
+    command = ["train.py", "debug=default", "total_steps=1", "validation.every_n_steps=0", f"hydra.run.dir={run}"]
+    assert forked_python(command).returncode == 0
+    kept = {path: path.read_bytes() for path in [run / "summary.json"]}
+    again = forked_python([*command, "ckpt_path=auto"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "ckpt_path=auto: the run is already complete" in (run / "train.log").read_text()
+    assert {path: path.read_bytes() for path in kept} == kept

@@ -8,7 +8,8 @@ from the run folder's own `last.ckpt` when there is one and starts fresh otherwi
 `last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
 without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
 name (run/checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
-(`check_checkpoint_matches`).
+(`check_checkpoint_matches`). `ckpt_path=auto` needs checkpoints (`checkpoint.enabled`), and skips a job that finished
+(its `summary.json` there) whatever they are.
 """
 
 from __future__ import annotations
@@ -48,15 +49,33 @@ def checkpoint_step(path: str | Path) -> int:
         raise ValueError(f"ckpt_path={path}: not a tokenrl checkpoint (it has no 'tokenrl' state)") from None
 
 
-def resolve_checkpoint(ckpt_path: str | None, output_dir: str | Path, total_steps: int) -> tuple[str | None, int]:
+def resolve_checkpoint(
+    ckpt_path: str | None, output_dir: str | Path, total_steps: int, checkpoints: bool = True
+) -> tuple[str | None, int]:
     """The checkpoint to resume from and the rollout steps it holds ((None, 0): start fresh), checked: it exists, is a
-    tokenrl checkpoint, and leaves steps to train (else `ckpt_path=auto` raises `RunComplete`, a path ValueError)."""
+    tokenrl checkpoint, and leaves steps to train (else `ckpt_path=auto` raises `RunComplete`, a path ValueError).
+    `checkpoints`: whether this run writes them (`checkpoint.enabled`). `ckpt_path=auto` without them is refused (a
+    requeued job would find nothing to resume from and start again from step 0 over its own folder), except in a
+    finished job: its summary.json there and no own last.ckpt to extend (to a larger total_steps) raise `RunComplete`
+    whatever the checkpoints."""
     if ckpt_path is None:
         return None, 0
     auto = str(ckpt_path) == AUTO
     if auto:
         own = Path(output_dir) / "checkpoints" / "last.ckpt"
-        if not own.exists() and interrupted_swap(own) is None:
+        resumable = checkpoints and (own.exists() or interrupted_swap(own) is not None)
+        summary_path = Path(output_dir) / "summary.json"
+        if not resumable and summary_path.is_file():
+            raise RunComplete(
+                f"ckpt_path=auto: the run is already complete, nothing to train (its summary: {summary_path})",
+                json.loads(summary_path.read_text()),
+            )
+        if not checkpoints:
+            raise ValueError(
+                "ckpt_path=auto with checkpoint.enabled=false: a requeued job would find no checkpoint to resume "
+                "from and train again from step 0 over its own run folder; set checkpoint.enabled=true"
+            )
+        if not resumable:
             log.info("ckpt_path=auto: no %s yet, starting from step 0", own)
             return None, 0
         ckpt_path = str(own)

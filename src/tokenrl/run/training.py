@@ -138,7 +138,9 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
     try:
-        ckpt_path, steps_done = resolve_checkpoint(cfg.ckpt_path, output_dir, cfg.total_steps)
+        ckpt_path, steps_done = resolve_checkpoint(
+            cfg.ckpt_path, output_dir, cfg.total_steps, bool(cfg.checkpoint.enabled)
+        )
     except RunComplete as done:  # ckpt_path=auto in a finished run (a re-run sweep's finished job): nothing to do
         log.info("%s", done)
         return done.summary
