@@ -42,11 +42,12 @@ GROUP_ORDER = [
     "local",
     "debug",
     "base",
+    "batch",
 ]
 GROUP_NOTES = {
     "selector": "which response tokens the policy-gradient update reaches, with what weight, and the loss normaliser "
     "([Methods](methods/index.md))",
-    "model": "the policy: source, initialisation, dtype, LoRA, and the per-size presets that `algorithm.*` reads",
+    "model": "the policy: source, initialisation, dtype, LoRA; its batch preset (`batch/`) sets its `algorithm.*`",
     "rollout": "the generation engine and its sampling ([Concepts](concepts.md#rollout-engines-hf-or-vllm))",
     "algorithm": "GRPO and its switches: group size, aggregation, clip, KL, mini-batches, loss variants, optimizer",
     "task": "training problems, instruction, verifier and response budget; its test split feeds validation "
@@ -66,6 +67,8 @@ GROUP_NOTES = {
     "local": "machine-local overrides",
     "debug": "smoke runs",
     "base": "shared parts that presets pull in with `@_here_`; not a choice of any group",
+    "batch": "each model's batch preset (`algorithm.prompts_per_step`, `micro_batch_size`, `optimizer.lr`), pulled "
+    "in by its model preset; not a choice of any group",
 }
 
 KEY = re.compile(
@@ -110,6 +113,8 @@ def default_package(rel: str, including: dict[str, str]) -> str:
     group = rel.rsplit("/", 1)[0] if "/" in rel else ""
     if group == "base":
         return including.get(rel, "")
+    if group == "batch":  # pulled in by a model preset as `/batch/<name>@_global_.algorithm`
+        return "algorithm"
     return group.replace("/", ".")
 
 
@@ -263,10 +268,10 @@ def render(configs: list[ConfigFile]) -> str:
                     "",
                 ]
         name = cfg.rel.rsplit("/", 1)[-1].removesuffix(".yaml")
-        title = f"`{group}={name}`" if group and group != "base" else f"`configs/{cfg.rel}`"
+        title = f"`{group}={name}`" if group and group not in ("base", "batch") else f"`configs/{cfg.rel}`"
         out += [f"### {title}", ""]
         where = "" if not group or group == "base" else f"`configs/{cfg.rel}`" + ", *global*" * (cfg.package == "")
-        if group == "base":
+        if group in ("base", "batch"):
             where = f"Pulled into `{cfg.package}`"
         out += [(f"{where}. " * bool(where) + prose(cfg.header)).rstrip(), ""]
         if cfg.defaults:

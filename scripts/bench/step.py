@@ -87,7 +87,7 @@ def overrides(data: Path, variant: str, steps: int, out_dir: Path) -> list[str]:
         "algorithm.micro_batch_size=32",
         "algorithm.kl_coef=0",
         "algorithm.aggregation=token-mean",
-        "model.lr=1e-6",
+        "algorithm.optimizer.lr=1e-6",
         f"total_steps={steps}",
         "logger=none",
         "checkpoint.enabled=false",

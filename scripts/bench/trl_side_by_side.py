@@ -147,7 +147,7 @@ def tokenrl_overrides(settings: dict) -> list[str]:
         f"algorithm.prompts_per_step={settings['prompts']}",
         f"algorithm.group_size={settings['group']}",
         f"algorithm.micro_batch_size={settings['micro_batch']}",
-        f"model.lr={settings['lr']}",
+        f"algorithm.optimizer.lr={settings['lr']}",
         f"seed={settings['seed']}",
         f"total_steps={settings['steps']}",
         f"trainer={'gpu' if cuda else 'cpu'}",

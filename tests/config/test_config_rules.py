@@ -79,9 +79,11 @@ def leaves(node: DictConfig, prefix: str = ""):
 
 def rule_of(cfg: DictConfig, path: str) -> Rule | str | None:
     """The rule of `path`, "algorithm" for a field AlgorithmConfig checks, "target" for a `_target_`/`_partial_`
-    (the check imports it), or None: no rule."""
+    (the check imports it), "training's" for an eval config's batch settings (unread there), or None: no rule."""
     if path in RULES:
         return RULES[path]
+    if path.startswith("algorithm.") and OmegaConf.select(cfg, "algorithm.name") is None:
+        return "training's"  # eval: the model preset's batch settings (configs/batch/), read by training only
     if path.startswith("algorithm.") and path.count(".") == 1 and path.split(".")[1] in ALGORITHM_FIELDS:
         return "algorithm"
     for node in sorted(target_nodes(cfg), key=len, reverse=True):
@@ -145,7 +147,7 @@ def test_every_key_has_a_rule_and_a_value_no_rule_accepts_stops_the_check_naming
     )
     for path, rule in rules.items():
         seen = (name, path, rule.allowed if isinstance(rule, Rule) else str(rule))
-        if rule == "target" or (isinstance(rule, Rule) and rule.free) or seen in CHECKED:
+        if rule in ("target", "training's") or (isinstance(rule, Rule) and rule.free) or seen in CHECKED:
             continue
         CHECKED.add(seen)
         bad = copy.deepcopy(cfg)

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIG_DIR, compose_config
 from tests.helpers.forked_cli import forked_python
+from tokenrl.config.check import ConfigError, check_config
+from tokenrl.config.command_line import composition_problem
+from tokenrl.config.rules import RENAMED
 
 GROUPS = ["selector", "model", "task", "rollout", "algorithm", "trainer", "logger", "debug"]
 
 
 def options(group: str) -> list[str]:
-    from pathlib import Path
-
     return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
@@ -96,8 +100,6 @@ QWEN_COMMON = {
     "dtype": "fp32",
     "reference_dtype": "bf16",
     "lora": None,
-    "lr": 1e-6,
-    "prompts_per_step": 32,
     "paper_task": "gsm8k",
 }
 QWEN_ARCH_COMMON = {
@@ -118,7 +120,8 @@ QWEN_SIZES = {
 
 @pytest.mark.parametrize("name", [f"{size}{kind}" for size in QWEN_SIZES for kind in ("", "-instruct")])
 def test_qwen_presets_compose_to_their_full_settings(name, tmp_path):
-    model = OmegaConf.to_container(compose_config([f"model={name}"], output_dir=tmp_path).model, resolve=True)
+    cfg = compose_config([f"model={name}"], output_dir=tmp_path)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
     size, instruct = name.removesuffix("-instruct"), name.endswith("-instruct")
     micro, chunk, hidden, inter, layers, heads, kv, vocab, tied, positions, checkpointing = QWEN_SIZES[size]
     repo = {"qwen0.5b": "Qwen2.5-0.5B", "qwen1.5b": "Qwen2.5-1.5B", "qwen7b": "Qwen2.5-7B"}[size]
@@ -127,7 +130,6 @@ def test_qwen_presets_compose_to_their_full_settings(name, tmp_path):
         "source": f"Qwen/{repo}" + ("-Instruct" if instruct else ""),
         **QWEN_COMMON,
         "chat_template": "auto" if instruct else False,
-        "micro_batch_size": micro,
         "stats_chunk_size": chunk,
         "gradient_checkpointing": checkpointing,
         "architecture": {
@@ -143,6 +145,11 @@ def test_qwen_presets_compose_to_their_full_settings(name, tmp_path):
             "eos_token_id": 151645 if instruct else 151643,
         },
     }
+    assert (cfg.algorithm.prompts_per_step, cfg.algorithm.micro_batch_size, cfg.algorithm.optimizer.lr) == (
+        32,
+        micro,
+        1e-6,
+    )
 
 
 def test_rollout_presets_share_one_sampling_base(tmp_path):
@@ -180,21 +187,34 @@ def test_rollout_presets_share_one_sampling_base(tmp_path):
 
 
 @pytest.mark.parametrize("model", options("model"))
-def test_batch_presets_are_defined_by_the_model_and_read_through_the_algorithm(model, tmp_path):
+def test_batch_presets_are_set_by_the_model_under_their_one_name(model, tmp_path):
     cfg = compose_config([f"model={model}"], output_dir=tmp_path)
-    assert (cfg.algorithm.prompts_per_step, cfg.algorithm.micro_batch_size, cfg.algorithm.optimizer.lr) == (
-        cfg.model.prompts_per_step,
-        cfg.model.micro_batch_size,
-        cfg.model.lr,
-    )
-    assert cfg.model.stats_chunk_size > 0
-    for key in ("prompts_per_step", "micro_batch_size"):  # one definition: the algorithm only points at the model's
-        assert OmegaConf.to_container(cfg.algorithm)[key] == f"${{model.{key}}}"
-    assert OmegaConf.to_container(cfg.algorithm.optimizer)["lr"] == "${model.lr}"
+    batch = yaml.safe_load((Path(CONFIG_DIR) / "batch" / f"{model.removesuffix('-instruct')}.yaml").read_text())
+    assert cfg.algorithm.micro_batch_size == batch["micro_batch_size"] > 0  # each model's own preset
+    assert cfg.algorithm.prompts_per_step > 0 and cfg.algorithm.optimizer.lr > 0 and cfg.model.stats_chunk_size > 0
+    assert not {"lr", "prompts_per_step", "micro_batch_size"} & set(cfg.model)  # no second name under model
     moved = compose_config(
-        [f"model={model}", "model.prompts_per_step=3", "algorithm.micro_batch_size=5"], output_dir=tmp_path
+        [
+            f"model={model}",
+            "algorithm.prompts_per_step=3",
+            "algorithm.micro_batch_size=5",
+            "algorithm.optimizer.lr=0.5",
+        ],
+        output_dir=tmp_path,
     )
-    assert (moved.algorithm.prompts_per_step, moved.algorithm.micro_batch_size) == (3, 5)
+    assert (moved.algorithm.prompts_per_step, moved.algorithm.micro_batch_size, moved.algorithm.optimizer.lr) == (
+        3,
+        5,
+        0.5,
+    )
+
+
+@pytest.mark.parametrize("old,new", sorted(RENAMED.items()))
+def test_an_old_name_stops_with_one_line_naming_the_new_one(old, new):
+    problem = composition_problem([old + "=3"])
+    assert problem == f"{old}=3: this setting's one name is {new}: write {new}=3"
+    with pytest.raises(ConfigError, match=re.escape(f"{old}=3: this setting's one name is {new}")):
+        check_config(compose_config([f"+{old}=3"]))
 
 
 def test_the_selectors_warmup_is_one_top_level_knob_named_for_them(tmp_path):

@@ -20,7 +20,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RULES, TARGET_RULES, VLLM_INSTALL
+from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RENAMED, RULES, TARGET_RULES, VLLM_INSTALL, renamed_problem
 from tokenrl.records.rules import Rule, is_int
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
@@ -36,6 +36,7 @@ CLOSED_NODES = (
     "algorithm",
     "paths",
     "export",
+    "resume",
 )
 # Keys of closed nodes that are optional (read with `.get`): `+model.lora={...}` is how LoRA is turned on.
 OPTIONAL_KEYS = {"model": ("lora", "tokenizer", "reference_dtype", "gradient_checkpointing", "paper_task")}
@@ -298,10 +299,16 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
     return problems
 
 
+def _renamed_problems(cfg: DictConfig) -> list[str]:
+    """Old names a config file (a user's experiment, `+key=`) still sets: nothing reads them."""
+    found = [(key, OmegaConf.select(cfg, key)) for key in RENAMED if OmegaConf.select(cfg, key) is not None]
+    return [problem for key, value in found if (problem := renamed_problem(key, value))]
+
+
 def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     """Raises `ConfigError` listing every bad setting of the composed train config; returns the warnings.
     `overrides`: the command line's overrides (Hydra's `overrides.task`), to find keys that `+` added."""
-    problems = _value_problems(cfg)
+    problems = _renamed_problems(cfg) + _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
     if not problems:  # relations read values whose types are now known to be right
         problems += _relation_problems(cfg) + _component_problems(cfg) + _task_marks_problems(cfg)

@@ -105,11 +105,11 @@ def run_dir_override(argv: list[str]) -> list[str]:
 
 
 def composition_problem(argv: list[str], config_name: str = "train") -> str | None:
-    """The one-line error of a command line Hydra cannot compose into `config_name`, or None: an override that does not
-    parse; a preset that does not exist (with the group's presets and the nearest name); an override of a key the
-    composed config lacks — Hydra's own hint for it, `+key=value`, adds a key that nothing reads (a selector without a
-    ratio does not start taking one), so this names the nearest key, or the presets of the group that have the key.
-    Single runs only (a sweep's values are not one config)."""
+    """The one-line error of a command line Hydra cannot compose into `config_name`, or None: a setting's old name;
+    an override that does not parse; a preset that does not exist (with the group's presets and the nearest name); an
+    override of a key the composed config lacks — Hydra's own hint for it, `+key=value`, adds a key that nothing reads
+    (a selector without a ratio does not start taking one), so this names the nearest key, or the presets of the group
+    that have the key. Single runs only (a sweep's values are not one config)."""
     if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
         return None
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
@@ -127,6 +127,12 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
         finally:
             GlobalHydra.instance().clear()
 
+    from tokenrl.config.rules import renamed_problem
+
+    for arg in overrides:
+        problem = renamed_problem(*arg.lstrip("+~").split("=", 1)) if "=" in arg else None
+        if problem:
+            return problem
     parser = OverridesParser.create()
     for arg in overrides:
         try:

@@ -104,6 +104,21 @@ PRECISIONS = one_of("32-true", "32", "16-mixed", "bf16-mixed", "bf16-true", "16-
 
 # an experiment's pre-registered contrasts (scripts/report.py, docs/sweeps.md)
 REPORT = {"contrasts": list_of(FREE_TEXT), "primary": FREE_TEXT, "secondary": list_of(FREE_TEXT)}
+# Settings that had a second name: the old one stops at start-up naming the one that stays (config/check.py,
+# config/command_line.py).
+RENAMED = {
+    "model.lr": "algorithm.optimizer.lr",
+    "model.prompts_per_step": "algorithm.prompts_per_step",
+    "model.micro_batch_size": "algorithm.micro_batch_size",
+}
+
+
+def renamed_problem(key: str, value: Any) -> str | None:
+    """The one line for a setting's old name (`RENAMED`), or None."""
+    new = RENAMED.get(key)
+    return None if new is None else f"{key}={value}: this setting's one name is {new}: write {new}={value}"
+
+
 RULES: dict[str, Rule] = {
     # train.yaml (top level)
     "task_name": FREE_TEXT,  # a label: the folder logs/<task_name>/
@@ -113,6 +128,7 @@ RULES: dict[str, Rule] = {
     "selector_warmup_steps": integer(0),
     "selector_ratio": PROBABILITY,
     "ckpt_path": FREE_TEXT,  # a file, a folder or auto: checked by run/resume.py with its own words
+    "resume.allow_changes": BOOLEAN,
     "reward_timeout_s": POSITIVE,
     "optimized_metric": FREE_TEXT,
     "validation.every_n_steps": integer(0),
@@ -149,9 +165,6 @@ RULES: dict[str, Rule] = {
     "model.lora": LORA,
     "model.paper_task": optional(one_of(*TASKS), "the task train.yaml's defaults choose"),
     "model.gradient_checkpointing": BOOLEAN,
-    "model.lr": POSITIVE,
-    "model.prompts_per_step": integer(1),
-    "model.micro_batch_size": integer(1),
     "model.stats_chunk_size": integer(1),
     **{f"model.architecture.{key}": rule for key, rule in ARCHITECTURE.items()},
     # rollout

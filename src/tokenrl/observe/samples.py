@@ -100,9 +100,9 @@ class SampleWriter:
         shaping: dict[str, torch.Tensor] | None = None,
         forks: torch.Tensor | None = None,
     ) -> Path:
-        """One JSONL file for rollout step `step` (counted from 1); `batch` is the selector's view of the whole rollout batch,
-        `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the per-token
-        fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
+        """One JSONL file for rollout step `step` (counted from 1); `batch` is the selector's view of the whole rollout
+        batch, `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the
+        per-token fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"step_{step:04d}.jsonl"
         prompt_texts = self.tokenizer.batch_decode(rollouts.prompt_ids[: self.rows], skip_special_tokens=True)

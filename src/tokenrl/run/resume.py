@@ -8,8 +8,15 @@ from the run folder's own `last.ckpt` when there is one and starts fresh otherwi
 `last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
 without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
 name (run/checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
-(`check_checkpoint_matches`). `ckpt_path=auto` needs checkpoints (`checkpoint.enabled`), and skips a job that finished
-(its `summary.json` there) whatever they are.
+(`check_checkpoint_matches`).
+
+A resume keeps to its run's settings: each checkpoint holds the config of the run that wrote it (`RUN_CONFIG`), and a
+resume whose settings differ from it in any key outside `FREE_SETTINGS` is refused naming each key, unless
+`resume.allow_changes=true` (`check_resume_settings`). Every resume appends its overrides, the step it starts at and the
+keys it changed to `<run>/.hydra/resume_history.yaml` (`record_resume`); the run's record, `.hydra/config.yaml` and
+`overrides.yaml`, stays as the run that made the folder wrote it (a resume in it writes no Hydra files:
+`continues_run`, configs/hydra/default.yaml). `ckpt_path=auto` needs checkpoints (`checkpoint.enabled`), and skips a
+job that finished (its `summary.json` there) whatever they are.
 """
 
 from __future__ import annotations
@@ -17,16 +24,49 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
+import yaml
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from tokenrl.config.command_line import AUTO
 from tokenrl.run.checkpointing import SHARDED_META, checkpoint_mismatch, interrupted_swap, is_sharded_checkpoint
 
 log = logging.getLogger(__name__)
+RUN_CONFIG = "tokenrl_config"  # a checkpoint's entry holding its run's config (`RunConfigRecord`)
+HISTORY = Path(".hydra") / "resume_history.yaml"  # in the run folder: one entry per resume (`record_resume`)
+# The settings a resume may change freely: where files go and what is logged (paths, task_name, logger, the trainer's
+# root folder, progress bar and logging interval), how long the run is (total_steps: extending a run is what a resume
+# is for; the prompts of step k depend on the seed and k only), which checkpoints, samples and export it writes,
+# held-out validation (its own seeds, between steps), extra statistics (diagnostics), what a sweeper reads
+# (optimized_metric) and the resume itself (ckpt_path, resume). None changes a step's prompts, samples or update;
+# every other key does, or may (the model, algorithm, selector, task, rollout, trainer precision and devices, seed,
+# fast_path's kernels), so a resume that changes one is refused unless resume.allow_changes=true.
+FREE_SETTINGS = (
+    "paths",
+    "task_name",
+    "logger",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "total_steps",
+    "checkpoint",
+    "samples",
+    "export",
+    "validation",
+    "diagnostics",
+    "optimized_metric",
+    "ckpt_path",
+    "resume",
+)
+UNSET = object()  # a key one of two configs lacks
 
 
 class RunComplete(Exception):
@@ -38,13 +78,17 @@ class RunComplete(Exception):
         self.summary = summary
 
 
-def checkpoint_step(path: str | Path) -> int:
-    """The rollout steps done in the checkpoint at `path` (memory-mapped: the weights are not read; of a sharded
-    checkpoint its meta.pt, which holds no weights)."""
+def checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at `path` memory-mapped (the weights are not read), or of a sharded checkpoint its meta.pt,
+    which holds no weights."""
     source = Path(path) / SHARDED_META if Path(path).is_dir() else path
-    checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The rollout steps done in the checkpoint at `path`."""
     try:
-        return int(checkpoint["tokenrl"]["rollout_step"])
+        return int(checkpoint_meta(path)["tokenrl"]["rollout_step"])
     except KeyError:
         raise ValueError(f"ckpt_path={path}: not a tokenrl checkpoint (it has no 'tokenrl' state)") from None
 
@@ -116,6 +160,106 @@ def resolve_checkpoint(
         )
     log.info("resuming from %s: %d of total_steps=%d rollout steps done", path, step, total_steps)
     return str(path), step
+
+
+def continues_run(ckpt_path: str | None, output_dir: str | Path) -> bool:
+    """Whether a run of `ckpt_path` in `output_dir` continues the run already there: `auto` where the folder holds its
+    last.ckpt or summary.json, or a checkpoint in the folder's checkpoints/ (a resume `config/command_line.py` pointed
+    at its run folder). Such a run leaves the folder's `.hydra/` record as the run that made it wrote it."""
+    if ckpt_path is None:
+        return False
+    folder = Path(output_dir)
+    if str(ckpt_path) == AUTO:
+        own = folder / "checkpoints" / "last.ckpt"
+        return own.exists() or interrupted_swap(own) is not None or (folder / "summary.json").is_file()
+    return Path(ckpt_path).expanduser().resolve().parent == (folder / "checkpoints").resolve()
+
+
+class RunConfigRecord(L.Callback):
+    """Writes the run's config into each checkpoint (`RUN_CONFIG`), as composed: interpolations unresolved, so a
+    resume on another machine (other paths, another model cache) compares the settings, not where files lie."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_CONFIG] = self.config
+
+
+def changed_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, str]:
+    """The settings outside `FREE_SETTINGS` whose values differ between the configs `saved` and `current` (as composed),
+    by dotted key in config order: "old → new". Both are resolved here, with this run's `paths`, so that where files
+    lie (`model.source: ${paths.model_cache}/...`, `${oc.env:...}`) is no difference, nor a value that moved to
+    another key and is interpolated there. A key one of them lacks is one (a `+` override, a preset's own keys)."""
+
+    def leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+        if isinstance(node, Mapping) and node:
+            return [leaf for name, child in node.items() for leaf in leaves(child, f"{prefix}{name}.")]
+        return [(prefix.removesuffix("."), node)]
+
+    def values(config: Mapping[str, Any]) -> dict[str, Any]:
+        resolvable = OmegaConf.create(dict(config))
+        found = {}
+        for key, written in leaves(config):
+            if any(key == free or key.startswith(f"{free}.") for free in FREE_SETTINGS):
+                continue
+            try:
+                value = OmegaConf.select(resolvable, key, throw_on_resolution_failure=True)
+                found[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            except OmegaConfBaseException:  # resolvable in a Hydra job only (${hydra:...}): compared as written
+                found[key] = written
+        return found
+
+    def shown(value: Any) -> str:
+        return "(not set)" if value is UNSET else value if isinstance(value, str) else json.dumps(value)
+
+    old, new = values({**saved, "paths": current.get("paths")}), values(current)
+    return {
+        key: f"{shown(old.get(key, UNSET))} → {shown(new.get(key, UNSET))}"
+        for key in dict.fromkeys([*new, *old])
+        if old.get(key, UNSET) != new.get(key, UNSET)
+    }
+
+
+def check_resume_settings(
+    path: str | Path, config: Mapping[str, Any], steps_done: int, output_dir: str | Path
+) -> dict[str, str]:
+    """The settings this resume (of the run `config`, from the checkpoint at `path`) changes against the checkpoint's
+    run (`changed_settings`); any is a ValueError (one line naming each, old → new) unless `config` allows changes
+    (`resume.allow_changes`). A checkpoint written before checkpoints held their config: nothing to compare, {}."""
+    saved = checkpoint_meta(path).get(RUN_CONFIG)
+    if saved is None:
+        log.warning("%s does not record its run's settings (written by an older tokenrl): not compared", path)
+        return {}
+    changed = changed_settings(saved, config)
+    if changed and not config.get("resume", {}).get("allow_changes", False):
+        listed = ", ".join(f"{key}: {change}" for key, change in changed.items())
+        raise ValueError(
+            f"ckpt_path={config['ckpt_path']}: its run was trained with other settings ({listed}); resume with "
+            f"those, or add resume.allow_changes=true to train on with these from step {steps_done + 1} (recorded "
+            f"in {Path(output_dir) / HISTORY})"
+        )
+    return changed
+
+
+def record_resume(
+    output_dir: str | Path, path: str | Path, steps_done: int, overrides: list[str], changed: dict[str, str]
+) -> None:
+    """Append this resume to the run folder's history (`HISTORY`, a YAML list; rank 0 only): when, from which
+    checkpoint, the first step it trains, its command line's overrides and the settings it changed."""
+    if rank_zero_only.rank != 0:
+        return
+    entry = {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "ckpt_path": str(path),
+        "from_step": steps_done + 1,
+        "overrides": list(overrides),
+        "changed": changed,
+    }
+    history = Path(output_dir) / HISTORY
+    history.parent.mkdir(parents=True, exist_ok=True)
+    with history.open("a") as handle:
+        handle.write(yaml.safe_dump([entry], sort_keys=False, allow_unicode=True))
 
 
 def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:

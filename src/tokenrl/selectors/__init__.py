@@ -35,8 +35,8 @@ __all__ = [
 
 def reference_selectors(with_js: bool) -> dict[str, TokenSelector]:
     """The selectors every run compares its own choice with, at their paper defaults with warm-up off (so the choice
-    shows from the first step): ICT top-10% per response when JS is computed, 20-Entropy, STAPO. One list for both places
-    that use it: `select/jaccard_<name>` (observe/diagnostics.py) and each sample's `would_select`
+    shows from the first step): ICT top-10% per response when JS is computed, 20-Entropy, STAPO. One list for both
+    places that use it: `select/jaccard_<name>` (observe/diagnostics.py) and each sample's `would_select`
     (observe/samples.py)."""
     chosen: dict[str, TokenSelector] = {"entropy20": Entropy20Selector(), "stapo": STAPOSelector()}
     if with_js:
