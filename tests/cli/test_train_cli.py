@@ -21,7 +21,7 @@ from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
 from tokenrl.models import build_model
 from tokenrl.run.checkpointing import SHARDED_META
-from tokenrl.run.resume import check_checkpoint_matches, checkpoint_shapes, policy_shapes
+from tokenrl.run.resume import RUN_CONFIG, check_checkpoint_matches, checkpoint_shapes, policy_shapes
 
 pytestmark = pytest.mark.slow  # multi-process runs (README: `-m "not slow"` is the quick loop)
 
@@ -133,21 +133,36 @@ def write_forks_tiny_checkpoint(path: Path) -> Path:
     return path
 
 
+def write_tiny_checkpoint(path: Path) -> Path:
+    """A checkpoint of a `debug=default` run after one rollout step, with its config (no weights: a resume with other
+    settings stops before it reads them): the table's checkpoint of a run with other settings."""
+    config = OmegaConf.to_container(compose_config(["debug=default"]))
+    torch.save({"tokenrl": {"rollout_step": 1}, RUN_CONFIG: config}, path)
+    return path
+
+
+CHECKPOINTS = {"forks_tiny.ckpt": write_forks_tiny_checkpoint, "tiny.ckpt": write_tiny_checkpoint}
+
+
+def with_paths(words: str, folder: Path) -> str:
+    """A row's words with its checkpoints (`=forks_tiny.ckpt`) as written in `folder`."""
+    for name in CHECKPOINTS:
+        words = words.replace(f"={name}", f"={folder / name}")
+    return words
+
+
 @pytest.fixture(scope="module")
 def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """Every row of the table, each `python train.py` forked from the worker's process that imported tokenrl once
     (tests/helpers/forked_cli.py; `test_tokenrl_debug_prints_the_traceback` starts the real CLI). The files a row
-    names that the repository does not hold (`forks_tiny.ckpt`) are written for it, and the row's words read with
+    names that the repository does not hold (`CHECKPOINTS`) are written for it, and the row's words read with
     their paths."""
     base = tmp_path_factory.mktemp("table")
-    checkpoint = str(write_forks_tiny_checkpoint(base / "forks_tiny.ckpt"))
+    for name, write in CHECKPOINTS.items():
+        write(base / name)
     return {
         overrides: (
-            train(
-                "debug=default",
-                *overrides.replace("=forks_tiny.ckpt", f"={checkpoint}").split(),
-                f"hydra.run.dir={base / str(n)}",
-            ),
+            train("debug=default", *with_paths(overrides, base).split(), f"hydra.run.dir={base / str(n)}"),
             base / str(n),
         )
         for n, (overrides, _, _) in enumerate(error_table())
@@ -157,7 +172,7 @@ def table_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
 @pytest.mark.parametrize("overrides,status,message", error_table(), ids=[row[0] for row in error_table()])
 def test_each_bad_input_gets_its_message_and_no_traceback(table_runs, overrides, status, message):
     done, run_dir = table_runs[overrides]
-    message = message.replace("=forks_tiny.ckpt", f"={run_dir.parent / 'forks_tiny.ckpt'}")
+    message = with_paths(message, run_dir.parent)
     assert done.returncode == status, done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout

@@ -9,11 +9,24 @@ import shutil
 
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf
 
+from hydra_plugins.tokenrl_launcher.run_record import run_record
+from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
 from tokenrl.config.command_line import run_dir_override
 from tokenrl.run.checkpointing import AtomicFSDPStrategy
-from tokenrl.run.resume import RunComplete, checkpoint_step, kept_metric_rows, resolve_checkpoint
+from tokenrl.run.resume import (
+    RUN_CONFIG,
+    RunComplete,
+    changed_settings,
+    check_resume_settings,
+    checkpoint_step,
+    continues_run,
+    kept_metric_rows,
+    resolve_checkpoint,
+)
 
 
 def write_checkpoint(path, step):
@@ -84,6 +97,68 @@ def test_auto_needs_checkpoints_and_skips_a_finished_job_whatever_they_are(tmp_p
     with pytest.raises(RunComplete):
         resolve_checkpoint("auto", run, 3, checkpoints=False)
     assert resolve_checkpoint("auto", run, 6) == (str(last), 3)
+
+
+def test_changed_settings_are_the_ones_that_change_training_resolved_here():
+    """Free settings (paths, logging, total_steps, checkpoints, samples, validation, ...) may change; every other key is
+    compared by its value, interpolations resolved on this machine (a value that moved to another key is no change),
+    and a key one side lacks is a change."""
+    saved = {
+        "seed": 0,
+        "total_steps": 3,
+        "paths": {"output_dir": "/a"},
+        "validation": {"every_n_steps": 10},
+        "model": {"lr": 0.001, "source": "${paths.output_dir}/m"},
+        "algorithm": {"optimizer": {"lr": "${model.lr}"}},
+    }
+    moved = {**saved, "model": {"source": "${paths.output_dir}/m"}, "algorithm": {"optimizer": {"lr": 0.001}}}
+    assert changed_settings(saved, {**moved, "total_steps": 6, "paths": {"output_dir": "/b"}, "validation": {}}) == {
+        "model.lr": "0.001 → (not set)"
+    }
+    changed = {**saved, "seed": 1, "algorithm": {"optimizer": {"lr": 0.5}}, "trainer": {"precision": "bf16-mixed"}}
+    assert changed_settings(saved, changed) == {
+        "seed": "0 → 1",
+        "algorithm.optimizer.lr": "0.001 → 0.5",
+        "trainer.precision": "(not set) → bf16-mixed",
+    }
+
+
+def test_check_resume_settings_refuses_a_change_unless_allowed(tmp_path):
+    config = OmegaConf.to_container(compose_config(["debug=default"]))
+    path = tmp_path / "last.ckpt"
+    torch.save({"tokenrl": {"rollout_step": 2}, RUN_CONFIG: config}, path)
+    assert check_resume_settings(path, {**config, "total_steps": 9}, 2, tmp_path) == {}
+    changed = {**config, "seed": 1, "ckpt_path": str(path)}
+    with pytest.raises(
+        ValueError,
+        match=rf"^ckpt_path={path}: its run was trained with other settings \(seed: 0 → 1\); resume with those, or "
+        rf"add resume.allow_changes=true to train on with these from step 3 \(recorded in "
+        rf"{tmp_path}/.hydra/resume_history.yaml\)$",
+    ):
+        check_resume_settings(path, changed, 2, tmp_path)
+    allowed = {**changed, "resume": {"allow_changes": True}}
+    assert check_resume_settings(path, allowed, 2, tmp_path) == {"seed": "0 → 1"}
+    older = write_checkpoint(tmp_path / "older.ckpt", 2)  # written before checkpoints held their config
+    assert check_resume_settings(older, changed, 2, tmp_path) == {}
+
+
+def test_a_resume_in_its_run_folder_leaves_the_record_to_the_first_run(tmp_path):
+    """`hydra.output_subdir` (`${tokenrl.run_record:...}`): `.hydra` for a run that starts a folder, none for one that
+    continues the run whose record is there (its own checkpoint, or `auto` where last.ckpt or summary.json is)."""
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    assert not continues_run(None, run) and not continues_run("auto", run) and not continues_run(str(last), tmp_path)
+    write_checkpoint(last, 2)
+    assert continues_run("auto", run) and continues_run(str(last), run)
+    assert run_record(str(run), str(last)) == ".hydra"  # no record there yet: this run writes it
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    assert run_record(str(run), str(last)) is None and run_record(str(run), "auto") is None
+    assert run_record(str(run), None) == ".hydra"  # a new run over the folder: its own record
+    last.unlink()
+    assert run_record(str(run), "auto") == ".hydra"  # nothing to resume: a fresh start
+    (run / "summary.json").write_text("{}")
+    assert run_record(str(run), "auto") is None  # a finished job, skipped
 
 
 def write_sharded(path, step):
@@ -201,13 +276,41 @@ def test_a_rerun_sweep_with_auto_skips_its_finished_jobs_and_finishes_the_others
 
 
 @pytest.mark.slow
-def test_auto_skips_a_finished_run_without_checkpoints(tmp_path):
+def test_a_resume_with_changed_settings_is_refused_unless_allowed_and_the_first_record_stays(tmp_path):
+    """A 2-step run, then a resume at another learning rate: refused in one line naming the key, old → new, the run
+    folder untouched; with resume.allow_changes=true it trains step 3 and appends the change to
+    .hydra/resume_history.yaml, and the run's .hydra/config.yaml and overrides.yaml are still the first run's."""
+    run = tmp_path / "run"
+    common = ["train.py", "debug=default", "checkpoint.enabled=true", "validation.every_n_steps=0"]
+    first = forked_python([*common, "total_steps=2", "trainer.enable_progress_bar=false", f"hydra.run.dir={run}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    record = {name: (run / ".hydra" / name).read_text() for name in ("config.yaml", "overrides.yaml")}
+    resume = [*common, "total_steps=3", "algorithm.optimizer.lr=0.5", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}"]
+
+    refused = forked_python(resume)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert "its run was trained with other settings (algorithm.optimizer.lr: 0.001 → 0.5); " in line
+    assert not (run / ".hydra" / "resume_history.yaml").exists()
+
+    allowed = forked_python([*resume, "resume.allow_changes=true"])
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["rollout_steps"] == 3
+    assert {name: (run / ".hydra" / name).read_text() for name in record} == record
+    assert "algorithm.optimizer.lr=0.5" not in record["overrides.yaml"]
+    [entry] = yaml.safe_load((run / ".hydra" / "resume_history.yaml").read_text())
+    assert entry["from_step"] == 3 and entry["changed"] == {"algorithm.optimizer.lr": "0.001 → 0.5"}
+    assert "algorithm.optimizer.lr=0.5" in entry["overrides"] and "resume.allow_changes=true" in entry["overrides"]
+
+
+@pytest.mark.slow
+def test_auto_skips_a_finished_run_without_checkpoints_and_keeps_its_record(tmp_path):
     """debug=default (checkpoints off): the run again with ckpt_path=auto says it is complete and trains nothing; its
-    summary is the first run's."""
+    summary and record are the first run's."""
     run = tmp_path / "run"
     command = ["train.py", "debug=default", "total_steps=1", "validation.every_n_steps=0", f"hydra.run.dir={run}"]
     assert forked_python(command).returncode == 0
-    kept = {path: path.read_bytes() for path in [run / "summary.json"]}
+    kept = {path: path.read_bytes() for path in [run / "summary.json", *(run / ".hydra").iterdir()]}
     again = forked_python([*command, "ckpt_path=auto"])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "ckpt_path=auto: the run is already complete" in (run / "train.log").read_text()

@@ -1,10 +1,11 @@
-"""tokenrl's Hydra plugins: every sweep job in a fresh process (`hydra/launcher: fresh_process`), and the
-`${tokenrl.run_id:}` resolver of run and sweep folders (registered on import: Hydra's plugin scan imports this package
-before it composes a config)."""
+"""tokenrl's Hydra plugins: every sweep job in a fresh process (`hydra/launcher: fresh_process`), the
+`${tokenrl.run_id:}` resolver of run and sweep folders and `${tokenrl.run_record:...}`, where a run writes its record
+(registered on import: Hydra's plugin scan imports this package before it composes a config)."""
 
+from hydra_plugins.tokenrl_launcher import run_id, run_record
 from hydra_plugins.tokenrl_launcher.fresh_process import FreshProcessLauncher
-from hydra_plugins.tokenrl_launcher.run_id import register
 
-register()
+run_id.register()
+run_record.register()
 
 __all__ = ["FreshProcessLauncher"]

@@ -30,7 +30,15 @@ from tokenrl.run.module import GRPOModule
 from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.run.preemption import Preempted, PreemptionWatch
 from tokenrl.run.progress import ProgressLog, RolloutProgressBar
-from tokenrl.run.resume import RunComplete, check_checkpoint_matches, kept_metric_rows, resolve_checkpoint
+from tokenrl.run.resume import (
+    RunComplete,
+    RunConfigRecord,
+    check_checkpoint_matches,
+    check_resume_settings,
+    kept_metric_rows,
+    record_resume,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
@@ -64,8 +72,9 @@ def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
     watch)."""
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
-    # one log line per rollout step (console, train.log); preemption signals → last.ckpt
-    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), preemption]
+    # one log line per rollout step (console, train.log); preemption signals → last.ckpt; the config in each checkpoint
+    record = RunConfigRecord(OmegaConf.to_container(cfg))
+    callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), preemption, record]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RolloutProgressBar(cfg.total_steps))
     if cfg.checkpoint.enabled:
@@ -146,9 +155,11 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         return done.summary
     kept_rows = []
     if ckpt_path is not None:
+        changed = check_resume_settings(ckpt_path, OmegaConf.to_container(cfg), steps_done, output_dir)
+        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))  # before any load
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
-        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))  # before any load
+        record_resume(output_dir, ckpt_path, steps_done, list(overrides), changed)
     L.seed_everything(cfg.seed, workers=True)
     if "CUDA_VISIBLE_DEVICES" in os.environ:
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ["CUDA_VISIBLE_DEVICES"])
