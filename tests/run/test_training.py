@@ -276,10 +276,12 @@ def test_negative_warmup_is_named(tiny_cfg):
 
 @pytest.mark.parametrize(
     "extra",
-    [
+    [  # the full suite's run resumes 4 optimizer steps per rollout step, and the lr mid-warm-up (2/4 of it at step 3)
         [],
-        pytest.param(["algorithm.mini_batches=2", "algorithm.ppo_epochs=2"], marks=pytest.mark.slow),
-        pytest.param(["algorithm.lr_warmup_steps=4"], marks=pytest.mark.slow),
+        pytest.param(
+            ["algorithm.mini_batches=2", "algorithm.ppo_epochs=2", "algorithm.lr_warmup_steps=4"],
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_resume_from_step_2_checkpoint_reproduces_step_3(tiny_cfg, tmp_path, extra):
@@ -316,17 +318,9 @@ class CopyLastCheckpoint(L.Callback):
 
 @pytest.mark.parametrize(
     "extra",
-    [  # the plain run in the quick loop; its variants in the full suite
+    [  # the plain run in the quick loop, with validation in the full suite; a dynamic-sampling run's resume is the
+        # quick loop's (tests/run/test_preemption.py, tests/rollout/test_dynamic_sampling.py)
         pytest.param([], id="plain"),
-        pytest.param(
-            [
-                "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
-                "algorithm.filter_groups=acc",
-                "algorithm.gen_prompts_per_step=2",
-            ],
-            id="dynamic_sampling",
-            marks=pytest.mark.slow,
-        ),
         pytest.param(
             ["validation.every_n_steps=2", "validation.limit=4", "validation.n_samples=2", "validation.ks=[1,2]"],
             id="validation",
