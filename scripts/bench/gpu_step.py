@@ -100,7 +100,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
             f"rollout={args.engine}",
             "rollout.max_prompt_length=4096",
             "selector=ict",
-            "selector.warmup_steps=0",
+            "selector_warmup_steps=0",
             f"algorithm.prompts_per_step={args.prompts}",
             f"algorithm.group_size={args.group}",
             f"total_steps={args.steps}",

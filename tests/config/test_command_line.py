@@ -93,9 +93,29 @@ def test_a_command_line_hydra_cannot_compose_is_one_line_naming_the_fix(argv, co
     assert all(word in problem for word in words), problem
 
 
-@pytest.mark.parametrize("argv", [["selector=ict", "selector.ratio=0.2"], ["-m", "seed=0,1"], ["+foo=1"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [["selector=ict", "selector_ratio=0.2"], ["selector=entropy20", "selector.ratio=0.3"], ["-m", "seed=0,1"], []],
+)
 def test_a_command_line_that_composes_or_a_sweep_is_left_to_hydra(argv):
     assert composition_problem(argv) is None
+
+
+@pytest.mark.parametrize(
+    "argv,problem",
+    [
+        (["selector=ict", "selector.ratio=0.2"], "selector.ratio=0.2: selector=ict takes it from selector_ratio"),
+        (["selector=random", "selector.warmup_steps=5"], "selector=random takes it from selector_warmup_steps"),
+        (["task=forks", "task.seed=3"], None),  # the forks task file is global: its seed is the task's own key
+        (["selector=ict", "selector.seed=3"], "selector=ict has no setting 'seed'"),  # no seed: no such key
+    ],
+)
+def test_a_key_a_preset_takes_from_another_setting_has_that_ones_name(argv, problem):
+    """One name per setting (issue #49): ICT, ict_complement and random take their ratio and warm-up from the run's
+    `selector_ratio` / `selector_warmup_steps` (one knob, so the random control matches ICT); typing the selector's
+    own key stops in one line naming the knob."""
+    found = composition_problem(argv)
+    assert (found is None) if problem is None else (problem in found and "\n" not in found)
 
 
 def _run_train_main(monkeypatch, capsys, argv: list[str], gpu: bool) -> str:
@@ -157,3 +177,29 @@ def test_a_resume_run_folder_stands_beside_the_overrides(tmp_path):
     last.touch()
     argv = [f"ckpt_path={last}", "--cfg", "job"]
     assert run_dir_override(argv) == [f"ckpt_path={last}", f"hydra.run.dir={run}", "--cfg", "job"]
+
+
+def test_no_setting_has_two_names():
+    """Issue #49: a preset's key whose value is another setting (`ratio: ${selector_ratio}`) is no second name: typing
+    it stops in one line naming that setting; and no preset sets a renamed key (`model.lr`, ...)."""
+    from pathlib import Path
+
+    import yaml
+
+    from tokenrl.config.command_line import WIRED
+    from tokenrl.config.rules import RENAMED
+    from tokenrl.paths import CONFIG_DIR
+
+    wired = 0
+    for path in sorted(Path(CONFIG_DIR).glob("*/*.yaml")):
+        group, text = path.parent.name, path.read_text()
+        if group in ("base", "batch", "hydra", "experiment") or text.startswith("# @package _global_"):
+            continue  # not a group=preset choice whose keys sit under the group's node
+        for key, value in (yaml.safe_load(text) or {}).items():
+            found = WIRED.fullmatch(value) if isinstance(value, str) else None
+            if found:
+                wired += 1
+                problem = composition_problem([f"{group}={path.stem}", f"{group}.{key}=7"])
+                assert problem is not None and f"write {found[1]}=7" in problem, (path, key, problem)
+        assert not {f"{group}.{key}" for key in yaml.safe_load(text) or {}} & set(RENAMED), path
+    assert wired >= 6  # ict, ict_complement, random: ratio and warm-up

@@ -62,7 +62,7 @@ METHODS = (
 SWEEPS = {
     "cpu_study": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2"},
     "selector_comparison": {"selector": "uniform,ict,entropy20,stapo,random", "seed": "0,1,2,3,4"},
-    "ict_ratio_ablation": {"selector.ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
+    "ict_ratio_ablation": {"selector_ratio": "0.05,0.1,0.2,0.3", "seed": "0,1,2"},
     "ict_warmup_ablation": {"selector_warmup_steps": "10,20,40", "seed": "0,1,2"},
     "ict_complement_ablation": {"selector": "ict,ict_complement", "seed": "0,1,2"},
     "token_methods": {
@@ -144,6 +144,8 @@ def test_every_swept_value_composes(name):
                 assert cfg.selector._target_ == compose_config([f"selector={value}"]).selector._target_
             elif key == "selector_warmup_steps":
                 assert cfg.selector.warmup_steps == int(value)  # reaches the selector via ${selector_warmup_steps}
+            elif key == "selector_ratio":
+                assert cfg.selector.ratio == float(value)  # reaches the selector via ${selector_ratio}
             elif key == "forks_arm":  # the arm's selector (configs/forks_arm/<arm>.yaml: override /selector)
                 arm = yaml.safe_load((Path(CONFIG_DIR) / "forks_arm" / f"{value}.yaml").read_text())
                 selector = arm["defaults"][0]["override /selector"]
@@ -269,7 +271,7 @@ def test_ict_after_warmup_trains_on_about_ten_percent(tiny_cfg):
     summary = run(
         tiny_cfg(
             "selector=ict",
-            "selector.warmup_steps=0",
+            "selector_warmup_steps=0",
             "total_steps=2",
             "rollout.max_new_tokens=40",
             "task.verifier=tests.helpers.rewards:length_reward",

@@ -47,7 +47,7 @@ OVERRIDES = [
     "algorithm.ppo_epochs=2",
     "selector=ict",
     "selector.scope=global",
-    "selector.warmup_steps=0",
+    "selector_warmup_steps=0",
     "algorithm.optimizer._target_=torch.optim.SGD",
     "~algorithm.optimizer.betas",
     "~algorithm.optimizer.weight_decay",

@@ -264,11 +264,11 @@ def test_random_keeps_ict_counts_seeded_and_uniform():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("selector=ict selector.ratio=0", "selector.ratio=0: must be a number in (0, 1]"),
-        ("selector=ict selector.ratio=1.5", "must be a number in (0, 1]"),
+        ("selector=ict selector_ratio=0", "selector.ratio=0: must be a number in (0, 1]"),
+        ("selector=ict selector_ratio=1.5", "must be a number in (0, 1]"),
         ("selector=entropy20 selector.scope=rank", "selector.scope='rank': must be one of sequence, batch, global"),
         ("selector=stapo selector.quantile_scope=x", "quantile_scope='x'"),
-        ("selector=random selector.ratio=-1", "selector.ratio=-1"),
+        ("selector=random selector_ratio=-1", "selector.ratio=-1"),
         ("selector=ict selector.js_peers=mine", "selector.js_peers='mine': must be one of all, others"),
     ],
 )

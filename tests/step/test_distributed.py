@@ -51,7 +51,7 @@ def test_ddp_preset_trains_on_two_cpu_processes_with_dynamic_sampling(tmp_path):
             "model=tiny",
             "selector=ict",
             "selector.scope=global",
-            "selector.warmup_steps=0",
+            "selector_warmup_steps=0",
             "total_steps=2",
             "logger=csv",
             "checkpoint.enabled=false",

@@ -23,7 +23,7 @@ from tokenrl.utils import derived_seed
 
 SETTING = [
     "selector=ict",
-    "selector.warmup_steps=0",
+    "selector_warmup_steps=0",
     "algorithm.mini_batches=2",
     "algorithm.micro_batch_size=3",
     "total_steps=1",

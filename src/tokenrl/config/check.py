@@ -305,10 +305,21 @@ def _renamed_problems(cfg: DictConfig) -> list[str]:
     return [problem for key, value in found if (problem := renamed_problem(key, value))]
 
 
+def _wired_key_problems(overrides: Iterable[str]) -> list[str]:
+    """Overrides of a key the chosen preset takes from another setting (a sweep's job too: its choices are Hydra's)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from tokenrl.config.command_line import wired_key_problem
+
+    choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    return [problem for arg in overrides if (problem := wired_key_problem(arg, choices))]
+
+
 def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     """Raises `ConfigError` listing every bad setting of the composed train config; returns the warnings.
     `overrides`: the command line's overrides (Hydra's `overrides.task`), to find keys that `+` added."""
-    problems = _renamed_problems(cfg) + _value_problems(cfg)
+    overrides = list(overrides)
+    problems = _renamed_problems(cfg) + _wired_key_problems(overrides) + _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
     if not problems:  # relations read values whose types are now known to be right
         problems += _relation_problems(cfg) + _component_problems(cfg) + _task_marks_problems(cfg)

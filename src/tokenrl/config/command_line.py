@@ -46,6 +46,23 @@ def preset_value(group: str, name: str, key: str) -> Any:
     return None
 
 
+WIRED = re.compile(r"\$\{([\w.]+)\}")  # a preset's value that is another setting: `ratio: ${selector_ratio}`
+
+
+def wired_key_problem(arg: str, choices: dict[str, Any]) -> str | None:
+    """The one line for an override of a key that its group's chosen preset takes from another setting (ICT's
+    `ratio: ${selector_ratio}`, shared with its controls): that setting is its one name. None otherwise."""
+    key, sep, value = arg.lstrip("+").partition("=")
+    group, _, leaf = key.partition(".")
+    name = choices.get(group)
+    if not sep or not leaf or "." in leaf or not isinstance(name, str):
+        return None
+    wired = WIRED.fullmatch(str(preset_value(group, name, leaf)))
+    if wired is None:
+        return None
+    return f"{key}={value}: {group}={name} takes it from {wired[1]} (one name per setting): write {wired[1]}={value}"
+
+
 def machine_overrides(argv: list[str], gpu: bool, vllm: bool) -> list[str]:
     """The overrides a command leaves to train.yaml's defaults and this machine decides (see the module docstring)."""
     if any(arg in ("-m", "--multirun") for arg in argv):
@@ -105,11 +122,12 @@ def run_dir_override(argv: list[str]) -> list[str]:
 
 
 def composition_problem(argv: list[str], config_name: str = "train") -> str | None:
-    """The one-line error of a command line Hydra cannot compose into `config_name`, or None: a setting's old name;
-    an override that does not parse; a preset that does not exist (with the group's presets and the nearest name); an
-    override of a key the composed config lacks — Hydra's own hint for it, `+key=value`, adds a key that nothing reads
-    (a selector without a ratio does not start taking one), so this names the nearest key, or the presets of the group
-    that have the key. Single runs only (a sweep's values are not one config)."""
+    """The one-line error of a command line Hydra cannot compose into `config_name`, or None: a setting's old name, or
+    a key its preset takes from another setting (`wired_key_problem`); an override that does not parse; a preset that
+    does not exist (with the group's presets and the nearest name); an override of a key the composed config lacks —
+    Hydra's own hint for it, `+key=value`, adds a key that nothing reads (a selector without a ratio does not start
+    taking one), so this names the nearest key, or the presets of the group that have the key. Single runs only (a
+    sweep's values are not one config)."""
     if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
         return None
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
@@ -141,10 +159,11 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
             reason = str(err).splitlines()[0]
             return f"{arg}: not a valid override ({reason}); write key=value, +key=value or group=preset"
     try:
-        composed(overrides)
-        return None
+        choices = composed(overrides).hydra.runtime.choices
     except ConfigCompositionException as err:
         text = str(err)
+    else:
+        return next(filter(None, (wired_key_problem(arg, dict(choices)) for arg in overrides)), None)
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", text)
     if missing:
         group, name = missing.groups()
