@@ -3,6 +3,7 @@ with its value and what is allowed, all of them at once, before anything loads."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,16 @@ def test_a_bad_setting_is_named_with_what_is_allowed(override, expected):
         (
             ["trainer=fsdp", "algorithm.micro_batch_tokens=4096"],
             "algorithm.micro_batch_tokens=4096 with trainer=fsdp: each rank cuts its own rows by their lengths",
+        ),
+        (
+            ["trainer.devices=3", "algorithm.prompts_per_step=6"],  # 6 prompts: the count alone is wrong
+            f"trainer.devices=3: this machine has {len(os.sched_getaffinity(0))} CPU cores",
+        )
+        if len(os.sched_getaffinity(0)) < 3
+        else (["trainer.devices=64", "algorithm.prompts_per_step=64"], "trainer.devices=64: this machine has"),
+        (
+            ["trainer.devices=2", "trainer.strategy=ddp", "algorithm.prompts_per_step=3"],
+            "trainer.devices=2: algorithm.prompts_per_step=3 must be divisible by the 2 training processes",
         ),
     ],
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import inspect
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -248,6 +249,34 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
             f"updates every token for its first {warmup} steps, so a run of total_steps="
             f"{cfg.total_steps} never selects; set selector_warmup_steps below total_steps "
             f"(the paper's Θ = 20 is for runs of hundreds of steps)"
+        )
+    return problems + _device_problems(cfg)
+
+
+def _device_problems(cfg: DictConfig) -> list[str]:
+    """`trainer.devices` against this machine and the step's prompts, here in the main process, once: otherwise each
+    launched process loads the model and then fails on its own. A GPU count is checked only where a GPU answers
+    (elsewhere Lightning says there is none)."""
+    trainer = cfg.trainer
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes", 1)
+    if not (is_int(devices) and devices >= 1 and is_int(nodes)):
+        return []  # -1 / "auto" / a list of indices: Lightning counts what is there
+    import torch
+
+    gpu = str(trainer.get("accelerator")) in ("gpu", "cuda")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    have = torch.cuda.device_count() if gpu else cores
+    problems = []
+    if have and devices > have:
+        kind = "GPUs" if gpu else "CPU cores"
+        problems.append(
+            f"trainer.devices={devices}: this machine has {have} {kind}; set trainer.devices={have} or fewer"
+        )
+    world, prompts = devices * nodes, cfg.algorithm.prompts_per_step
+    if world > 1 and is_int(prompts) and prompts % world:
+        problems.append(
+            f"trainer.devices={devices}: algorithm.prompts_per_step={prompts} must be divisible by the {world} "
+            "training processes (each takes an equal share of a step's prompts); change either"
         )
     return problems
 
