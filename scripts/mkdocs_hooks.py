@@ -1,5 +1,6 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the configuration reference is built from the configs, and the committed study
-reports and benchmark records are part of the site.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the configuration reference is built from the configs, the structure's numbers
+on docs/architecture.md are measured (scripts/structure.py), and the committed study reports and benchmark records are
+part of the site.
 
 `configuration.md` is generated here from configs/**/*.yaml (scripts/config_reference.py), never committed: a new
 config file is on the site's reference without a step of its own.
@@ -24,6 +25,7 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import scripts.config_reference as config_reference  # noqa: E402  (the repository on the path)
+import scripts.structure as structure  # noqa: E402
 
 SERVED = ("reports", "benchmarks")  # repository folders served in the site under their own paths
 INPUTS = {"reading.md"}  # a report's reading is an input of scripts/report.py, inside report.md
@@ -80,4 +82,6 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
         relative = posixpath.relpath(name, site_dir or ".")
         return f"{match[1]}{relative}{'#' + anchor if anchor else ''}{match[3]}"
 
+    if structure.MARKER in markdown:  # docs/architecture.md: the structure's numbers, measured now
+        markdown = markdown.replace(structure.MARKER, structure.markdown())
     return LINK.sub(rewrite, markdown)

@@ -4,58 +4,14 @@ layer uses."""
 
 from __future__ import annotations
 
-import ast
-import re
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "src" / "tokenrl"
+from tests.helpers.scripts import load_script
 
-
-def documented_layers() -> dict[str, int]:
-    """unit (a top-level module or folder of src/tokenrl) -> its layer, from the table of docs/architecture.md."""
-    layers: dict[str, int] = {}
-    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
-        row = re.match(r"\|\s*(\d+)\s*\|([^|]*)\|", line)
-        if row:
-            for unit in re.findall(r"`([\w]+)`", row.group(2)):
-                assert unit not in layers, f"{unit} is placed in two layers of docs/architecture.md"
-                layers[unit] = int(row.group(1))
-    return layers
-
-
-def unit_of(module: str) -> str | None:
-    """`tokenrl.a.b` -> `a`; the package root itself has no unit."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else None
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(source: str, name: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, imported module) of every tokenrl import in module `name`'s source, wherever it is (functions,
-    TYPE_CHECKING), relative imports resolved."""
-    package = name if is_package else name.rpartition(".")[0]
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target == "tokenrl":  # `from tokenrl import step`: each name is a unit
-                found += [(node.lineno, f"tokenrl.{alias.name}") for alias in node.names]
-            else:
-                found.append((node.lineno, target))
-    return [(line, target) for line, target in found if target.split(".")[0] == "tokenrl"]
+structure = load_script("scripts/structure.py")  # the rules' functions, shared with the page's numbers
+ROOT, PACKAGE = structure.ROOT, structure.PACKAGE
+documented_layers, unit_of, module_name = structure.documented_layers, structure.unit_of, structure.module_name
+imports, sources, cycles, unit_graph = structure.imports, structure.sources, structure.cycles, structure.unit_graph
 
 
 def sideways_or_upward(name: str, found: list[tuple[int, str]], layers: dict[str, int]) -> list[str]:
@@ -66,10 +22,6 @@ def sideways_or_upward(name: str, found: list[tuple[int, str]], layers: dict[str
         for line, target in found
         if mine is not None and unit_of(target) not in (None, mine) and layers[unit_of(target)] >= layers[mine]
     ]
-
-
-def sources() -> list[Path]:
-    return sorted(PACKAGE.rglob("*.py"))
 
 
 def test_the_layer_table_places_every_module_once():
@@ -88,39 +40,7 @@ def test_no_module_imports_its_own_layer_or_above(path):
     )
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Import loops of `graph` (module -> the modules it imports), each as the modules round it, the first repeated at
-    the end: a depth-first search, which finds one at least wherever there is one."""
-    found: list[list[str]] = []
-    done: set[str] = set()
-
-    def visit(module: str, path: list[str]) -> None:
-        for target in sorted(graph.get(module, ())):
-            if target in path:
-                found.append(path[path.index(target) :] + [target])
-            elif target not in done:
-                visit(target, path + [target])
-        done.add(module)
-
-    for module in sorted(graph):
-        if module not in done:
-            visit(module, [module])
-    return found
-
-
-def unit_graph(unit: str) -> dict[str, set[str]]:
-    """module -> the modules of the same unit it imports, wherever the import is (functions, TYPE_CHECKING)."""
-    paths = sorted((PACKAGE / unit).rglob("*.py"))
-    modules = {module_name(path) for path in paths}
-    graph = {}
-    for path in paths:
-        name = module_name(path)
-        found = imports(path.read_text(), name, path.name == "__init__.py")
-        graph[name] = {target for _, target in found if target in modules and target != name}
-    return graph
-
-
-@pytest.mark.parametrize("unit", sorted(path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()))
+@pytest.mark.parametrize("unit", structure.units())
 def test_no_two_files_of_a_unit_import_each_other(unit):
     assert cycles(unit_graph(unit)) == [], f"src/tokenrl/{unit}/ has an import cycle (move what both need below both)"
 
@@ -154,6 +74,15 @@ def test_the_check_finds_hidden_relative_and_sideways_imports():
     flagged = sideways_or_upward("tokenrl.algorithms.grpo", found, documented_layers())
     assert sorted(line.split(":")[0] for line in flagged) == ["line 4", "line 6", "line 7"]
     assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.base")], {"step": 5, "rollout": 5}) != []
+
+
+def test_the_structure_numbers_are_measured():
+    """The page's numbers (scripts/structure.py): what the rules above promise, and what the house weighs."""
+    found = structure.numbers()
+    assert found["import cycles between units"] == found["import cycles between the files of a unit"] == 0
+    assert found["units"] == len(documented_layers()) and found["layers"] == len(set(documented_layers().values()))
+    assert found["lines"] == sum(len(path.read_text().splitlines()) for path in sources())
+    assert structure.MARKER in (ROOT / "docs" / "architecture.md").read_text()
 
 
 def test_the_package_root_holds_only_what_every_layer_uses():
