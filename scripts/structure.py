@@ -95,8 +95,7 @@ def unit_graph(unit: str) -> dict[str, set[str]]:
     paths = sorted((PACKAGE / unit).rglob("*.py"))
     modules = {module_name(path) for path in paths}
     return {
-        module_name(path): {target for _, target in module_imports(path) if target in modules}
-        - {module_name(path)}
+        module_name(path): {target for _, target in module_imports(path) if target in modules} - {module_name(path)}
         for path in paths
     }
 
