@@ -87,7 +87,7 @@ class LastStep(L.Callback):
         self.steps.append({key: float(value) for key, value in trainer.callback_metrics.items()})
 
 
-def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str) -> dict:
+def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str, callbacks: tuple = ()) -> dict:
     trainer = ["trainer=gpu"] if args.device == "cuda" else ["trainer=cpu"]
     cfg = compose_config(
         [
@@ -130,7 +130,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
     L.seed_everything(0)
     module, datamodule, fit_trainer = build_components(cfg)
     recorder = LastStep()
-    fit_trainer.callbacks.append(recorder)
+    fit_trainer.callbacks.extend([recorder, *callbacks])
     fit_trainer.fit(module, datamodule=datamodule)
     last = recorder.steps[-1]
     rows = args.prompts * args.group

@@ -58,7 +58,8 @@ def derived_seed(*parts: object) -> int:
 
 class StepTimer:
     """Wall-clock seconds per named phase of one step and, on a GPU, the peak memory PyTorch allocated in each
-    (GiB; the device is synchronised at both ends so asynchronous kernels are counted in their phase)."""
+    (GiB; the device is synchronised at both ends so asynchronous kernels are counted in their phase). Each phase is
+    a `phase/<name>` range in a torch profile (scripts/bench/profile_step.py)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -72,7 +73,8 @@ class StepTimer:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"phase/{phase}"):  # the phase's range in a profile
+                yield
         finally:
             if on_gpu:
                 torch.cuda.synchronize()
