@@ -185,14 +185,9 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
     from tests.helpers.fsdp_fit import SNAPSHOTS
     from tokenrl.run.checkpointing import TEMPORARY_GLOB, policy_state_dict
 
-    [straight] = _fsdp_fit([tmp_path / "straight", "-", "--snapshot", "total_steps=2"])
-    for kind, path in SNAPSHOTS.items():
-        saved_at = tmp_path / "straight" / path
-        assert saved_at.is_dir() == (kind == "sharded") and not list(saved_at.parent.glob(TEMPORARY_GLOB))
-        saved = policy_state_dict(saved_at)
-        assert saved.keys() == straight["step1_weights"].keys(), kind
-        assert all(torch.equal(saved[name], weight) for name, weight in straight["step1_weights"].items()), kind
-    resumes = _fsdp_fit(
+    # one launch of the two ranks: the uninterrupted run (writing both step-1 checkpoints), then a resume from each
+    straight, *resumes = _fsdp_fit(
+        [tmp_path / "straight", "-", "--snapshot", "total_steps=2"],
         *(
             [
                 tmp_path / f"{kind}_resumed",
@@ -201,8 +196,14 @@ def test_fsdp_resume_continues_with_the_engine_at_the_restored_weights(tmp_path)
                 f"trainer.strategy.state_dict_type={kind}",
             ]
             for kind, path in SNAPSHOTS.items()
-        )
+        ),
     )
+    for kind, path in SNAPSHOTS.items():
+        saved_at = tmp_path / "straight" / path
+        assert saved_at.is_dir() == (kind == "sharded") and not list(saved_at.parent.glob(TEMPORARY_GLOB))
+        saved = policy_state_dict(saved_at)
+        assert saved.keys() == straight["step1_weights"].keys(), kind
+        assert all(torch.equal(saved[name], weight) for name, weight in straight["step1_weights"].items()), kind
     for kind, resumed in zip(SNAPSHOTS, resumes):
         assert resumed["rollout_step"] == 2 and resumed["reward_history"] == straight["reward_history"], kind
         for name, weight in straight["weights"].items():
