@@ -27,7 +27,7 @@ def test_vllm_engine_follows_the_trained_weights_with_sleep_on():
     scores a completion as the fp32 trainer does (within bf16's resolution) and differently from before."""
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.rollout import build_engine
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
 
     cfg = compose_config([*QWEN_RANDOM, "rollout=vllm_gpu", "rollout.max_model_len=256", "rollout.enforce_eager=true"])
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)

@@ -9,7 +9,12 @@ import sys
 
 import pytest
 
-LIGHT = ["tokenrl.selectors", "tokenrl.algorithms.grpo", "tokenrl.algorithms.token_stats", "tokenrl.records.selection"]
+LIGHT = [
+    "tokenrl.selectors",
+    "tokenrl.algorithms.grpo",
+    "tokenrl.algorithms.logit_statistics",
+    "tokenrl.records.selection",
+]
 
 
 @pytest.mark.parametrize("module", LIGHT)

@@ -73,7 +73,7 @@ def test_the_check_finds_hidden_relative_and_sideways_imports():
     ]
     flagged = sideways_or_upward("tokenrl.algorithms.grpo", found, documented_layers())
     assert sorted(line.split(":")[0] for line in flagged) == ["line 4", "line 6", "line 7"]
-    assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.base")], {"step": 5, "rollout": 5}) != []
+    assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.engine")], {"step": 5, "rollout": 5}) != []
 
 
 def test_the_structure_numbers_are_measured():

@@ -73,7 +73,7 @@ def run_engine(name: str, args: argparse.Namespace) -> dict:
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.models.response_forward import response_logprobs
     from tokenrl.rollout import build_engine
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.hf import HFEngine
 
     overrides = [f"model={args.model}", "model.init=random", "model.tokenizer=char"]

@@ -7,7 +7,7 @@ Workload: N response tokens (rows of `--length` tokens, ragged: each stops at a 
 151,936, d 896), temperature 1. Each variant computes log π(o_t) and H_t with gradient and H₂ and ICT's JS (peers
 `all`) detached, then back-propagates Σ g·log π + Σ g'·H to the hidden states and the head:
 - `materialised`: today's update (step/passes.py): the (N, V) logits, their float32 log-softmax, log π and H from it,
-  the statistics from the logits (algorithms/token_stats.py, `--stats-chunk` tokens at a time), autograd backward;
+  the statistics from the logits (algorithms/logit_statistics.py, `--stats-chunk` tokens at a time), autograd backward;
 - `fused`: `fused_head` (vocabulary chunks of `vocab_chunk(N, V)` columns), its chunked backward.
 Each (variant, N) runs in its own process. Peak memory: on the CPU the process's max RSS minus its RSS once the inputs
 (hidden states, head) exist; on a GPU `max_memory_allocated` minus the memory allocated then. Both include the head's
@@ -60,7 +60,7 @@ def workload(args, device):
 def materialised(hidden, weight, targets, mask, group_ids, args):
     import torch
 
-    from tokenrl.algorithms.token_stats import stats_from_logits
+    from tokenrl.algorithms.logit_statistics import stats_from_logits
 
     rows, length = targets.shape
     logits = (hidden @ weight.t()).view(rows, length, -1)
@@ -87,7 +87,7 @@ def fused(hidden, weight, targets, mask, group_ids, args):
 def run_variant(args) -> None:
     import torch
 
-    import tokenrl.algorithms.token_stats  # noqa: F401  (imports outside the timed region)
+    import tokenrl.algorithms.logit_statistics  # noqa: F401  (imports outside the timed region)
     import tokenrl.models.lm_head  # noqa: F401
 
     device = torch.device(args.device)

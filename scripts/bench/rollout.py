@@ -79,7 +79,7 @@ def main() -> None:
     from tokenrl.data.tasks import ArithmeticTask
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.rollout import build_engine
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
 
     model_cfg = OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml")
     model_cfg.source = str(ROOT / ".cache" / "models" / "smollm2-135m-instruct")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tokenrl.algorithms.grpo import LossNormalizer  # noqa: E402
-from tokenrl.algorithms.token_stats import stats_from_logits  # noqa: E402
+from tokenrl.algorithms.logit_statistics import stats_from_logits  # noqa: E402
 from tokenrl.selectors import Entropy20Selector, ICTSelector, SelectionBatch  # noqa: E402
 from tokenrl.step.distributed import gather_variable, global_loss_normalizer  # noqa: E402
 

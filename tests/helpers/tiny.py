@@ -19,7 +19,7 @@ PROMPTS = ["What is 2 + 3?", "Hi", "A longer prompt, with padding to the left."]
 
 def rollouts(temperature=1.0, top_p=1.0, top_k=0, seed=0, max_new_tokens=10, n=3):
     """The tiny policy, an hf engine on it, and `n` sampled rollouts of each of PROMPTS."""
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.hf import HFEngine
 
     model, tok = tiny_policy()

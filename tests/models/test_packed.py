@@ -22,7 +22,7 @@ from tests.models.test_response_forward import (
     tiny_qwen2,
     weights_for,
 )
-from tokenrl.algorithms.token_stats import stats_from_logits
+from tokenrl.algorithms.logit_statistics import stats_from_logits
 from tokenrl.models import packed as packed_module
 from tokenrl.models.packed import ATTENTION_NAME, pack, packed_attention, packed_blocker, resolve_backend
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs
@@ -151,7 +151,7 @@ def test_flex_with_gradient_on_cpu_is_refused_and_auto_picks_gather():
 
 def float64_statistics(logits: torch.Tensor, batch, js_peers: str) -> dict[str, torch.Tensor]:
     """log π, entropy, Rényi-2 and JS (to the group mean over the rows active at t) in float64 on the real tokens,
-    the formulas of algorithms/token_stats.py without its float32 cast."""
+    the formulas of algorithms/logit_statistics.py without its float32 cast."""
     mask = batch.response_mask.bool()
     logp = torch.log_softmax(logits / TEMPERATURE, -1)
     p = logp.exp()

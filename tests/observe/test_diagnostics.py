@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.data.test_forks_graph import random_small_graph, responses_for
-from tokenrl.algorithms.token_stats import stats_from_logits
+from tokenrl.algorithms.logit_statistics import stats_from_logits
 from tokenrl.data.forks_graph import path_marks
 from tokenrl.observe.diagnostics import auroc, jaccard, selection_diagnostics, top_k_shares
 from tokenrl.observe.samples import SampleWriter

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.tiny import PROMPTS, tiny_policy
 from tokenrl.models.response_forward import response_logprobs
-from tokenrl.rollout.base import SamplingParams
+from tokenrl.rollout.engine import SamplingParams
 from tokenrl.rollout.hf import CACHE_BUCKET, HFEngine
 
 GREEDY = {"temperature": 1.0, "top_p": 1.0, "top_k": 1}

@@ -45,7 +45,7 @@ def test_rollout_layout():
 def test_an_interrupt_stops_every_sequence_within_a_token():
     """`engine.interrupt` (a preemption signal) ends generation after the token being generated."""
     from tests.helpers.tiny import PROMPTS, tiny_policy
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.hf import HFEngine
 
     model, tok = tiny_policy()

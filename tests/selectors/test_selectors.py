@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from tests.conftest import compose_config
 from tests.helpers.readme import recipe_files
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.token_stats import stats_from_logits
+from tokenrl.algorithms.logit_statistics import stats_from_logits
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (
     Entropy20Selector,

@@ -134,7 +134,7 @@ def _bf16_generate_worker(rank: int, port: int, out: str) -> None:
     from tests.helpers.tiny import tiny_policy
     from tokenrl.models.response_forward import response_logprobs
     from tokenrl.models.sharding import gathered_root, mixed_precision, shard
-    from tokenrl.rollout.base import SamplingParams
+    from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.hf import HFEngine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -24,7 +24,7 @@ from tests.helpers.grids import all_pairs, uncovered_pairs
 from tests.helpers.qwen2 import float64_qwen2
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.token_stats import stats_from_logits
+from tokenrl.algorithms.logit_statistics import stats_from_logits
 from tokenrl.models.response_forward import response_logits, sampled_logprobs
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats

@@ -15,7 +15,7 @@ from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.passk import PassAtK
 from tokenrl.records.problem import Problem
 from tokenrl.rewards.scorer import SafeScorer
-from tokenrl.rollout.base import RolloutEngine, SamplingParams
+from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 from tokenrl.utils import derived_seed
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ With u = h Wᵀ (+ b) and z = u / T (T the sampling temperature), π = softmax(z
   H_n = −Σ_v π log π = log s_n − a_n / s_n,  a_n = Σ_v e^{z_{n,v} − m_n} (z_{n,v} − m_n);
   H₂_n = −log Σ_v π² = 2 log s_n − log q_n,  q_n = Σ_v e^{2(z_{n,v} − m_n)};
 m_n the running maximum (online log-sum-exp: when a chunk raises m to m', s ← e^{m−m'} s, a ← e^{m−m'}(a + (m − m')s),
-q ← e^{2(m−m')} q, then the chunk's own terms are added). The definitions are algorithms/token_stats.py's.
+q ← e^{2(m−m')} q, then the chunk's own terms are added). The definitions are algorithms/logit_statistics.py's.
 JS (no gradient) needs π̄ over a chunk, hence each member's log Z: a second pass per chunk computes π, the mean over
 the token's slot (a group's rollouts at one response position) of its active members (`peers="all"`) or of the others
 (`"others"`, clamped at 0), log M = log max(½(π + π̄), 1e-30), and accumulates

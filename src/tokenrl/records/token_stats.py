@@ -1,5 +1,5 @@
 """`TokenStats`: per-response-token statistics of a policy (log-prob, entropy, Rényi-2, JS to the group) that the
-selectors read; computed by algorithms/token_stats.py."""
+selectors read; computed by algorithms/logit_statistics.py."""
 
 from __future__ import annotations
 

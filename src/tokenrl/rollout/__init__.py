@@ -9,7 +9,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.rollout.base import RolloutEngine, SamplingParams
+from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 
 ENGINES = ("hf", "vllm")
 

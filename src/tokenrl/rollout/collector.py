@@ -14,8 +14,8 @@ from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.dapo import overlong_penalty
 from tokenrl.records.prompt_batch import PromptBatch, rank_shard
 from tokenrl.rewards.scorer import SafeScorer
-from tokenrl.rollout.base import RolloutEngine, SamplingParams
 from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups
+from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.utils import StepTimer, derived_seed
 

@@ -36,7 +36,7 @@ from transformers import (
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad, response_mask_until_eos
+from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad, response_mask_until_eos
 
 log = logging.getLogger(__name__)
 

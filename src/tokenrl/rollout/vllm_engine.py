@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.rollout.base import RolloutEngine, SamplingParams, left_pad
+from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad
 from tokenrl.rollout.vllm_compat import NEWEST, OLDEST, refresh_tied_cpu_heads, supported
 from tokenrl.utils import derived_seed, global_state_kept
 

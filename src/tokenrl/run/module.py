@@ -22,7 +22,7 @@ import lightning as L
 import torch
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.token_stats import needs_js
+from tokenrl.algorithms.logit_statistics import needs_js
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under

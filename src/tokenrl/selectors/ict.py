@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenrl.algorithms.token_stats import JS_PEERS
+from tokenrl.algorithms.logit_statistics import JS_PEERS
 from tokenrl.records.rules import integer, one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector

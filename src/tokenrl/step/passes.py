@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import check_js_peers, stats_from_logits
+from tokenrl.algorithms.logit_statistics import check_js_peers, stats_from_logits
 from tokenrl.models.lm_head import HeadOutput, fusable_head, fused_head, response_slots
 from tokenrl.models.packed import packed_blocker
 from tokenrl.models.response_forward import (

@@ -1,6 +1,6 @@
 """The statistics pass: one no-grad forward of the policy over a rollout batch, whole groups per forward, and the
-statistics of every response token from its logits (the math: algorithms/token_stats.py; the layouts of the forward:
-models/response_forward.py).
+statistics of every response token from its logits (the math: algorithms/logit_statistics.py; the layouts of the
+forward: models/response_forward.py).
 
 Each forward holds whole groups, at most max(micro_batch_size, G) rows of hidden states or, with `micro_batch_tokens`,
 at most that many tokens (a group larger runs alone: step/micro_batches.py); the head turns them into logits chunk by
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenrl.algorithms.token_stats import check_js_peers, group_rows, group_statistics
+from tokenrl.algorithms.logit_statistics import check_js_peers, group_rows, group_statistics
 from tokenrl.models.lm_head import fused_head as fused_lm_head
 from tokenrl.models.lm_head import response_slots
 from tokenrl.models.response_forward import decoder_and_head, response_hidden

@@ -1,4 +1,4 @@
-"""The rollout contract (rollout/base.py): engine calls run with autocast off, even inside `training_step`, which
+"""The rollout contract (rollout/engine.py): engine calls run with autocast off, even inside `training_step`, which
 Lightning wraps in autocast under `precision=bf16-mixed` (an engine computes in its own dtype; CUDA autocast would
 rewrite vLLM's torch ops); the response mask stops after the first EOS."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-from tokenrl.rollout.base import response_mask_until_eos
+from tokenrl.rollout.engine import response_mask_until_eos
 from tokenrl.rollout.hf import HFEngine
 from tokenrl.run.training import build_components
 
