@@ -92,7 +92,9 @@ def test_a_bad_doctor_command_line_is_one_error_line(argv, message, capsys):
 def test_the_doctor_refuses_a_report_it_cannot_write_before_any_check(tmp_path, capsys, monkeypatch):
     import tokenrl.cli.doctor as doctor
 
-    monkeypatch.setattr("tokenrl.run.doctor.environment", lambda: pytest.fail("a check ran before --out was checked"))
+    monkeypatch.setattr(
+        "tokenrl.run.machine_check.environment", lambda: pytest.fail("a check ran before --out was checked")
+    )
     (tmp_path / "a_file").write_text("")
     for out, reason in ((tmp_path, "is a folder"), (tmp_path / "a_file" / "doctor.json", "cannot create its folder")):
         with pytest.raises(SystemExit) as stop:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.forked_cli import forked_python
 from tokenrl.cli.doctor import main
-from tokenrl.run.doctor import checks, environment
+from tokenrl.run.machine_check import checks, environment
 
 
 @pytest.fixture(autouse=True)
@@ -75,8 +75,8 @@ def test_a_machine_without_gpus_runs_ddp_on_two_cpu_processes():
 def test_each_report_gets_a_folder_of_its_own_and_the_doctor_says_where(tmp_path, monkeypatch, capsys):
     """Without --out: logs/doctor/<time>_<pid>-<4 hex>/doctor.json, a new folder also for two reports in the same
     second (no checks run here: the tests above run them)."""
-    monkeypatch.setattr("tokenrl.run.doctor.LOG_DIR", tmp_path / "doctor")
-    monkeypatch.setattr("tokenrl.run.doctor.checks", lambda env: [])
+    monkeypatch.setattr("tokenrl.run.machine_check.LOG_DIR", tmp_path / "doctor")
+    monkeypatch.setattr("tokenrl.run.machine_check.checks", lambda env: [])
     monkeypatch.setattr(time, "time", lambda: 1.8e9)
     reports = []
     for _ in range(2):

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from tokenrl.cli.errors import OneLineParser
-from tokenrl.run.doctor import diagnose, report_path
+from tokenrl.run.machine_check import diagnose, report_path
 
 
 def main(argv: list[str] | None = None) -> int:
