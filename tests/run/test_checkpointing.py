@@ -1,17 +1,23 @@
 """run/checkpointing.py: a failed save names the file, the space it needs and that the previous checkpoint is intact;
 the temporaries of a killed save are removed; a sharded checkpoint's folder is replaced whole (a kill at any point
-leaves the previous one or the new one complete); the policy's weights are read from either kind.
-The same under 2 real FSDP ranks: tests/step/test_distributed.py (resume from sharded and full checkpoints)."""
+leaves the previous one or the new one complete); the policy's weights are read from either kind; a run's last.ckpt is
+its newest step file under a second name, `checkpoint.keep_last_k` bounds the step files, and a checkpoint holds each
+weight once. The same under 2 real FSDP ranks: tests/step/test_distributed.py (resume from sharded and full
+checkpoints)."""
 
 from __future__ import annotations
 
 import errno
 import io
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import tokenrl.run.checkpointing as checkpointing
+from tests.conftest import TINY, compose_config
+from tests.helpers.tiny import tiny_policy
 from tokenrl.run.checkpointing import (
     TEMPORARY_GLOB,
     AtomicCheckpointIO,
@@ -22,6 +28,7 @@ from tokenrl.run.checkpointing import (
     policy_state_dict,
     remove_stale_temporaries,
 )
+from tokenrl.run.training import run
 
 # a sharded save in one process (no process group) is what torch.distributed.checkpoint warns about
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -235,3 +242,74 @@ def test_policy_state_dict_reads_a_full_checkpoint_and_names_what_is_wrong(tmp_p
         r"or a sharded checkpoint's folder holding meta.pt",
     ):
         policy_state_dict(tmp_path / "absent.ckpt")
+
+
+# --------------------------------------------------------------------------- a run's checkpoints: each state once
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory) -> Path:
+    """The checkpoints folder of a 4-step tiny run saving every step, keeping 2, its best the first step's (the least
+    train/rollout_step)."""
+    out = tmp_path_factory.mktemp("four_steps")
+    saving = ["checkpoint.enabled=true", "checkpoint.every_n_steps=1", "checkpoint.keep_last_k=2"]
+    best_first = ["checkpoint.monitor=train/rollout_step", "checkpoint.mode=min"]
+    run(compose_config([*TINY, "total_steps=4", *saving, *best_first, "export.enabled=false"], output_dir=out))
+    return out / "checkpoints"
+
+
+def test_last_ckpt_is_the_newest_step_file_and_keep_last_k_bounds_the_step_files(four_steps):
+    kept = ["last.ckpt", "step0001.ckpt", "step0003.ckpt", "step0004.ckpt"]  # the newest 2, the best, last
+    assert sorted(p.name for p in four_steps.iterdir()) == kept
+    assert os.path.samefile(four_steps / "last.ckpt", four_steps / "step0004.ckpt")  # one file, two names
+    assert torch.load(four_steps / "last.ckpt", weights_only=True)["tokenrl"]["rollout_step"] == 4
+
+
+def test_a_checkpoint_holds_each_weight_once(four_steps):
+    """The policy's weights (not the frozen KL reference, rebuilt from model.* on resume; the tied lm_head in its
+    embedding's storage) and AdamW's two moments of each: the file is that, and a few KB of state."""
+    checkpoint = torch.load(four_steps / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["tokenrl_config"]["algorithm"]["kl_coef"] > 0  # the run has a reference model
+    policy, _ = tiny_policy()
+    assert set(checkpoint["state_dict"]) == {f"policy.{name}" for name in policy.state_dict()}
+
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (dict, list, tuple)):
+            for item in value.values() if isinstance(value, dict) else value:
+                yield from tensors(item)
+
+    stored = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors(checkpoint)}
+    weights = sum(p.numel() * p.element_size() for p in policy.parameters())  # a tied weight counts once
+    assert 3 * weights <= sum(stored.values()) < 3 * weights + 16384
+    assert os.path.getsize(four_steps / "last.ckpt") < 1.1 * sum(stored.values())
+
+
+def test_a_second_name_replaces_the_previous_in_one_step_and_keeps_its_state(tmp_path, monkeypatch):
+    """last.ckpt becomes a hard link of a step file (linking it again changes nothing and leaves no temporary); a later
+    save of the step file's name replaces it, so last.ckpt keeps its state; without hard links, a copy."""
+    io_plugin, last, step = AtomicCheckpointIO(), tmp_path / "last.ckpt", tmp_path / "step0002.ckpt"
+    io_plugin.save_checkpoint({"tokenrl": {"rollout_step": 1}}, last)  # the previous last.ckpt, a file of its own
+    io_plugin.save_checkpoint({"tokenrl": {"rollout_step": 2}}, step)
+    for _ in range(2):
+        checkpointing._link_atomically(step, last)
+    assert os.path.samefile(last, step) and sorted(p.name for p in tmp_path.iterdir()) == [last.name, step.name]
+    io_plugin.save_checkpoint({"tokenrl": {"rollout_step": 3}}, step)
+    assert torch.load(last, weights_only=True)["tokenrl"]["rollout_step"] == 2
+
+    def no_hard_links(source, name):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(checkpointing.os, "link", no_hard_links)
+    checkpointing._link_atomically(step, last)
+    assert not os.path.samefile(last, step) and torch.load(last, weights_only=True)["tokenrl"]["rollout_step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [last.name, step.name]
+
+
+def test_a_sharded_step_folder_gets_its_second_name_file_by_file(tmp_path):
+    strategy, last, step = AtomicFSDPStrategy(state_dict_type="sharded"), tmp_path / "last.ckpt", tmp_path / "step2"
+    strategy.save_checkpoint(sharded_state(1, 1.0), last)
+    strategy.save_checkpoint(sharded_state(2, 2.0), step)
+    checkpointing._link_atomically(step, last)
+    assert is_sharded_checkpoint(last) and sorted(p.name for p in tmp_path.iterdir()) == [last.name, step.name]
+    assert all(os.path.samefile(part, last / part.name) for part in step.iterdir())
+    assert torch.equal(policy_state_dict(last)["w"], torch.full((4,), 2.0))

@@ -150,6 +150,7 @@ RULES: dict[str, Rule] = {
     "diagnostics.js": BOOLEAN,
     "checkpoint.enabled": BOOLEAN,
     "checkpoint.every_n_steps": integer(1),
+    "checkpoint.keep_last_k": optional(integer(1), "every step file"),
     "checkpoint.monitor": FREE_TEXT,  # a logged metric's name (null: last.ckpt only)
     "checkpoint.mode": one_of("min", "max"),
     "export.enabled": BOOLEAN,

@@ -1,8 +1,9 @@
 """Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target; a sharded FSDP
-checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (periodic + best + exactly one
-`last.ckpt` holding the final state), clean-up of the temporaries a killed save leaves (the RNG states a checkpoint
-carries: utils.rng_state), and the policy's weights of any checkpoint read in one process (`policy_state_dict`,
-`load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base:
+checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (`RunCheckpoint`: periodic step files,
+the newest `checkpoint.keep_last_k` and the best kept, and exactly one `last.ckpt` holding the final state, a hard link
+of the newest step file where that holds the same state), clean-up of the temporaries a killed save leaves (the RNG
+states a checkpoint carries: utils.rng_state), and the policy's weights of any checkpoint read in one process
+(`policy_state_dict`, `load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base:
 models/base_weights.py).
 
 An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
@@ -15,6 +16,7 @@ import errno
 import glob
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -195,6 +197,30 @@ def _swap_in(staging: Path, target: Path) -> None:
     os.rename(staging, target)
 
 
+def _link_atomically(source: Path, target: Path) -> None:
+    """Give the complete checkpoint `source` (a file, or a sharded folder file by file) the second name `target` by hard
+    links, no second copy on disk (a copy where the file system has none), replacing what is at `target` in one step
+    as a save does. Saves never write into a file, they replace it, so each name keeps its state."""
+    staging = target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp"
+    if source.is_dir():
+        staging.mkdir()
+    try:
+        parts = sorted(source.iterdir(), key=lambda part: part.name == SHARDED_META) if source.is_dir() else [source]
+        for part in parts:  # a folder's meta.pt last: never complete before its shards
+            name = staging / part.name if source.is_dir() else staging
+            try:
+                os.link(part, name)
+            except OSError:  # a file system without hard links (some FUSE mounts)
+                shutil.copyfile(part, name)
+        if source.is_dir():
+            _swap_in(staging, target)
+        else:
+            os.replace(staging, target)  # a no-op, leaving `staging`, where `target` is already this file
+    finally:
+        if os.path.lexists(staging):
+            _remove(staging)
+
+
 def interrupted_swap(target: str | Path) -> Path | None:
     """The complete checkpoint that a sharded save killed while it replaced `target` left under its temporary name
     (`target` then absent or without meta.pt), or None."""
@@ -311,22 +337,27 @@ def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: 
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint (periodic `stepNNNN.ckpt` best by `monitor`, and `last.ckpt`) writing `last.ckpt`
-    exactly once per state: also after the final step when that step was not a periodic one, and on demand
-    (`save_last_now`, a preemption). Never `last-v1.ckpt`: the run's `last.ckpt` is overwritten in place."""
+    """Lightning's ModelCheckpoint writing `stepNNNN.ckpt` every `every_n_steps` optimizer steps and `last.ckpt` exactly
+    once per state: a hard link of the step file just written (one file on disk under two names), else its own file
+    (after a final step that was not a periodic one, or a preemption: `save_last_now`). Of the step files the newest
+    `keep_last_k` (None: all) and the best by `monitor` (None: none) are kept. Never `last-v1.ckpt`: the run's
+    `last.ckpt` is replaced in place."""
 
-    def __init__(self, dirpath: str | Path, every_n_steps: int, monitor: str, mode: str) -> None:
+    def __init__(
+        self, dirpath: str | Path, every_n_steps: int, monitor: str | None, mode: str, keep_last_k: int | None
+    ) -> None:
         super().__init__(
             dirpath=dirpath,
             filename="step{step:04d}",
             auto_insert_metric_name=False,
             save_last=True,
-            save_top_k=1,
+            save_top_k=-1,
             monitor=monitor,
             mode=mode,
             every_n_train_steps=every_n_steps,
             enable_version_counter=False,
         )
+        self.keep_last_k = keep_last_k
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step:  # the final state is not on disk yet
@@ -336,6 +367,35 @@ class RunCheckpoint(ModelCheckpoint):
         """Write the current state to last.ckpt now; returns its path."""
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         return Path(self.last_model_path)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """last.ckpt: the step file written at this step under a second name, or (no such file) its own file."""
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        newest = self._last_checkpoint_saved
+        if self._last_global_step_saved != trainer.global_step or newest in ("", last):
+            return super()._save_last_checkpoint(trainer, monitor_candidates)
+        self.last_model_path = last
+        if trainer.is_global_zero:
+            _link_atomically(Path(newest), Path(last))
+        trainer.strategy.barrier()
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """A step file, then the step files older than the newest `keep_last_k` removed (not the best, nor the one the
+        run resumed from)."""
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+        if self.keep_last_k is None or not trainer.is_global_zero:
+            return
+        numbered = sorted(
+            (int(match[1]), str(path))
+            for path in Path(self.dirpath).iterdir()
+            if (match := re.fullmatch(r"step(\d+)\.ckpt", path.name))
+        )
+        for _, path in numbered[: -self.keep_last_k]:
+            if path not in (self.best_model_path, self._last_checkpoint_saved) and self._should_remove_checkpoint(
+                trainer, path, self._last_checkpoint_saved
+            ):
+                self._remove_checkpoint(trainer, path)
+                self.best_k_models.pop(path, None)
 
 
 @dataclass

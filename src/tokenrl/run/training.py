@@ -80,7 +80,11 @@ def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
     if cfg.checkpoint.enabled:
         callbacks.append(
             RunCheckpoint(
-                output_dir / "checkpoints", cfg.checkpoint.every_n_steps, cfg.checkpoint.monitor, cfg.checkpoint.mode
+                output_dir / "checkpoints",
+                cfg.checkpoint.every_n_steps,
+                cfg.checkpoint.monitor,
+                cfg.checkpoint.mode,
+                cfg.checkpoint.keep_last_k,
             )
         )
     # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (run/module.py)
