@@ -151,7 +151,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.enabled": BOOLEAN,
     "checkpoint.every_n_steps": integer(1),
     "checkpoint.keep_last_k": optional(integer(1), "every step file"),
-    "checkpoint.monitor": FREE_TEXT,  # a logged metric's name (null: last.ckpt only)
+    "checkpoint.monitor": FREE_TEXT,  # a logged metric's name (null: no best file kept beside the step files)
     "checkpoint.mode": one_of("min", "max"),
     "export.enabled": BOOLEAN,
     "export.dtype": optional(DTYPE_NAMES, "bf16 on GPU runs, the model's dtype otherwise"),
