@@ -186,7 +186,7 @@ def test_no_setting_has_two_names():
 
     import yaml
 
-    from tokenrl.config.command_line import WIRED
+    from tokenrl.config.presets import WIRED
     from tokenrl.config.rules import RENAMED
     from tokenrl.paths import CONFIG_DIR
 

@@ -338,7 +338,7 @@ def _wired_key_problems(overrides: Iterable[str]) -> list[str]:
     """Overrides of a key the chosen preset takes from another setting (a sweep's job too: its choices are Hydra's)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from tokenrl.config.command_line import wired_key_problem
+    from tokenrl.config.presets import wired_key_problem
 
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
     return [problem for arg in overrides if (problem := wired_key_problem(arg, choices))]

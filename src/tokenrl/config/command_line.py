@@ -20,47 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tokenrl.config.presets import preset_value, wired_key_problem
 from tokenrl.paths import CONFIG_DIR
 
 AUTO = "auto"  # ckpt_path=auto: the run folder's own last.ckpt, when there is one (run/resume.py)
 CHOICE = re.compile(r"^(trainer|rollout|task|experiment|model)=([^\s]+)$")
-
-
-def preset_value(group: str, name: str, key: str) -> Any:
-    """`key` of the preset configs/<group>/<name>.yaml, or of a `/base/...@_here_` file it pulls in (None: neither
-    sets it, or there is no such preset: Hydra will say so)."""
-    path = Path(CONFIG_DIR) / group / f"{name}.yaml"
-    if not path.is_file():
-        return None
-    node = yaml.safe_load(path.read_text()) or {}
-    if key in node:
-        return node[key]
-    for entry in node.get("defaults", []):
-        if isinstance(entry, str) and entry.startswith("/base/") and entry.endswith("@_here_"):
-            base = entry.removeprefix("/base/").removesuffix("@_here_")
-            value = preset_value("base", base, key)
-            if value is not None:
-                return value
-    return None
-
-
-WIRED = re.compile(r"\$\{([\w.]+)\}")  # a preset's value that is another setting: `ratio: ${selector_ratio}`
-
-
-def wired_key_problem(arg: str, choices: dict[str, Any]) -> str | None:
-    """The one line for an override of a key that its group's chosen preset takes from another setting (ICT's
-    `ratio: ${selector_ratio}`, shared with its controls): that setting is its one name. None otherwise."""
-    key, sep, value = arg.lstrip("+").partition("=")
-    group, _, leaf = key.partition(".")
-    name = choices.get(group)
-    if not sep or not leaf or "." in leaf or not isinstance(name, str):
-        return None
-    wired = WIRED.fullmatch(str(preset_value(group, name, leaf)))
-    if wired is None:
-        return None
-    return f"{key}={value}: {group}={name} takes it from {wired[1]} (one name per setting): write {wired[1]}={value}"
 
 
 def machine_overrides(argv: list[str], gpu: bool, vllm: bool) -> list[str]:
