@@ -36,13 +36,14 @@ WIRED = re.compile(r"\$\{([\w.]+)\}")  # a preset's value that is another settin
 
 def wired_key_problem(arg: str, choices: dict[str, Any]) -> str | None:
     """The one line for an override of a key that its group's chosen preset takes from another setting (ICT's
-    `ratio: ${selector_ratio}`, shared with its controls): that setting is its one name. None otherwise."""
+    `ratio: ${selector_ratio}`, shared with its controls): that setting is its one name. None otherwise, also for a
+    default that follows a setting of the same node (`gen_prompts_per_step: ${algorithm.prompts_per_step}`)."""
     key, sep, value = arg.lstrip("+").partition("=")
     group, _, leaf = key.partition(".")
     name = choices.get(group)
     if not sep or not leaf or "." in leaf or not isinstance(name, str):
         return None
     wired = WIRED.fullmatch(str(preset_value(group, name, leaf)))
-    if wired is None:
-        return None
+    if wired is None or wired[1].startswith(f"{group}."):
+        return None  # a default that follows a setting of its own node (gen_prompts_per_step) is a setting of its own
     return f"{key}={value}: {group}={name} takes it from {wired[1]} (one name per setting): write {wired[1]}={value}"
