@@ -205,3 +205,18 @@ def test_no_setting_has_two_names():
                 assert problem is not None and f"write {found[1]}=7" in problem, (path, key, problem)
         assert not {f"{group}.{key}" for key in yaml.safe_load(text) or {}} & set(RENAMED), path
     assert wired >= 6  # ict, ict_complement, random: ratio and warm-up
+
+
+def test_bad_settings_stop_before_hydra_makes_the_run_folder(monkeypatch, capsys, tmp_path):
+    """Issue #50 §11: a setting the start-up check refuses (here after composition: a ratio out of range) stops in the
+    command line's process, before Hydra makes the run folder and the training stack runs: one `error:` block, exit 2,
+    no folder left behind."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # not the handlers an earlier in-process Hydra run left
+    argv = ["selector=entropy20", "selector.ratio=2", f"paths.log_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as stopped:
+        _run_train_main(monkeypatch, capsys, argv, gpu=False)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "selector.ratio=2: must be a number in (0, 1]" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())

@@ -14,6 +14,7 @@ import pytest
 from hydra.utils import instantiate
 
 from tests.conftest import ROOT, TINY, compose_config
+from tokenrl.config.check import ConfigError, check_config
 from tokenrl.data.dataset_task import DatasetTask, read_file
 from tokenrl.data.jsonl import DataFormatError
 from tokenrl.run.training import build_components, run
@@ -41,7 +42,7 @@ def write_parquet(path, rows: list[dict]):
     return path
 
 
-def test_a_jsonl_file_trains_with_a_seeded_held_out_split(tiny_cfg, tmp_path):
+def test_a_jsonl_file_trains_with_a_seeded_held_out_split(tiny_cfg, tmp_path, caplog):
     source = write_jsonl(tmp_path / "sums.jsonl", sums(12))
     cfg = tiny_cfg(
         "task=dataset", f"task.source={source}", "task.answer_extractor=gsm8k", "task.test_fraction=0.25", *LEARNS
@@ -61,9 +62,12 @@ def test_a_jsonl_file_trains_with_a_seeded_held_out_split(tiny_cfg, tmp_path):
         ).task
     )
     assert [p.id for p in other_seed.problems("test")] != [p.id for p in test]
+    caplog.set_level(logging.INFO, logger="tokenrl.run.training")
     summary = run(cfg)
     assert summary["rollout_steps"] == 2 and summary["optimizer_steps"] >= 2
     assert summary["train/loss"] == summary["train/loss"] and 0 <= summary["val/pass@1"] <= summary["val/pass@2"] <= 1
+    assert (summary["data_train_rows"], summary["data_held_out_rows"]) == (9, 3)  # the rows it trained on, held out
+    assert f"task.source={source}: training on 9 rows, 3 held out (task.test_fraction=0.25" in caplog.text
 
 
 def test_a_parquet_file_trains_with_named_fields_a_pattern_and_a_test_file(tiny_cfg, tmp_path):
@@ -117,6 +121,18 @@ def test_splits_by_name_from_a_folder_laid_out_as_a_hub_repository(tmp_path):
     task = DatasetTask(str(repo), test_split="validation", answer_extractor="gsm8k", verifier="gsm8k_strict")
     assert [p.answer for p in task.problems("train")] == ["1", "3", "5", "7", "9", "11"]
     assert [(p.id, p.answer) for p in task.problems("test")] == [("test-1", "13"), ("test-2", "15"), ("test-3", "17")]
+
+
+@pytest.mark.parametrize("folder", ["/", "empty"])
+def test_a_folder_that_holds_no_dataset_is_refused_at_start_up(tmp_path, folder):
+    """Issue #50 §11: `task.source=/` stopped only once the data loaded, after the model; the start-up check, which
+    builds the task, refuses a folder `datasets` cannot read, in one line naming task.source and the fix."""
+    source = str(tmp_path) if folder == "empty" else folder
+    with pytest.raises(ConfigError) as refused:
+        check_config(compose_config(["task=dataset", f"task.source={source}"]))
+    [problem] = refused.value.problems
+    assert problem.startswith(f"task.source={source} is a folder that `datasets` cannot read as split 'train'")
+    assert "name a file in it" in problem and "\n" not in problem
 
 
 def test_the_system_prompt_reaches_training_and_validation_prompts(tiny_cfg, tmp_path):

@@ -14,15 +14,15 @@ DEBUG_ENV = "TOKENRL_DEBUG"  # =1: the traceback of a user error on the console 
 
 
 def report_user_error(err: BaseException) -> None:
-    """One line on the console naming what to fix; the traceback in the run's log files (and on the console with
-    TOKENRL_DEBUG=1)."""
+    """One line on the console naming what to fix; the traceback in the run's log files, where there are any (and on
+    the console with TOKENRL_DEBUG=1)."""
     debug = os.environ.get(DEBUG_ENV) == "1"
     files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (err,), (type(err), err, err.__traceback__))
     for handler in files:
         handler.handle(record)
-    where = f"in {files[0].baseFilename}; " if files else ""
-    hint = "" if debug else f"\n(the traceback is {where}TOKENRL_DEBUG=1 prints it here)"
+    where = files[0].baseFilename if files else None
+    hint = "" if debug or where is None else f"\n(the traceback is in {where}; TOKENRL_DEBUG=1 prints it here)"
     print(f"error: {err}{hint}", file=sys.stderr)
     if debug:
         import traceback

@@ -1,6 +1,7 @@
 """`python train.py [overrides]` (also the `tokenrl-train` console script): complete the command line for the
-machine (`config/command_line.py`), let Hydra compose the config, and run it (`run/training.py`). The training stack is
-imported only once Hydra has a config to run, so `--help` and `--cfg job` answer without loading torch."""
+machine (`config/command_line.py`), check its settings before Hydra makes the run folder (a refused run leaves none),
+let Hydra compose the config, and run it (`run/training.py`). The training stack is imported only once Hydra has a
+config to run, so `--help` and `--cfg job` answer without loading it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tokenrl.cli.errors import report_user_error
-from tokenrl.config.command_line import composition_problem, run_dir_override, with_machine_defaults
+from tokenrl.config.command_line import check_settings, composition_problem, run_dir_override, with_machine_defaults
 from tokenrl.paths import CONFIG_DIR
 from tokenrl.run.allocator import reexec_with_tcmalloc
 
@@ -36,6 +37,11 @@ def main() -> None:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    try:
+        check_settings(sys.argv[1:])
+    except ValueError as err:  # ConfigError
+        report_user_error(err)
+        raise SystemExit(2) from None
     train()
 
 

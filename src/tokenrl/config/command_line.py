@@ -85,6 +85,44 @@ def run_dir_override(argv: list[str]) -> list[str]:
     return beside_the_overrides(argv, [f"hydra.run.dir={folder.parent}"])
 
 
+def single_run_overrides(argv: list[str]) -> list[str] | None:
+    """The overrides of a single run's command line, without Hydra's own (`hydra.*`); None for a sweep or a command
+    with flags (`--cfg job`, `--help`: Hydra answers those itself)."""
+    if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
+        return None
+    return [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
+
+
+def compose_overrides(config_name: str, overrides: list[str], with_hydra: bool = False) -> Any:
+    """The config `config_name` composed with `overrides`, outside a Hydra run (`with_hydra`: with its `hydra` node)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            return compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def check_settings(argv: list[str]) -> None:
+    """`check_config` on the train config a single run's command line composes, before Hydra makes the run folder and
+    the training stack loads: bad settings stop in seconds and leave no folder behind (the run checks its config again,
+    as each sweep job does). Raises `ConfigError`."""
+    overrides = single_run_overrides(argv)
+    if overrides is None:
+        return
+    from omegaconf import open_dict
+
+    from tokenrl.config.check import check_config
+
+    cfg = compose_overrides("train", overrides)
+    with open_dict(cfg):
+        cfg.paths.output_dir = "<the run folder>"  # Hydra's, made once the settings pass
+    check_config(cfg, overrides)
+
+
 def composition_problem(argv: list[str], config_name: str = "train") -> str | None:
     """The one-line error of a command line Hydra cannot compose into `config_name`, or None: a setting's old name, or
     a key its preset takes from another setting (`wired_key_problem`); an override that does not parse; a preset that
@@ -92,22 +130,12 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
     Hydra's own hint for it, `+key=value`, adds a key that nothing reads (a selector without a ratio does not start
     taking one), so this names the nearest key, or the presets of the group that have the key. Single runs only (a
     sweep's values are not one config)."""
-    if any(arg in ("-m", "--multirun") or arg.startswith("-") for arg in argv):
+    overrides = single_run_overrides(argv)
+    if overrides is None:
         return None
-    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import ConfigCompositionException, OverrideParseException
     from omegaconf import OmegaConf
-
-    def composed(chosen: list[str]) -> Any:
-        GlobalHydra.instance().clear()
-        try:
-            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-                return compose(config_name, overrides=chosen, return_hydra_config=True)
-        finally:
-            GlobalHydra.instance().clear()
 
     from tokenrl.config.rules import renamed_problem
 
@@ -123,7 +151,7 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
             reason = str(err).splitlines()[0]
             return f"{arg}: not a valid override ({reason}); write key=value, +key=value or group=preset"
     try:
-        choices = composed(overrides).hydra.runtime.choices
+        choices = compose_overrides(config_name, overrides, with_hydra=True).hydra.runtime.choices
     except ConfigCompositionException as err:
         text = str(err)
     else:
@@ -142,7 +170,7 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
     given = next(arg for arg in overrides if arg.split("=", 1)[0] == key)
     parent, _, leaf = key.rpartition(".")
     try:
-        cfg = composed([arg for arg in overrides if arg != given])
+        cfg = compose_overrides(config_name, [arg for arg in overrides if arg != given], with_hydra=True)
     except ConfigCompositionException:
         return None
     node = OmegaConf.select(cfg, parent) if parent else cfg

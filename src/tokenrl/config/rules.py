@@ -247,13 +247,16 @@ TARGET_RULES: dict[str, dict[str, Rule]] = {
         "offline": BOOLEAN,
         "log_model": Rule(lambda v: isinstance(v, bool) or v == "all", "true, false or all"),
     },
-    "lightning.pytorch.loggers.MLFlowLogger": {
-        "experiment_name": FREE_TEXT,
-        "tracking_uri": FREE_TEXT,
-        "artifact_location": FREE_TEXT,
-        "run_name": FREE_TEXT,
-        "log_model": Rule(lambda v: isinstance(v, bool) or v == "all", "true, false or all"),
-    },
+    **dict.fromkeys(
+        ("lightning.pytorch.loggers.MLFlowLogger", "tokenrl.observe.mlflow_logger.MLflowLogger"),
+        {
+            "experiment_name": FREE_TEXT,
+            "tracking_uri": FREE_TEXT,
+            "artifact_location": FREE_TEXT,
+            "run_name": FREE_TEXT,
+            "log_model": Rule(lambda v: isinstance(v, bool) or v == "all", "true, false or all"),
+        },
+    ),
     "torch.optim.AdamW": {
         "lr": POSITIVE,
         "weight_decay": number(0),
@@ -271,7 +274,10 @@ TARGET_RULES: dict[str, dict[str, Rule]] = {
 OPTIONAL_DEPENDENCIES: dict[str, tuple[str, str]] = {
     "lightning.pytorch.loggers.WandbLogger": ("wandb", "pip install wandb"),
     "lightning.pytorch.loggers.TensorBoardLogger": ("tensorboard", "pip install tensorboard"),
-    "lightning.pytorch.loggers.MLFlowLogger": ("mlflow", "pip install mlflow-skinny sqlalchemy alembic"),
+    **dict.fromkeys(
+        ("lightning.pytorch.loggers.MLFlowLogger", "tokenrl.observe.mlflow_logger.MLflowLogger"),
+        ("mlflow", "pip install mlflow-skinny sqlalchemy alembic"),
+    ),
 }
 VLLM_INSTALL = (
     "vllm",

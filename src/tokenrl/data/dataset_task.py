@@ -14,6 +14,7 @@ import logging
 import random
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,30 @@ SOURCE = Rule(
     f"a local file ({', '.join(FILE_SUFFIXES)}), a glob of them (data/*.jsonl), a folder laid out as a Hub "
     "dataset, or a Hub dataset id (org/name)",
 )
+
+
+@lru_cache(maxsize=8)
+def folder_problem(folder: str, config: str | None, split: str) -> str | None:
+    """Why `datasets` cannot read split `split` of the local `folder` as a dataset, found from its file names alone
+    (nothing loads; once per process: the start-up check and the run ask alike), or None."""
+    import datasets
+
+    try:
+        files = datasets.load_dataset_builder(folder, config).config.data_files
+    except Exception as err:  # noqa: BLE001 — `datasets` raises many kinds on a folder it cannot read
+        message = str(err).strip().splitlines()
+        return message[0] if isinstance(err, (ValueError, FileNotFoundError)) and message else "not a dataset's folder"
+    splits = [str(name) for name in files or ()]
+    return None if not splits or split in splits else f"its splits: {', '.join(splits)}"
+
+
+def unreadable_folder(source: str, split: str, reason: str) -> DataFormatError:
+    """The one-line error of a `task.source` folder that `datasets` cannot read as split `split`, with the fix."""
+    folder = Path(source).expanduser()
+    return DataFormatError(
+        f"task.source={source} is a folder that `datasets` cannot read as split {split!r} ({reason}); name a file in "
+        f"it ({', '.join(FILE_SUFFIXES)}) or a glob of its files, e.g. task.source='{folder / '*.jsonl'}'"
+    )
 
 
 def read_file(path: Path) -> list[Row]:
@@ -170,6 +195,12 @@ class DatasetTask(Task):
                 f"file ({', '.join(FILE_SUFFIXES)}), or null to hold out task.test_fraction"
             )
         self.source = str(Path(source).expanduser().resolve()) if self.local else source
+        folder = Path(source).expanduser()
+        if not self.local and folder.is_dir():  # refused at start-up (config/check.py builds the task), not at its load
+            for split in filter(None, (train_split, test_split)):
+                reason = folder_problem(str(folder), config, split)
+                if reason is not None:
+                    raise unreadable_folder(source, split, reason)
         self.fields = {"question": question_field, "answer": answer_field}
         self.extractor = answer_extractor
         self.extract = EXTRACTORS.get(answer_extractor or "")
@@ -210,11 +241,7 @@ class DatasetTask(Task):
         except Exception as err:  # noqa: BLE001 — `datasets` raises many kinds on a folder it cannot read
             if folder.is_dir():
                 reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                raise DataFormatError(
-                    f"task.source={source} is a folder that `datasets` cannot read as split "
-                    f"{split!r} ({reason}); name a file in it ({', '.join(FILE_SUFFIXES)}) or a glob "
-                    f"of its files, e.g. task.source='{folder / '*.jsonl'}'"
-                ) from None
+                raise unreadable_folder(source, split, reason) from None
             if isinstance(err, DataUnavailableError):
                 raise DataUnavailableError(
                     f"task.source={source!r} (split {split}) is not available from the Hub: "

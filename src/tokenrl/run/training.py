@@ -20,9 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tokenrl.config.check import check_config
 from tokenrl.data.datamodule import RolloutDataModule
+from tokenrl.data.dataset_task import DatasetTask
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.export.hf_folder import export_run
 from tokenrl.models import build_tokenizer
+from tokenrl.observe.mlflow_logger import MLflowLogger, config_params
 from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
 from tokenrl.run.devices import narrow_to_trainer_gpu
 from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
@@ -125,6 +127,29 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     return plan
 
 
+def data_rows(datamodule: RolloutDataModule, announce: bool) -> dict[str, int]:
+    """Own data (task=dataset): how many rows the run trains on (those within rollout.max_prompt_length) and holds
+    out, for summary.json, and in one log line where `announce`; {} for the other tasks."""
+    task = datamodule.task
+    if not isinstance(task, DatasetTask):
+        return {}
+    rows = {"data_train_rows": len(datamodule.train_problems), "data_held_out_rows": len(task.problems("test"))}
+    if announce:
+        held_out = (
+            f"task.test_split={task.test_split}"
+            if task.test_split
+            else f"task.test_fraction={task.test_fraction} of its rows, task.split_seed={task.split_seed}"
+        )
+        log.info(
+            "task.source=%s: training on %d rows, %d held out (%s)",
+            task.source,
+            rows["data_train_rows"],
+            rows["data_held_out_rows"],
+            held_out,
+        )
+    return rows
+
+
 def carry_metrics(trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
     """Put the kept rows of the interrupted run's metrics.csv ahead of the resumed run's (the CSV logger replaces
     the file it finds; its first save writes these rows, then the new ones)."""
@@ -174,6 +199,10 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     )
     module, datamodule, trainer = build_components(cfg)
     plan = check_memory(cfg, datamodule, trainer)
+    rows = data_rows(datamodule, announce=trainer.is_global_zero)
+    for logger in trainer.loggers:
+        if isinstance(logger, MLflowLogger):  # the run's settings as the MLflow run's parameters
+            logger.log_hyperparams(config_params(OmegaConf.to_container(cfg, resolve=True)))
     carry_metrics(trainer, kept_rows)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -198,6 +227,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         **{k: v for k, v in module.last_validation.items() if k.startswith("val/")},
         **peak_memory_gib(module.device),
         "memory_plan_peak_gib": plan.peak()[1],
+        **rows,
     }
     if trainer.is_global_zero:
         Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
