@@ -2,19 +2,32 @@
 doctor; a plan that exceeds the device stops the run with its table instead of failing in step one.
 
 Worst case by construction: every response runs to `rollout.max_new_tokens` and every prompt is as long as the
-longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). In the shared-prefix and
-packed layouts (fast_path.layout, no gradient checkpointing, no FSDP) the update encodes each group's prompt once. Per
-component (bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv = key/value width, V vocabulary, b
-the activations' bytes per element):
+longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). Each pass's micro-batch is the
+largest one the run's own cut makes of such a step (step/micro_batches.py: `micro_batch_size` rows, or under
+`algorithm.micro_batch_tokens` as many rows or whole groups as the budget holds in the pass's layout — a row or group
+larger than the budget alone; `largest_micro_batch`). In the shared-prefix and packed layouts (fast_path.layout, the
+update without gradient checkpointing, no FSDP) a forward encodes each group's prompt once; the head runs on the
+response tokens only. Per component (bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv =
+key/value width, V vocabulary, b the activations' bytes per element, r the micro-batch's response tokens):
 - weights P·dtype, gradients T·dtype, AdamW's two moments 2·T·dtype (ZeRO, arXiv 1910.02054, §3.1), the frozen
   reference P·reference_dtype when a KL term is on (LoRA: none, the policy with adapters off);
-- the update's activations per micro-batch token and layer: (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for
-  backward with fused (SDPA) attention (Korthikanti et al., arXiv 2205.05198, §4.1, re-counted for SwiGLU and GQA);
-  with gradient checkpointing only the layer inputs, h·b, plus one layer's full set; plus 3 copies of the micro-batch's
-  response logits in fp32 (logits, log-softmax, its gradient) — with `fast_path.fused_head` (not under FSDP) instead
-  the fused head's few (tokens × vocabulary chunk) buffers (`fused_head_bytes`);
-- the statistics pass: one chunk of `stats_chunk_size` tokens × V in fp32, 4 copies (logits, log-softmax, probabilities,
-  their square) — fused: `fused_head_bytes` — and the micro-batch's last hidden states;
+- the update's activations: per token and layer (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for backward with
+  fused (SDPA) attention (Korthikanti et al., arXiv 2205.05198, §4.1, re-counted for SwiGLU and GQA); with gradient
+  checkpointing only the layer inputs, h·b, plus one layer's full set. The update's peak is the larger of two moments:
+  the forward's end — activations, 3 copies of the r response tokens' logits in fp32 (logits, their tempered copy,
+  log-softmax) or the fused head's buffers (`fast_path.fused_head`, not under FSDP: `fused_head_bytes`), with the
+  statistics taken from the update's own logits (`fast_path.fused_statistics`) 3 copies of one group's chunk of them,
+  and the gradients of earlier micro-batches when the step takes several — and the backward: activations, gradients
+  and the gradient shares that wait to be added to them. When a step takes several micro-batches, each backward holds
+  the embedding's dense gradient V·h·dtype (twice with a tied head, whose share waits for it) and, in the shared-prefix
+  layout, whose decoder runs twice (the prompt, then the responses on its keys and values), every decoder weight's first
+  share until the second arrives: the trainable weights outside the embedding and head once more. In a step of one
+  micro-batch the shares become the gradients; only a tied head's waits beside them. Measured against the peak
+  resident memory: scripts/bench/memory_plan.py, tests/run/test_memory_plan_runs.py;
+- the statistics pass (whole groups): its micro-batch's last hidden states and 4 fp32 copies of one group's chunk of
+  logits (`stats_chunk_size` tokens at most; logits, log-softmax, probabilities, a product) — fused: `fused_head_bytes`;
+  the reference's log-probs (a KL term; rows): 3 fp32 copies of its micro-batch's response logits, or fused; the
+  phase holds the larger;
 - generation: the hf engine's KV cache 2·L·kv·dtype per token of every row, and one step's logits rows·V·fp32; a
   vLLM engine its own weights (P·engine dtype) and KV cache (`kv_cache_gib` on CPU, `gpu_memory_utilization` of the
   GPU there);
@@ -30,7 +43,9 @@ from typing import Any
 import torch
 
 GIB = 2**30
-BASELINE_GIB = {"cpu": 0.55, "cuda": 0.6}  # an idle process with the stack imported (host RSS; GPU: CUDA context)
+# the process itself: on CPU its host RSS at the first step's start less the weights (torch, transformers, Lightning,
+# the trainer, tokenizer and data, under tcmalloc: 0.58 GiB measured here at three model sizes); on a GPU, CUDA's
+BASELINE_GIB = {"cpu": 0.6, "cuda": 0.6}
 # (tokens × vocabulary chunk) fp32 buffers the fused head holds at its peak, forward and backward: 710 MiB measured at
 # 4,096 tokens of vocabulary 151,936, less the head's gradient (519 MiB, counted as a gradient) ≈ 6 × 32 MiB
 # (python scripts/bench/lm_head.py --device cpu --tokens 1024,4096: benchmarks/lm_head_cpu.json)
@@ -49,6 +64,8 @@ class Shape:
     intermediate: int
     kv_width: int
     vocab: int
+    layer_trainable: int  # trainable parameters outside the embedding and the head
+    tied: bool = True  # the head is the embedding's weight
 
 
 @dataclass
@@ -109,6 +126,7 @@ def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
 
         model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    outer = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -120,6 +138,8 @@ def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
         config.intermediate_size,
         kv_heads * head_dim,
         config.vocab_size,
+        sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in outer),
+        len(outer) == 1,
     )
 
 
@@ -132,6 +152,8 @@ def plan_memory(
 ) -> MemoryPlan:
     """The plan of the composed train config `cfg` (a resolved container) for `shape` on `device`, with prompts of
     `prompt_tokens` tokens (default: rollout.max_prompt_length)."""
+    from hydra.utils import get_method
+
     from tokenrl.config.check import uses_fsdp
     from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.layout: auto`
 
@@ -175,51 +197,127 @@ def plan_memory(
 
     fast_path = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda"))
     fsdp = uses_fsdp(cfg["trainer"])
-    shared = (  # each group's prompt once: the shared-prefix and packed layouts, where the run takes them
-        fast_path.layout != "padded" and not model.get("gradient_checkpointing") and not fsdp
+    no_grad_layout = "padded" if fsdp else fast_path.layout  # the statistics and reference passes
+    update_layout = (  # each group's prompt once where the run takes it (`layout_blocker`)
+        "padded" if fsdp or model.get("gradient_checkpointing") else fast_path.layout
     )
     group_size = int(algorithm["group_size"])
     budget = algorithm.get("micro_batch_tokens")
-    if budget is None:
-        groups = max(1, micro // group_size) if shared else micro
-        tokens = stats_tokens = groups * prompt + micro * response
-        head_tokens = stats_head_tokens = micro * response  # the head runs on response tokens only
-    else:  # a token budget, at most the step's tokens: a unit larger runs alone (a row; a group in the statistics pass)
-        step_tokens = rows // group_size * (prompt if shared else group_size * prompt) + rows * response
-        tokens = max(min(int(budget), step_tokens), prompt + response)
-        group = (prompt if shared else group_size * prompt) + group_size * response
-        stats_tokens = max(min(int(budget), step_tokens), group)
-        head_tokens, stats_head_tokens = tokens, stats_tokens
+    step = (int(algorithm["prompts_per_step"]), group_size, prompt, response)
+    selector = get_method(cfg["selector"]["_target_"])
+    reads_js = "js" in getattr(selector, "requires", ()) or bool((cfg.get("diagnostics") or {}).get("js"))
+    update_cut = largest_micro_batch(*step, update_layout, micro, budget, whole_groups=reads_js)
+    stats_cut = largest_micro_batch(*step, no_grad_layout, micro, budget, whole_groups=True)
+    reference_cut = largest_micro_batch(*step, no_grad_layout, micro, budget, whole_groups=False)
+    chunk = group_size * min(max(1, int(model["stats_chunk_size"]) // group_size), response)  # a group's chunk
+    fused_update_head = fast_path.fused_head and not fsdp
+
+    def head(tokens: int, copies: int, fused: bool) -> float:
+        return (fused_head_bytes(tokens, shape.vocab) if fused else copies * tokens * shape.vocab * 4) / GIB
+
     per_layer = (8 * shape.hidden + 2 * shape.kv_width + 5 * shape.intermediate) * act_bytes
     if model.get("gradient_checkpointing"):
-        activations = tokens * (shape.layers * shape.hidden * act_bytes + per_layer)
+        activations = update_cut.tokens * (shape.layers * shape.hidden * act_bytes + per_layer)
     else:
-        activations = tokens * shape.layers * per_layer
-    update = {
-        "gradients": shape.trainable * weight_bytes / GIB,
+        activations = update_cut.tokens * shape.layers * per_layer
+    logits = head(update_cut.response_tokens, 3, fused_update_head)
+    fused_statistics = fast_path.fused_statistics and int(algorithm["ppo_epochs"]) * int(algorithm["mini_batches"]) == 1
+    if fused_statistics and not fused_update_head:  # π_old's statistics from the update's own logits
+        logits += head(min(chunk, update_cut.response_tokens), 3, False)
+    gradients = shape.trainable * weight_bytes / GIB
+    embedding = shape.vocab * shape.hidden if shape.trainable > shape.layer_trainable else 0  # it trains
+    if update_cut.several:  # shares wait beside the earlier micro-batches' gradients
+        twice = shape.layer_trainable if update_layout == "shared_prefix" else 0  # the decoder's first shares
+        buffers = embedding * (2 if shape.tied else 1) + twice
+    else:  # the shares become the gradients; a tied head's waits for the embedding's
+        buffers = embedding if shape.tied else 0
+    forward = {
+        "gradients": gradients if update_cut.several else 0.0,
         "activations": activations / GIB,
-        "logits": (
-            fused_head_bytes(head_tokens, shape.vocab)
-            if fast_path.fused_head and not fsdp
-            else 3 * head_tokens * shape.vocab * 4
-        )
-        / GIB,
+        "logits": logits,
     }
-    chunk = min(int(model["stats_chunk_size"]), stats_head_tokens)
+    backward = {
+        "gradients": gradients,
+        "activations": activations / GIB,
+        "gradient buffers": buffers * weight_bytes / GIB,
+    }
     statistics = {
-        "logits": (
-            fused_head_bytes(stats_head_tokens, shape.vocab) if fast_path.fused_head else 4 * chunk * shape.vocab * 4
-        )
-        / GIB,
-        "hidden states": stats_tokens * shape.hidden * act_bytes / GIB,
+        "logits": max(
+            head(stats_cut.response_tokens if fast_path.fused_head else chunk, 4, fast_path.fused_head),
+            head(reference_cut.response_tokens, 3, fast_path.fused_head) if float(algorithm["kl_coef"]) > 0 else 0,
+        ),
+        "hidden states": stats_cut.tokens * shape.hidden * act_bytes / GIB,
     }
     plan = MemoryPlan(device, capacity_gib)
     plan.phases = {
         "generate": {**resident, **generation},
         "statistics": {**resident, **asleep, **statistics},
-        "update": {**resident, **asleep, **update},
+        "update": {**resident, **asleep, **max(forward, backward, key=lambda parts: sum(parts.values()))},
     }
     return plan
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest micro-batch of a pass: its tokens as the forward runs them, its response tokens (the head's), and
+    whether the step takes several."""
+
+    tokens: int
+    response_tokens: int
+    several: bool
+
+
+def largest_micro_batch(
+    prompts: int,
+    group_size: int,
+    prompt: int,
+    response: int,
+    layout: str,
+    max_rows: int,
+    max_tokens: int | None,
+    whole_groups: bool,
+) -> MicroBatch:
+    """The largest micro-batch that the run's own cut (step/micro_batches.py) makes of a step of `prompts` groups of
+    `group_size` rows, every prompt `prompt` tokens and every response `response`: `max_rows` rows, or within the
+    `max_tokens` budget in `layout`; `whole_groups`: the pass keeps groups whole (JS, the statistics pass)."""
+    from tokenrl.step.micro_batches import TokenCount, micro_batches
+
+    rows = prompts * group_size
+    groups = torch.arange(prompts).repeat_interleave(group_size)
+    parts = micro_batches(
+        torch.arange(rows),
+        groups,
+        torch.full((rows,), response),
+        None if max_tokens is not None else max_rows,
+        whole_groups=whole_groups,
+        max_tokens=max_tokens,
+        prompt_lengths=torch.full((rows,), prompt),
+        cost=layout,
+    )
+    tokens, length = max(
+        (TokenCount(layout).tokens([(int(groups[i]), prompt, response) for i in part.tolist()]), len(part))
+        for part in parts
+    )
+    return MicroBatch(tokens, length * response, len(parts) > 1)
+
+
+def memory_refusal(plan: MemoryPlan, cfg: Mapping[str, Any]) -> str:
+    """The error of a run whose `plan` does not fit: the need, the table, and what the composed config `cfg` (a
+    resolved container) can still change — what it has on already is not offered."""
+    model, algorithm = cfg["model"], cfg["algorithm"]
+    budget = algorithm.get("micro_batch_tokens")
+    rows = f"a smaller algorithm.micro_batch_size (now {algorithm['micro_batch_size']}) or algorithm.micro_batch_tokens"
+    ways = [
+        "a smaller model",
+        rows if budget is None else f"a smaller algorithm.micro_batch_tokens (now {budget})",
+        f"a smaller rollout.max_new_tokens (now {cfg['rollout']['max_new_tokens']})",
+        *([] if model.get("lora") else ["LoRA (model.lora)"]),
+        *([] if model.get("gradient_checkpointing") else ["model.gradient_checkpointing=true"]),
+    ]
+    return (
+        f"this run needs about {plan.peak()[1]:.1f} GiB on {plan.device}, more than its {plan.capacity_gib:.1f} GiB:\n"
+        f"{plan.table()}\nUse {', '.join(ways)} or a larger device"
+    )
 
 
 def fused_head_bytes(tokens: int, vocab: int) -> int:

@@ -27,7 +27,7 @@ from tokenrl.models import build_tokenizer
 from tokenrl.observe.mlflow_logger import MLflowLogger, config_params
 from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
 from tokenrl.run.devices import narrow_to_trainer_gpu
-from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, plan_memory
+from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, memory_refusal, plan_memory
 from tokenrl.run.module import GRPOModule
 from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.run.preemption import Preempted, PreemptionWatch
@@ -102,7 +102,7 @@ def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
 
 def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trainer) -> MemoryPlan:
     """The memory plan of this run on its device (run/memory_plan.py), logged before the model loads; a run that cannot
-    fit stops here with the table."""
+    fit stops here with the table and what it can change (`memory_refusal`)."""
     datamodule.setup("fit")  # the prompts: the plan's prompt length is the longest one's
     device = str(trainer.strategy.root_device)
     container = OmegaConf.to_container(cfg, resolve=True)
@@ -113,16 +113,11 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
         device_capacity_gib(device),
         prompt_tokens=max(map(len, datamodule.train_prompt_ids)),
     )
+    if not plan.fits():
+        raise ValueError(memory_refusal(plan, container))  # the table once, in the error
     if trainer.is_global_zero:
         log.info(
             "memory plan per process (worst case: every response runs to rollout.max_new_tokens):\n%s", plan.table()
-        )
-    if not plan.fits():
-        raise ValueError(
-            f"this run needs about {plan.peak()[1]:.1f} GiB on {device}, more than its "
-            f"{plan.capacity_gib:.1f} GiB:\n{plan.table()}\nUse a smaller model, algorithm.micro_batch_size (or "
-            "algorithm.micro_batch_tokens), "
-            "rollout.max_new_tokens, LoRA (model.lora) or a larger device"
         )
     return plan
 
