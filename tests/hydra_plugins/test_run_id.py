@@ -54,7 +54,8 @@ def test_a_run_resolves_its_folder_once(monkeypatch):
 @pytest.mark.slow
 def test_two_train_py_runs_in_the_same_second_write_two_folders(tmp_path):
     """`python train.py` twice with the clock frozen at one second: two run folders, each with its own train.log (a
-    setting the start-up check refuses ends each run right after Hydra made its folder)."""
+    task file that does not exist ends each run right after Hydra made its folder; settings the start-up check refuses
+    would end it before any folder)."""
     frozen = (
         "import runpy, sys, time\n"
         f"time.time = lambda: {FROZEN}\n"
@@ -62,8 +63,9 @@ def test_two_train_py_runs_in_the_same_second_write_two_folders(tmp_path):
         "runpy.run_path('train.py', run_name='__main__')\n"
     )
     for _ in range(2):
-        done = forked_python(["-c", frozen, "debug=default", "total_steps=0", f"paths.log_dir={tmp_path}"])
-        assert done.returncode == 2 and "total_steps=0: must be an integer >= 1" in done.stderr, done.stderr[-2000:]
+        source = f"task.source={tmp_path}/absent/*.jsonl"
+        done = forked_python(["-c", frozen, "debug=default", "task=dataset", source, f"paths.log_dir={tmp_path}"])
+        assert done.returncode == 2 and "the glob matches no file" in done.stderr, done.stderr[-2000:]
     runs = sorted((tmp_path / "train" / "runs").iterdir())
     assert len(runs) == 2 and all(run.name.startswith(f"{STAMP}_") for run in runs)
-    assert all("total_steps=0" in (run / "train.log").read_text() for run in runs)
+    assert all("the glob matches no file" in (run / "train.log").read_text() for run in runs)
