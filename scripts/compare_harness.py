@@ -126,15 +126,18 @@ def tokenrl_side(
     from tokenrl.data.prompts import PromptFormatter, with_instruction
     from tokenrl.evaluation.runner import EvalSettings, evaluate
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings
     from tokenrl.rewards.scorer import SafeScorer
-    from tokenrl.rollout import build_engine
+    from tokenrl.rollout.hf import HFEngine
 
-    model_cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml"))
-    model_cfg.update(source=str(model_dir), tokenizer=None, init="pretrained", dtype="fp32")
-    tokenizer = build_tokenizer(model_cfg)
-    model = build_model(model_cfg).eval()
-    engine = build_engine({"engine": "hf"}, model, tokenizer)
-    formatter = PromptFormatter(tokenizer, model_cfg.get("chat_template", "auto"))
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml"))
+    node.pop("defaults")
+    node.update(source=str(model_dir), tokenizer=None, init="pretrained", dtype="fp32")
+    settings = ModelSettings.of(node)
+    tokenizer = build_tokenizer(settings)
+    model = build_model(settings).eval()
+    engine = HFEngine(model, tokenizer)
+    formatter = PromptFormatter(tokenizer, settings.chat_template)
     if task == "arithmetic":
         source = arithmetic_task()
         problems = source.problems("test")[:limit]

@@ -26,13 +26,14 @@ def test_vllm_engine_follows_the_trained_weights_with_sleep_on():
     """bf16 engine, sleep level 2 between generation and the update: after two optimizer steps and a sync, the engine
     scores a completion as the fp32 trainer does (within bf16's resolution) and differently from before."""
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.rollout import build_engine
     from tokenrl.rollout.engine import SamplingParams
 
     cfg = compose_config([*QWEN_RANDOM, "rollout=vllm_gpu", "rollout.max_model_len=256", "rollout.enforce_eager=true"])
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    policy, tokenizer = build_model(model_cfg).cuda(), build_tokenizer(model_cfg)
-    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+    model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    policy, tokenizer = build_model(model).cuda(), build_tokenizer(model)
+    engine = build_engine(RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True)), policy, tokenizer)
     try:
         assert engine.sleep_level == 2 and engine.dtype == torch.bfloat16
         prompts = [tokenizer("What is 2 + 3?")["input_ids"], tokenizer("Name a colour.")["input_ids"]]

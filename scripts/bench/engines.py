@@ -72,6 +72,7 @@ def run_engine(name: str, args: argparse.Namespace) -> dict:
     """One engine's warm-up and timed calls, in this process."""
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.models.response_forward import response_logprobs
+    from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.rollout import build_engine
     from tokenrl.rollout.engine import SamplingParams
     from tokenrl.rollout.hf import HFEngine
@@ -84,13 +85,13 @@ def run_engine(name: str, args: argparse.Namespace) -> dict:
         rollout = ["rollout=vllm_gpu" if args.device == "cuda" else "rollout=vllm", f"rollout.max_model_len={max_len}"]
         overrides += rollout + ([] if args.device == "cuda" else ["rollout.dtype=float32"])
     cfg = compose_config(overrides)
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    settings = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = build_model(model_cfg, seed=0).to(device)
-    tokenizer = build_tokenizer(model_cfg)
+    model = build_model(settings, seed=0).to(device)
+    tokenizer = build_tokenizer(settings)
     if name == "vllm":
-        engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), model, tokenizer)
+        engine = build_engine(RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True)), model, tokenizer)
     else:
         engine = HFEngine(model, tokenizer, decoding=name.removeprefix("hf_"))
     batch_prompts = prompts(tokenizer, args.prompts, args.prompt_tokens)

@@ -47,10 +47,11 @@ from machine import machine_info
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from omegaconf import open_dict  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 from tests.conftest import compose_config  # noqa: E402
 from tokenrl.models import build_tokenizer  # noqa: E402
+from tokenrl.records.settings import ModelSettings  # noqa: E402
 from tokenrl.run.training import build_components  # noqa: E402
 
 DENSE_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
@@ -123,7 +124,8 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
             f"paths.output_dir={out_dir / f'{name}_{fast_path}'}",
         ]
     )
-    sentence_tokens = len(build_tokenizer(cfg.model)(PREAMBLE_WORD)["input_ids"])  # in the tokenizer used
+    tokenizer = build_tokenizer(ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)))
+    sentence_tokens = len(tokenizer(PREAMBLE_WORD)["input_ids"])  # in the tokenizer used
     preamble = (PREAMBLE_WORD * max(1, args.prompt_tokens // sentence_tokens)).strip()
     with open_dict(cfg):
         cfg.task.instruction = f"{preamble} Answer with the number."
@@ -140,7 +142,7 @@ def run_model(name: str, args: argparse.Namespace, out_dir: Path, fast_path: str
     result = {
         "model": name,
         "fast_path": fast_path,
-        "layouts": dict(zip(("no_grad", "update"), module.update_path.layouts(), strict=True)),  # what really ran
+        "layouts": {"no_grad": module.passes.plan.layout(False), "update": module.passes.plan.layout(True)},  # as run
         "pid": os.getpid(),
         "parameters": params,
         "rows": rows,

@@ -78,13 +78,14 @@ def main() -> None:
     from tokenrl.data.prompts import PromptFormatter, with_instruction
     from tokenrl.data.tasks import ArithmeticTask
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.rollout import build_engine
     from tokenrl.rollout.engine import SamplingParams
 
-    model_cfg = OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml")
-    model_cfg.source = str(ROOT / ".cache" / "models" / "smollm2-135m-instruct")
-    model_cfg = OmegaConf.to_container(model_cfg)
-    policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
+    node = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "model" / "smollm2_135m.yaml"))
+    node.pop("defaults")
+    model = ModelSettings.of({**node, "source": str(ROOT / ".cache" / "models" / "smollm2-135m-instruct")})
+    policy, tokenizer = build_model(model), build_tokenizer(model)
     task = ArithmeticTask(
         0, 9, ["+"], args.prompts, 1, seed=1234, instruction="Answer with just the number.", verifier="gsm8k_flexible"
     )
@@ -92,7 +93,7 @@ def main() -> None:
     prompts = [formatter.token_ids(with_instruction(p.question, task.instruction)) for p in task.problems("train")]
     params = SamplingParams(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.max_new_tokens)
 
-    def rollout_config(name: str, **overrides) -> dict:
+    def rollout_config(name: str, **overrides) -> RolloutSettings:
         """The composed `rollout=<name>` preset (the presets pull their sampling keys from
         configs/base/rollout.yaml)."""
         from hydra import compose, initialize_config_dir
@@ -103,7 +104,7 @@ def main() -> None:
             cfg = OmegaConf.to_container(
                 compose(config_name="train", overrides=[f"rollout={name}"]).rollout, resolve=True
             )
-        return {**cfg, **overrides, "max_new_tokens": args.max_new_tokens}
+        return RolloutSettings.of({**cfg, **overrides, "max_new_tokens": args.max_new_tokens})
 
     hf = build_engine(rollout_config("hf"), policy, tokenizer)
     hf.generate(prompts, params, seed=0)  # warm-up

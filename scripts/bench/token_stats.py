@@ -102,13 +102,14 @@ def naive_stats(model, batch, temperature=1.0):
 def run_variant(args) -> None:
     import torch
 
+    from tokenrl.step.fast_path import ForwardPlan
     from tokenrl.step.statistics import compute_token_stats
 
     torch.set_num_threads(args.threads)
     model, batch = workload(args)
     start = time.perf_counter()
     if args.variant == "chunked":
-        stats = compute_token_stats(model, batch, 1.0, micro_batch_size=args.rows, chunk_size=args.chunk, with_js=True)
+        stats = compute_token_stats(model, batch, ForwardPlan(1.0, args.rows, args.chunk, with_js=True))
     elif args.variant == "naive":
         stats = naive_stats(model, batch)
     else:

@@ -180,9 +180,10 @@ def prepare_model(model: str, device: str, workdir: Path, seed: int) -> tuple[st
 
     from tests.conftest import compose_config
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings
 
     cfg = compose_config([f"model={model}", "model.init=random", "model.tokenizer=char", "model.dtype=fp32"])
-    spec = OmegaConf.to_container(cfg.model, resolve=True)
+    spec = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
     folder = workdir / f"model_{model}"
     policy = build_model(spec, seed=seed)
     if device == "cuda":
@@ -257,7 +258,7 @@ def run_tokenrl(settings: dict) -> dict:
         def on_train_start(self, trainer, module) -> None:
             update = module.update_step
 
-            def recorded(train, rollout_step):
+            def recorded(train, timer):
                 rollouts = train.rollouts
                 steps[-1]["work"] = {
                     "rows": int(rollouts.response_ids.shape[0]),
@@ -269,7 +270,7 @@ def run_tokenrl(settings: dict) -> dict:
                         ids[mask.bool()].tolist() for ids, mask in zip(rollouts.prompt_ids, rollouts.prompt_mask)
                     ],
                 }
-                lr, result = update(train, rollout_step)
+                lr, result = update(train, timer)
                 steps[-1]["work"]["optimizer_steps"] = int(result.optimizer_steps)
                 steps[-1]["loss"] = float(result.metrics.get("loss", float("nan")))
                 return lr, result
@@ -353,11 +354,12 @@ def run_trl(settings: dict) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings
     from tokenrl.rewards.verifiers import resolve
 
     device = settings["device"]
     cfg = compose(settings)
-    spec = OmegaConf.to_container(cfg.model, resolve=True)
+    spec = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, seed=cfg.seed)  # the same folder, fp32, as tokenrl builds its policy
     rows = trl_prompts(cfg, tokenizer)

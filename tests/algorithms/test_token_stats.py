@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny import rollouts
+from tokenrl.step.fast_path import ForwardPlan
 from tokenrl.step.statistics import compute_token_stats
 
 
@@ -34,7 +35,7 @@ def brute_force_stats(model, batch, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_chunked_statistics_match_float64_brute_force(chunk, micro, temperature):
     model, _, batch = rollouts(temperature=temperature)
-    stats = compute_token_stats(model, batch, temperature, micro_batch_size=micro, chunk_size=chunk)
+    stats = compute_token_stats(model, batch, ForwardPlan(temperature, micro, chunk))
     ref = brute_force_stats(model, batch, temperature)
     for name in ("logprobs", "entropy", "renyi2"):
         assert torch.allclose(getattr(stats, name).double(), ref[name], atol=1e-5), name

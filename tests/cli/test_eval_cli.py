@@ -12,9 +12,8 @@ import sys
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from tests.conftest import ROOT, compose_config, needs_data
+from tests.conftest import ROOT, needs_data
 from tests.helpers.forked_cli import forked_python
 from tokenrl.run.training import run
 
@@ -191,12 +190,8 @@ def test_eval_bad_input_is_named(override, message, bad_input_runs):
     assert done.returncode == 2 and message in done.stderr, done.stderr[-3000:]
 
 
-def tiny_model_cfg() -> dict:
-    return OmegaConf.to_container(compose_config(["model=tiny"]).model, resolve=True)
-
-
 def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
-    from tests.helpers.tiny import tiny_policy
+    from tests.helpers.tiny import tiny_policy, tiny_settings
     from tokenrl.run.checkpointing import load_policy
 
     run(
@@ -209,7 +204,7 @@ def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
     )
     model, _ = tiny_policy()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    load_policy(model, str(tmp_path / "checkpoints" / "last.ckpt"), tiny_model_cfg(), seed=0)
+    load_policy(model, str(tmp_path / "checkpoints" / "last.ckpt"), tiny_settings(), seed=0)
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -217,7 +212,7 @@ def test_eval_loads_the_policy_of_a_training_checkpoint(tiny_cfg, tmp_path):
 def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
     """trainer=fsdp's checkpoints are folders of shards (checkpointing.AtomicFSDPStrategy); tokenrl-eval reads them
     into one process (the same policy_state_dict as a .ckpt file)."""
-    from tests.helpers.tiny import tiny_policy
+    from tests.helpers.tiny import tiny_policy, tiny_settings
     from tokenrl.run.checkpointing import AtomicFSDPStrategy, load_policy
 
     trained, _ = tiny_policy(seed=1)
@@ -227,7 +222,7 @@ def test_eval_loads_the_policy_of_a_sharded_checkpoint(tmp_path):
     )
     model, _ = tiny_policy(seed=0)
     assert not torch.equal(model.state_dict()["lm_head.weight"], trained.state_dict()["lm_head.weight"])
-    load_policy(model, str(tmp_path / "last.ckpt"), tiny_model_cfg(), seed=0)
+    load_policy(model, str(tmp_path / "last.ckpt"), tiny_settings(), seed=0)
     assert all(torch.equal(value, trained.state_dict()[key]) for key, value in model.state_dict().items())
 
 

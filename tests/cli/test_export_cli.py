@@ -26,6 +26,7 @@ from tests.helpers.forked_cli import forked_python
 from tokenrl.cli.export import main
 from tokenrl.export.hf_folder import export_dtype
 from tokenrl.models import build_model, build_tokenizer
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import load_policy, policy_state_dict
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -80,16 +81,15 @@ def trained_policy(run_dir: Path, ckpt: str = "last.ckpt") -> torch.nn.Module:
     """The module's policy at a checkpoint: built from the run's config as the run built it (LoRA: a PeftModel with
     unmerged adapters), holding the checkpoint's weights (LoRA: its adapters on that base)."""
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    model = build_model(model_cfg, seed=cfg.seed)
-    load_policy(model, run_dir / "checkpoints" / ckpt, model_cfg, cfg.seed)
+    settings = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    model = build_model(settings, seed=cfg.seed)
+    load_policy(model, run_dir / "checkpoints" / ckpt, settings, cfg.seed)
     return model.eval()
 
 
 def run_tokenizer(run_dir: Path):
-    return build_tokenizer(
-        OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model, resolve=True)
-    )
+    node = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model, resolve=True)
+    return build_tokenizer(ModelSettings.of(node))
 
 
 def logprobs(model: torch.nn.Module, ids: list[list[int]]) -> torch.Tensor:
@@ -248,7 +248,9 @@ def test_a_lora_run_exports_merged_weights_and_on_request_the_adapter_alone(lora
         p.name for p in (tmp_path / "adapter").iterdir()
     }
     cfg = OmegaConf.load(lora_run / ".hydra" / "config.yaml")
-    plain = build_model({**OmegaConf.to_container(cfg.model, resolve=True), "lora": None}, seed=cfg.seed)
+    plain = build_model(
+        ModelSettings.of({**OmegaConf.to_container(cfg.model, resolve=True), "lora": None}), seed=cfg.seed
+    )
     adapted = PeftModel.from_pretrained(plain, tmp_path / "adapter").eval()
     assert max_gap(logprobs(adapted, ids), expected) == 0.0
     assert "the LoRA adapter alone (r=4" in (tmp_path / "adapter" / "README.md").read_text()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from omegaconf import OmegaConf
 from tests.conftest import compose_config
 from tests.helpers.forked_cli import forked_python
 from tokenrl.models import build_model
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import SHARDED_META
 from tokenrl.run.resume import RUN_CONFIG, check_checkpoint_matches, checkpoint_shapes, policy_shapes
 
@@ -120,8 +122,8 @@ def test_the_error_table_has_its_rows():
     assert len(error_table()) >= 10
 
 
-def model_config(name: str) -> dict:
-    return OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True)
+def model_config(name: str) -> ModelSettings:
+    return ModelSettings.of(OmegaConf.to_container(compose_config([f"model={name}"]).model, resolve=True))
 
 
 def write_forks_tiny_checkpoint(path: Path) -> Path:
@@ -201,7 +203,7 @@ def test_the_other_models_checkpoint_of_the_table_is_one_of_model_forks_tiny(tmp
     check_checkpoint_matches(sharded, tiny)
     with pytest.raises(ValueError, match=rf"ckpt_path={sharded}: a checkpoint of another model \(27 of 27 weights"):
         check_checkpoint_matches(sharded, forks_tiny)
-    lora = {**tiny, "lora": {"r": 2, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}}
+    lora = replace(tiny, lora={"r": 2, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
     built = {f"policy.{key}": list(value.shape) for key, value in build_model(lora).state_dict().items()}
     assert policy_shapes(lora) == built and any(".lora_A." in key for key in built)  # the meta build's names
 

@@ -21,16 +21,17 @@ from tests.helpers.forked_cli import forked_spawn
 from tokenrl.models import build_model
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import shard
+from tokenrl.records.settings import ModelSettings
 
 LORA = ["+model.lora={r: 4, lora_alpha: 8, lora_dropout: 0.0, target_modules: all-linear}"]
 
 
 def tiny_policy(lora: bool) -> torch.nn.Module:
     """The tiny random policy; with LoRA, adapters with non-zero B so that merging changes the served weights."""
-    cfg = OmegaConf.to_container(compose_config(["model=tiny", *(LORA if lora else [])]).model, resolve=True)
+    node = OmegaConf.to_container(compose_config(["model=tiny", *(LORA if lora else [])]).model, resolve=True)
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)  # PEFT draws A from the global generator
-        model = build_model(cfg, seed=0)
+        model = build_model(ModelSettings.of(node), seed=0)
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.5)

@@ -109,8 +109,8 @@ class Capture(L.Callback):
         self.initial = full_weights(module.policy)
         update = module.update_step
 
-        def spy(train, rollout_step):
-            lr, result = update(train, rollout_step)
+        def spy(train, timer):
+            lr, result = update(train, timer)
             self.rows = torch.arange(train.size) + train.row_offset
             self.selection = {"weights": result.first_epoch_weights, **result.first_epoch_shaping}
             return lr, result

@@ -111,17 +111,15 @@ class Probe(L.Callback):
     def on_train_start(self, trainer, module) -> None:
         module.engine = PerPromptEngine(module.policy, module.tokenizer)
         self.initial = full_weights(module.policy)
-        decide = module.fused_statistics
+        update = module.update_step
 
-        def recorded(rollouts):
-            alone = module.update_path.statistics_blocker(
-                module.cfg, module.selector, module.with_js, rollouts, module.passes.cut(with_grad=True)
-            )
-            took = decide(rollouts)
-            self.paths.append((alone is None, took))
-            return took
+        def recorded(train, timer):
+            alone = module.passes.plan.statistics_blocker(module.cfg, module.selector, train.rollouts)
+            lr, result = update(train, timer)
+            self.paths.append((alone is None, result.fused_statistics))
+            return lr, result
 
-        module.fused_statistics = recorded
+        module.update_step = recorded
         if isinstance(trainer.strategy.model, torch.nn.parallel.DistributedDataParallel):
 
             def counting(state, bucket):

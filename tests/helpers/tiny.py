@@ -6,12 +6,18 @@ from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
 from tokenrl.models import build_model, build_tokenizer
+from tokenrl.records.settings import ModelSettings
+
+
+def tiny_settings(**model_overrides) -> ModelSettings:
+    """The `model=tiny` preset's settings, with `model_overrides`."""
+    node = OmegaConf.to_container(compose_config(["model=tiny"]).model, resolve=True)
+    return ModelSettings.of({**node, **model_overrides})
 
 
 def tiny_policy(seed: int = 0, **model_overrides):
-    cfg = OmegaConf.to_container(compose_config(["model=tiny"]).model, resolve=True)
-    cfg.update(model_overrides)
-    return build_model(cfg, seed=seed), build_tokenizer(cfg)
+    settings = tiny_settings(**model_overrides)
+    return build_model(settings, seed=seed), build_tokenizer(settings)
 
 
 PROMPTS = ["What is 2 + 3?", "Hi", "A longer prompt, with padding to the left."]

@@ -53,10 +53,11 @@ import torch
 from omegaconf import OmegaConf
 from tests.conftest import compose_config
 from tokenrl.models import build_model, build_tokenizer
+from tokenrl.records.settings import ModelSettings
 
 def build(overrides):
-    cfg = OmegaConf.to_container(compose_config(overrides).model, resolve=True)
-    return build_tokenizer(cfg), build_model(cfg)
+    settings = ModelSettings.of(OmegaConf.to_container(compose_config(overrides).model, resolve=True))
+    return build_tokenizer(settings), build_model(settings)
 
 for command in json.loads(sys.argv[1]):
     try:
@@ -153,10 +154,10 @@ def test_random_weights_are_drawn_on_the_host_whatever_the_callers_device_contex
     RNG draws other numbers than the CPU's, so one seed gave a single-GPU run and an FSDP run different initial
     weights (seen on an H200). A meta-device context stands in for CUDA here: the weights must still be real and the
     same as outside any context."""
-    from tests.conftest import compose_config
+    from tests.helpers.tiny import tiny_settings
     from tokenrl.models import build_model
 
-    cfg = dict(compose_config(["model=tiny"]).model)
+    cfg = tiny_settings()
     plain = build_model(cfg, seed=3).state_dict()
     with torch.device("meta"):
         inside = build_model(cfg, seed=3).state_dict()

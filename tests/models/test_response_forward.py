@@ -17,7 +17,7 @@ from transformers import Qwen2ForCausalLM
 from tests.helpers.qwen2 import float64_qwen2
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs, trimmed
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.step.passes import layout_blocker
+from tokenrl.step.fast_path import layout_blocker
 
 VOCAB = 50
 PAD = 7  # a real token id too: only the masks may tell padding apart
@@ -311,6 +311,7 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
     """With gradient checkpointing on and the policy in training mode, transformers drops the KV cache: the statistics
     and reference passes pause checkpointing, so their shared-prefix layout equals the padded one (without the pause
     the responses would run without their prompt)."""
+    from tokenrl.step.fast_path import FastPath, ForwardPlan
     from tokenrl.step.passes import PolicyPasses
 
     policy, reference = tiny_qwen2(seed=0).train(), tiny_qwen2(seed=1)
@@ -318,7 +319,7 @@ def test_the_no_grad_passes_share_the_prompt_under_gradient_checkpointing(exact_
     reference.gradient_checkpointing_enable()
     batch = ragged_batch(seed=3)
     shared, padded = (
-        PolicyPasses(policy, reference, TEMPERATURE, 4, 16, with_js=True, js_peers="all", layout=layout)
+        PolicyPasses(policy, reference, ForwardPlan(TEMPERATURE, 4, 16, True, fast_path=FastPath(layout, pack=False)))
         for layout in ("shared_prefix", "padded")
     )
     assert torch.allclose(shared.reference_logprobs(batch), padded.reference_logprobs(batch), atol=1e-6)

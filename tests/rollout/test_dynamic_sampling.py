@@ -170,9 +170,9 @@ class CaptureUpdates(L.Callback):
     def on_train_start(self, trainer, module) -> None:
         update = module.update_step
 
-        def spy(train, rollout_step):
+        def spy(train, timer):
             self.updates.append((train.advantages.clone(), train.rollouts.group_ids.clone()))
-            return update(train, rollout_step)
+            return update(train, timer)
 
         module.update_step = spy
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from tests.conftest import compose_config
 from tests.helpers.tiny import PROMPTS, tiny_policy
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.rollout.engine import SamplingParams
@@ -133,8 +135,11 @@ def test_auto_falls_back_to_the_dynamic_cache_when_the_compiled_decode_fails(mon
 
 
 def test_the_engine_a_run_builds_decodes_as_its_config_says():
+    from tokenrl.records.settings import RolloutSettings
     from tokenrl.rollout import build_engine
 
     model, tok = tiny_policy()
-    assert build_engine({"engine": "hf", "decoding": "static"}, model, tok).decoding == "static"
-    assert build_engine({"engine": "hf"}, model, tok).decoding == "auto"  # a node without the key
+    node = OmegaConf.to_container(compose_config(["rollout=hf"]).rollout, resolve=True)
+    assert build_engine(RolloutSettings.of({**node, "decoding": "static"}), model, tok).decoding == "static"
+    without = RolloutSettings.of({key: value for key, value in node.items() if key != "decoding"})
+    assert build_engine(without, model, tok).decoding == "auto"  # a node without the key

@@ -50,12 +50,13 @@ class StandInLLM:
 @pytest.mark.parametrize("version, warned", [("0.25.1", True), ("0.33.0", True), ("0.26.0+cpu", False)])
 def test_the_engine_says_when_the_installed_vllm_is_outside_the_range(monkeypatch, caplog, tmp_path, version, warned):
     from tests.helpers.tiny import tiny_policy
+    from tokenrl.records.settings import RolloutSettings
     from tokenrl.rollout import build_engine
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=version, LLM=StandInLLM))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model, tokenizer = tiny_policy()
-    cfg = OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True)
+    cfg = RolloutSettings.of(OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True))
     with caplog.at_level(logging.WARNING, logger="tokenrl.rollout.vllm_engine"):
         build_engine(cfg, model, tokenizer)
     said = [r.getMessage().partition(":")[0] for r in caplog.records if "outside the range" in r.getMessage()]

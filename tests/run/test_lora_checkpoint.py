@@ -18,6 +18,7 @@ from tests.helpers.crash import Crash, CrashAfter
 from tests.helpers.forked_cli import forked_python
 from tokenrl.cli.export import export
 from tokenrl.models import build_model
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import load_policy, policy_state_dict
 from tokenrl.run.training import build_components
 
@@ -85,9 +86,9 @@ def test_a_lora_checkpoint_holds_the_adapters_alone_resumes_exactly_and_exports_
     base_q = straight.policy.state_dict()["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
     assert not torch.equal(exported["resumed"]["model.layers.0.self_attn.q_proj.weight"], base_q)  # merged in
 
-    model_cfg = OmegaConf.to_container(tiny_cfg(*RUN).model, resolve=True)
-    reloaded = build_model(model_cfg, seed=0)  # as tokenrl-eval ckpt_path=<it> builds it
-    load_policy(reloaded, tmp_path / "resumed" / "checkpoints" / "last.ckpt", model_cfg, seed=0)
+    settings = ModelSettings.of(OmegaConf.to_container(tiny_cfg(*RUN).model, resolve=True))
+    reloaded = build_model(settings, seed=0)  # as tokenrl-eval ckpt_path=<it> builds it
+    load_policy(reloaded, tmp_path / "resumed" / "checkpoints" / "last.ckpt", settings, seed=0)
     assert digest(reloaded) == digest(straight.policy)
 
 
@@ -95,13 +96,13 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
     """The base folder at model.source replaced by other weights (same settings): resume and export refuse the
     checkpoint (ValueError naming it and the fingerprints); another seed of a random base names the seed."""
     base = tmp_path / "base"
-    model_cfg = OmegaConf.to_container(tiny_cfg().model, resolve=True)
-    build_model(model_cfg, seed=0).save_pretrained(base)
+    settings = ModelSettings.of(OmegaConf.to_container(tiny_cfg().model, resolve=True))
+    build_model(settings, seed=0).save_pretrained(base)
     pretrained = [*RUN, "model.init=pretrained", f"model.source={base}", "total_steps=1"]
     fit(tiny_cfg(*pretrained, f"paths.output_dir={tmp_path / 'first'}"))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
 
-    build_model(model_cfg, seed=1).save_pretrained(base)  # another base under the same name
+    build_model(settings, seed=1).save_pretrained(base)  # another base under the same name
     with pytest.raises(
         ValueError,
         match=rf"ckpt_path={last} holds a LoRA adapter trained on other base weights than "
@@ -113,7 +114,7 @@ def test_a_lora_checkpoint_of_another_base_is_refused_naming_it_and_the_differen
         export(last, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
-    random_cfg = OmegaConf.to_container(tiny_cfg(LORA).model, resolve=True)
+    random_cfg = ModelSettings.of(OmegaConf.to_container(tiny_cfg(LORA).model, resolve=True))
     with pytest.raises(
         ValueError,
         match=r"model.source .* there, None here; model.init 'pretrained' there, 'random' "

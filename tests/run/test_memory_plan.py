@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_config
-from tests.helpers.tiny import tiny_policy
+from tests.helpers.tiny import tiny_policy, tiny_settings
 from tokenrl.run.memory_plan import GIB, Shape, architecture_shape, largest_micro_batch, memory_refusal, plan_memory
 
 
@@ -18,7 +18,7 @@ def container(*overrides: str) -> dict:
 
 def test_the_shape_counts_the_parameters_of_the_real_model():
     model, _ = tiny_policy()
-    shape = architecture_shape(container("model=tiny")["model"])
+    shape = architecture_shape(tiny_settings())
     assert shape.parameters == shape.trainable == sum(p.numel() for p in model.parameters())
     config = model.config
     assert (shape.layers, shape.hidden, shape.vocab) == (
@@ -27,7 +27,7 @@ def test_the_shape_counts_the_parameters_of_the_real_model():
         config.vocab_size,
     )
     assert shape.tied and shape.layer_trainable == shape.trainable - config.vocab_size * config.hidden_size
-    lora = architecture_shape(container("model=tiny", "+model.lora={r: 2, target_modules: all-linear}")["model"])
+    lora = architecture_shape(tiny_settings(lora={"r": 2, "target_modules": "all-linear"}))
     assert lora.parameters == shape.parameters > lora.trainable > 0  # the base's; the adapters are trained
     assert lora.layer_trainable == lora.trainable  # the adapters sit in the decoder layers
 

@@ -21,7 +21,7 @@ from tests.step.test_update import CaptureUpdate, plain_backend
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models import build_model
 from tokenrl.run.training import build_components
-from tokenrl.step.update import ppo_update
+from tokenrl.step.update import UpdateRun, ppo_update
 from tokenrl.utils import derived_seed
 
 METHODS = sorted(path.stem for path in (Path(CONFIG_DIR) / "method").glob("*.yaml"))
@@ -164,12 +164,11 @@ def replay(captured_step, *overrides: str, batch=None):
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
     backend = plain_backend(
-        policy, algorithm, module.sampling.temperature, optimizer, int(module.model_cfg["stats_chunk_size"])
+        policy, algorithm, module.sampling.temperature, optimizer, module.model_cfg.stats_chunk_size
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(
-        capture.train if batch is None else batch, instantiate(cfg.selector), algorithm, backend, shuffle
-    )
+    run = UpdateRun(instantiate(cfg.selector), algorithm, shuffle)
+    result = ppo_update(capture.train if batch is None else batch, capture.stats, run, backend)
     assert result.optimizer_steps == algorithm.batch.mini_batches
     return torch.cat([p.detach().flatten() for p in policy.parameters()]), result.metrics
 

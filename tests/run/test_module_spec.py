@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.models import build_tokenizer
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.selectors import ICTSelector
 from tokenrl.step.fast_path import FastPath
@@ -30,11 +31,12 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
         "fast_path.pack=false",
         "algorithm.kl_coef=0.0",
     )
-    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    tokenizer = build_tokenizer(model)
     task = instantiate(cfg.task)
     spec = ModuleSpec.of(cfg, task, tokenizer, PromptFormatter(tokenizer, cfg.model.chat_template))
-    assert spec.model == OmegaConf.to_container(cfg.model, resolve=True)  # no warm-up for this task
-    assert spec.algorithm["kl_coef"] == 0.0 and spec.rollout["max_new_tokens"] == 12
+    assert spec.model == model  # no warm-up for this task
+    assert spec.algorithm["kl_coef"] == 0.0 and spec.rollout.max_new_tokens == 12
     assert isinstance(spec.selector, ICTSelector) and spec.selector.ratio == 0.25
     assert spec.tokenizer is tokenizer
     assert isinstance(spec.optimizer, functools.partial) and spec.optimizer.func is torch.optim.AdamW
@@ -47,6 +49,6 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
 
 def test_no_validator_when_validation_is_off(tiny_cfg):
     cfg = tiny_cfg()  # validation.every_n_steps=0
-    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    tokenizer = build_tokenizer(ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)))
     spec = ModuleSpec.of(cfg, instantiate(cfg.task), tokenizer, PromptFormatter(tokenizer, False))
     assert spec.validator is None and spec.val_every_n_steps == 0

@@ -155,6 +155,7 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
     statistics rank the whole step once, before the first update."""
     import copy
 
+    from tokenrl.step.fast_path import ForwardPlan
     from tokenrl.step.statistics import compute_token_stats
 
     calls = []
@@ -189,7 +190,7 @@ def test_stapo_ranks_each_mini_batch_by_the_policy_of_its_choice(tiny_cfg, stats
 
     def stats_under(weights, rows):
         policy.load_state_dict(weights)
-        return compute_token_stats(policy, recorder.first.rows(rows), 1.0, 4, 64)
+        return compute_token_stats(policy, recorder.first.rows(rows), ForwardPlan(1.0, 4, 64))
 
     old_weights = calls[0][0]
     for weights, rows, seen in calls:
@@ -205,6 +206,7 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
     """`selector.js_peers=others` reaches the statistics pass: ICT ranks by the leave-one-out JS."""
     import copy
 
+    from tokenrl.step.fast_path import ForwardPlan
     from tokenrl.step.statistics import compute_token_stats
 
     seen = []
@@ -244,7 +246,7 @@ def test_ict_ranks_by_the_js_of_its_js_peers_setting(tiny_cfg):
     policy = copy.deepcopy(module.policy)
     policy.load_state_dict(weights)
     expected = {
-        peers: compute_token_stats(policy, recorder.first, 1.0, 4, 64, with_js=True, js_peers=peers).js
+        peers: compute_token_stats(policy, recorder.first, ForwardPlan(1.0, 4, 64, True, peers)).js
         for peers in ("others", "all")
     }
     assert torch.allclose(js, expected["others"], atol=1e-6)
@@ -400,6 +402,7 @@ def test_lora_policy_trains_with_adapter_free_reference(tiny_cfg):
 def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     from omegaconf import OmegaConf
 
+    from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.run.module import GRPOModule
     from tokenrl.run.module_spec import ModuleSpec
     from tokenrl.selectors.base import TokenSelector
@@ -414,9 +417,9 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     with pytest.raises(ValueError, match=r"needs statistics \['foo'\] that the statistics pass does not compute"):
         GRPOModule(
             ModuleSpec(
-                OmegaConf.to_container(cfg.model, resolve=True),
+                ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)),
                 OmegaConf.to_container(cfg.algorithm, resolve=True),
-                OmegaConf.to_container(cfg.rollout, resolve=True),
+                RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True)),
                 NeedsFoo(),
                 tokenizer=None,
                 optimizer=torch.optim.SGD,

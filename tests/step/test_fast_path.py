@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tokenrl.run.training import build_components
-from tokenrl.step.fast_path import AUTO_LAYOUT, FastPath, UpdatePath
+from tokenrl.step.fast_path import AUTO_LAYOUT, FastPath, ForwardPlan
 
 ICT = [
     "selector=ict",
@@ -36,6 +36,15 @@ ALL_OFF = ["fast_path.layout=padded", "fast_path.fused_statistics=false", "fast_
 
 
 # ------------------------------------------------------------------------------------------------- the record
+def plan_of(fast_path, policy):
+    return ForwardPlan(1.0, 4, 8, fast_path=fast_path).resolved(policy)
+
+
+def layouts(plan):
+    """(the no-grad passes' layout, the update's)."""
+    return plan.layout(with_grad=False), plan.layout(with_grad=True)
+
+
 def test_every_shortcut_is_on_by_default():
     cpu_default = FastPath(AUTO_LAYOUT["cpu"], True, True, layout_auto=True)
     assert FastPath.from_node(None) == FastPath.from_node({}) == cpu_default
@@ -51,9 +60,9 @@ def test_the_layout_auto_is_the_devices_measured_choice_and_the_log_says_so():
     assert on_cpu.layout_auto and on_gpu.layout_auto
     assert FastPath.from_node({"layout": "packed"}, on_gpu=True).layout == "packed"
     policy = torch.nn.Linear(1, 1)
-    assert UpdatePath.of(on_gpu, policy).layouts() == ("padded", "padded")
-    assert UpdatePath.of(on_cpu, policy).layouts() == ("shared_prefix", "shared_prefix")
-    line = UpdatePath.of(on_gpu, policy).describe(None)
+    assert layouts(plan_of(on_gpu, policy)) == ("padded", "padded")
+    assert layouts(plan_of(on_cpu, policy)) == ("shared_prefix", "shared_prefix")
+    line = plan_of(on_gpu, policy).describe(None)
     assert "layout padded (fast_path.layout=auto: the device's measured choice" in line
 
 
@@ -66,12 +75,12 @@ def test_a_blocked_layout_runs_padded_and_the_log_says_where_and_why():
     model = tiny_qwen2()
     model.gradient_checkpointing_enable()
     for layout in ("shared_prefix", "packed"):
-        path = UpdatePath.of(FastPath(layout), model)
-        assert path.layouts() == (layout, "padded")
+        path = plan_of(FastPath(layout), model)
+        assert layouts(path) == (layout, "padded")
         assert path.describe(None).startswith(
             f"update path: layout padded in the update ({layout}: gradient checkpointing"
         ) and f"), {layout} in the statistics and reference passes;" in path.describe(None)
-    assert UpdatePath.of(FastPath("padded"), model).layouts() == ("padded", "padded")
+    assert layouts(plan_of(FastPath("padded"), model)) == ("padded", "padded")
 
 
 @pytest.mark.parametrize("value", ["shared", "fused", True, None])
@@ -103,15 +112,17 @@ def test_the_composed_node_is_checked_at_build_time(tiny_cfg):
 
 # ------------------------------------------------------------------------------------------------- end to end
 class Capture(L.Callback):
-    """The step's TrainBatch as the update received it, and the policy's weights before and after the step."""
+    """The step's TrainBatch as the update received it, the update's result and the policy's weights before and after
+    the step."""
 
     def on_train_start(self, trainer, module) -> None:
         update = module.update_step
         self.before = copy.deepcopy(module.policy.state_dict())
 
-        def spy(train, rollout_step):
+        def spy(train, timer):
             self.train = train
-            return update(train, rollout_step)
+            lr, self.result = update(train, timer)
+            return lr, self.result
 
         module.update_step = spy
 
@@ -130,7 +141,7 @@ def fit_one_step(cfg, caplog):
     lines = [
         r.getMessage()
         for r in caplog.records
-        if r.name == "tokenrl.run.module" and r.getMessage().startswith("update path:")
+        if r.name == "tokenrl.step.update" and r.getMessage().startswith("update path:")
     ]
     return module, trainer, capture, lines
 
@@ -141,7 +152,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     defaults the step encodes each prompt once, takes π_old's statistics from the update's forward and cuts
     micro-batches by length; with every switch off it takes none of them. The same rollouts give the same weights
     after the (SGD) step."""
-    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
+    caplog.set_level(logging.INFO, logger="tokenrl.step.update")
     setting = [*ICT, *SGD, "algorithm.aggregation=token-mean", "algorithm.micro_batch_size=12"]
     on_module, on_trainer, on, on_lines = fit_one_step(tiny_cfg(*setting), caplog)
     off_module, off_trainer, off, off_lines = fit_one_step(tiny_cfg(*setting, *ALL_OFF), caplog)
@@ -156,7 +167,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
     ]
     assert float(on_trainer.callback_metrics["train/fused_statistics"]) == 1.0
     assert float(off_trainer.callback_metrics["train/fused_statistics"]) == 0.0
-    assert on.train.stats is None and off.train.stats is not None  # fused: the update computes them
+    assert on.result.fused_statistics and not off.result.fused_statistics  # fused: from the update's forward
     assert on.train.size == 32 and on_module.cfg.batch.micro_batch_size == 12 and on_module.cfg.uses_reference
 
     # the same step: the same rollouts from the same weights, ICT really selecting
@@ -178,7 +189,7 @@ def test_every_shortcut_on_gives_the_weights_of_every_shortcut_off(tiny_cfg, cap
 
 def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog):
     """Every optimizer step after the first needs π_old's statistics: the run says why and logs 0."""
-    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
+    caplog.set_level(logging.INFO, logger="tokenrl.step.update")
     module, trainer, capture, lines = fit_one_step(tiny_cfg(*ICT, "algorithm.mini_batches=2"), caplog)
     assert len(lines) == 1
     assert lines[0].startswith(
@@ -188,14 +199,14 @@ def test_two_mini_batches_take_statistics_from_a_separate_pass(tiny_cfg, caplog)
     )
     assert lines[0].endswith("micro-batches by length, cut to their own widths")
     assert float(trainer.callback_metrics["train/fused_statistics"]) == 0.0
-    assert capture.train.stats is not None and module.run_state.optimizer_steps == 2
+    assert not capture.result.fused_statistics and module.run_state.optimizer_steps == 2
 
 
 def test_a_token_budget_gives_the_weights_of_the_row_cut(tiny_cfg, caplog):
     """`algorithm.micro_batch_tokens`: the same step as `test_every_shortcut_on_…`'s, its micro-batches cut by
     tokens (several of them, each within the budget unless a group alone exceeds it) instead of 12 rows; the run says
     so, and the weights after the step are the row cut's."""
-    caplog.set_level(logging.INFO, logger="tokenrl.run.module")
+    caplog.set_level(logging.INFO, logger="tokenrl.step.update")
     setting = [*ICT, *SGD, "algorithm.aggregation=token-mean"]
     rows_module, _, by_rows, _ = fit_one_step(tiny_cfg(*setting, "algorithm.micro_batch_size=12"), caplog)
     budget = 250
@@ -204,7 +215,7 @@ def test_a_token_budget_gives_the_weights_of_the_row_cut(tiny_cfg, caplog):
     assert len(lines) == 1 and lines[0].endswith(
         f"micro-batches by length, cut to their own widths, at most {budget} tokens each (algorithm.micro_batch_tokens)"
     )
-    cut = module.passes.cut(with_grad=True)
+    cut = module.passes.plan.cut(with_grad=True)
     rollouts = by_tokens.train.rollouts
     parts = cut(rollouts, torch.arange(len(rollouts.texts)), True)
     assert len(parts) > 1 and all(cut.tokens(rollouts, part) <= budget for part in parts)

@@ -15,8 +15,8 @@ from tests.helpers.qwen2 import float64_qwen2
 from tests.selectors.test_selectors import reference_stats
 from tokenrl.models.response_forward import response_logits, shannon_entropy
 from tokenrl.records.rollout_batch import RolloutBatch
-from tokenrl.step.fast_path import CPU_HEAD_AUTO_OFF, FastPath, UpdatePath
-from tokenrl.step.passes import PolicyPasses, fused_head_blocker
+from tokenrl.step.fast_path import FastPath, ForwardPlan, fused_head_blocker
+from tokenrl.step.passes import PolicyPasses
 
 VOCAB, PAD, EOS = 96, 0, 1
 TEMPERATURE = 0.7
@@ -63,19 +63,11 @@ def make_rollouts() -> RolloutBatch:
 
 
 def passes_of(policy, fused: bool, layout: str, trim: bool, peers: str = "all") -> PolicyPasses:
-    return PolicyPasses(
-        policy,
-        policy,  # the reference pass over the policy itself
-        TEMPERATURE,
-        micro_batch_size=5,
-        stats_chunk_size=7,
-        with_js=True,
-        js_peers=peers,
-        layout=layout,
-        update_layout=layout,
-        trim=trim,
-        fused_head=fused,
+    fast_path = FastPath(layout, pack=trim, fused_head=fused)
+    plan = ForwardPlan(
+        TEMPERATURE, micro_batch_size=5, stats_chunk_size=7, with_js=True, js_peers=peers, fast_path=fast_path
     )
+    return PolicyPasses(policy, policy, plan.resolved(policy))  # the reference pass over the policy itself
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -148,11 +140,12 @@ def test_auto_is_on_a_gpu_only_and_the_run_says_where_the_head_is_fused():
     with pytest.raises(ValueError, match=r"fast_path\.fused_head='yes' must be true or false or auto"):
         FastPath.from_node({"fused_head": "yes"})
     policy = make_policy(True)
-    assert UpdatePath.of(on_cpu, policy).head_blocker == CPU_HEAD_AUTO_OFF
-    assert "LM head" not in UpdatePath.of(on_cpu, policy).describe(None)  # off: the line is as it always was
-    path = UpdatePath.of(on_gpu, policy)
-    assert path.head_blocker is None and path.describe(None).endswith("; LM head fused over vocabulary chunks")
-    assert path.policy_passes(policy, None, 1.0, 4, 8, False, "all").fused_head
+    off = ForwardPlan(1.0, 4, 8, fast_path=on_cpu).resolved(policy)
+    assert not off.fuses_head(with_grad=True) and not off.fuses_head(with_grad=False)
+    assert "LM head" not in off.describe(None)  # off: the line is as it always was
+    plan = ForwardPlan(1.0, 4, 8, fast_path=on_gpu).resolved(policy)
+    assert plan.fuses_head(with_grad=True) and plan.fuses_head(with_grad=False)
+    assert plan.describe(None).endswith("; LM head fused over vocabulary chunks")
 
 
 def test_a_head_that_is_not_a_plain_linear_is_materialised():
@@ -162,8 +155,10 @@ def test_a_head_that_is_not_a_plain_linear_is_materialised():
     policy = make_policy(False)
     policy.lm_head = Wrapped(32, VOCAB, bias=False).to(torch.float64)
     assert "not a plain nn.Linear" in fused_head_blocker(policy)
-    path = UpdatePath.of(FastPath(fused_head=True), policy)
-    assert path.describe(None).endswith("; LM head materialised (the output head is a Wrapped, not a plain nn.Linear)")
+    plan = ForwardPlan(1.0, 4, 8, fast_path=FastPath(fused_head=True)).resolved(policy)
+    assert not plan.fuses_head(with_grad=True) and plan.describe(None).endswith(
+        "; LM head materialised (the output head is a Wrapped, not a plain nn.Linear)"
+    )
     batch = make_rollouts()
     fused, materialised = passes_of(policy, True, "padded", True), passes_of(policy, False, "padded", True)
     with torch.no_grad():

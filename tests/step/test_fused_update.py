@@ -1,5 +1,5 @@
 """Fused statistics (step/update.py, issue #15): with one epoch and one mini-batch the update takes π_old's
-statistics from its own forward (`TrainBatch.stats=None`). On a tiny random float64 Qwen2 and hand-built ragged
+statistics from its own forward (`fused_update`). On a tiny random float64 Qwen2 and hand-built ragged
 rollouts, the fused update must choose the same tokens, report the same loss and statistics and accumulate the same
 gradient as the update with statistics from a separate no-grad pass — for every selector the fused path admits, with
 several micro-batches for row-local selectors, both aggregations, with and without a KL term, with and without TIS.
@@ -40,10 +40,10 @@ from tokenrl.selectors import (
     STAPOSelector,
     UniformSelector,
 )
-from tokenrl.step.fast_path import fused_blocker
+from tokenrl.step.fast_path import FastPath, ForwardPlan, fused_blocker
 from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import Backend, UpdateForward, ppo_update
+from tokenrl.step.update import Backend, UpdateForward, UpdateRun, fused_update, ppo_update
 
 VOCAB = 128
 PAD, EOS = 0, 1
@@ -191,7 +191,7 @@ def recording_backend(
 
     backend = Backend(
         forward=counted_forward,
-        micro_batches=passes.cut(with_grad=True),
+        micro_batches=passes.plan.cut(with_grad=True),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
@@ -206,10 +206,12 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
     `sampled_logprobs` computes in float32 whatever the model's dtype, which would limit the gradients' agreement to
     float32 rounding (dividing the loss before vs the gradient after)."""
 
+    plan = passes.plan
+
     def forward(part: RolloutBatch, with_stats: bool, with_entropy: bool = False) -> UpdateForward:
-        logits = response_logits(policy, part, trim=passes.trim, layout=passes.update_layout)
+        logits = response_logits(policy, part, trim=plan.trim, layout=plan.layout(with_grad=True))
         width = logits.shape[1]
-        logp = torch.log_softmax(logits / passes.temperature, -1).gather(-1, part.response_ids[:, :width, None])
+        logp = torch.log_softmax(logits / plan.temperature, -1).gather(-1, part.response_ids[:, :width, None])
         logp = nn.functional.pad(logp.squeeze(-1), (0, part.response_ids.shape[1] - width))
         stats = None
         if with_stats:
@@ -218,82 +220,55 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
                 part.response_ids,
                 part.response_mask,
                 part.group_ids,
-                passes.temperature,
-                passes.stats_chunk_size,
-                passes.with_js,
-                passes.js_peers,
+                plan.temperature,
+                plan.stats_chunk_size,
+                plan.with_js,
+                plan.js_peers,
             )
         return UpdateForward(logp, stats)
 
     return forward
 
 
-def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_js=None, by_length=True) -> PolicyPasses:
-    return PolicyPasses(
-        policy,
-        None,
+def make_passes(policy, selector, cfg, layout="shared_prefix", trim=True, with_js=None) -> PolicyPasses:
+    """The passes of `layout`, each micro-batch cut to its own widths and groups ordered by length with `trim`."""
+    plan = ForwardPlan(
         TEMPERATURE,
         cfg.batch.micro_batch_size,
         CHUNK,
         "js" in selector.requires if with_js is None else with_js,
         selector.js_peers,
-        layout=layout,
-        update_layout=layout,
-        trim=trim,
-        micro_batch_tokens=cfg.batch.micro_batch_tokens,
-        by_length=by_length,
+        cfg.batch.micro_batch_tokens,
+        FastPath(layout, pack=trim),
     )
+    return PolicyPasses(policy, None, plan)
 
 
-def train_batch(rollouts: RolloutBatch, rewards: torch.Tensor, stats: TokenStats | None, with_kl: bool) -> TrainBatch:
+def train_batch(rollouts: RolloutBatch, rewards: torch.Tensor, with_kl: bool) -> TrainBatch:
     advantages = group_advantages(rewards, rollouts.group_ids)
     ref = None
     if with_kl:  # a reference that disagrees with the policy token by token
         g = torch.Generator().manual_seed(2)
         ref = (rollouts.sampling_logprobs + 0.3 * torch.randn(rollouts.response_ids.shape, generator=g)).float()
         ref = ref * rollouts.response_mask
-    return TrainBatch(STEP, rollouts, rewards, rewards, advantages, stats, ref, row_offset=0)
+    return TrainBatch(STEP, rollouts, rewards, rewards, advantages, ref, row_offset=0)
 
 
 def both_paths(
-    policy,
-    rollouts,
-    rewards,
-    selector,
-    cfg,
-    *,
-    with_kl,
-    by_length=True,
-    layout="shared_prefix",
-    trim=True,
-    with_js=None,
-    logp64=False,
+    policy, rollouts, rewards, selector, cfg, *, with_kl, layout="shared_prefix", trim=True, with_js=None, logp64=False
 ):
     """(separate result, its backend's record, the separate pass's statistics, fused result, its backend's record):
-    the same policy, rollouts and settings, once with `TrainBatch.stats` from `PolicyPasses.statistics` and once with
-    None."""
-    passes = make_passes(policy, selector, cfg, layout, trim, with_js, by_length)
+    the same policy, rollouts and settings, once with π_old's statistics from `PolicyPasses.statistics` (`ppo_update`)
+    and once from the update's own forward (`fused_update`)."""
+    passes = make_passes(policy, selector, cfg, layout, trim, with_js)
     forward = float64_forward(policy, passes) if logp64 else None
     policy.zero_grad(set_to_none=True)
     stats = passes.statistics(rollouts)
     backend, separate_record = recording_backend(policy, passes, cfg, forward)
-    separate = ppo_update(
-        train_batch(rollouts, rewards, stats, with_kl),
-        selector,
-        cfg,
-        backend,
-        torch.Generator().manual_seed(0),
-        with_js=passes.with_js,
-    )
+    run = UpdateRun(selector, cfg, torch.Generator().manual_seed(0), passes.plan.with_js)
+    separate = ppo_update(train_batch(rollouts, rewards, with_kl), stats, run, backend)
     backend, fused_record = recording_backend(policy, passes, cfg, forward)
-    fused = ppo_update(
-        train_batch(rollouts, rewards, None, with_kl),
-        selector,
-        cfg,
-        backend,
-        torch.Generator().manual_seed(0),
-        with_js=passes.with_js,
-    )
+    fused = fused_update(train_batch(rollouts, rewards, with_kl), run, backend)
     assert separate_record.forwards and not any(separate_record.forwards)
     assert fused_record.forwards and all(fused_record.forwards)
     assert len(separate_record.grads) == len(fused_record.grads) == 1  # one optimizer step each
@@ -368,7 +343,7 @@ def test_fused_update_equals_the_update_with_a_separate_statistics_pass(
     if name != "uniform":
         assert fused.first_epoch_weights.sum() < response.sum()
     # the same statistics as the separate pass and as statistics of the whole batch's logits in one padded forward
-    assert separate.stats is None
+    assert separate.stats is stats and not separate.fused_statistics and fused.fused_statistics
     assert_same_stats(fused.stats, stats, with_js)
     with torch.no_grad():
         logits = response_logits(policy, batch)
@@ -481,13 +456,10 @@ def test_token_level_methods_set_the_fields_they_promise(policy, rollouts):
     found = {}
     for name, make_selector, micro, settings in METHODS[:4]:
         cfg = algorithm(micro_batch_size=micro, **settings)
-        fused = ppo_update(
-            train_batch(batch, rewards, None, False),
-            make_selector(),
-            cfg,
+        fused = fused_update(
+            train_batch(batch, rewards, False),
+            UpdateRun(make_selector(), cfg, torch.Generator().manual_seed(0), True),
             recording_backend(policy, make_passes(policy, make_selector(), cfg), cfg)[0],
-            torch.Generator().manual_seed(0),
-            True,
         )
         found[name] = (fused.first_epoch_weights, fused.first_epoch_shaping)
     weights, shaping = found["archer"]
@@ -503,12 +475,12 @@ def test_token_level_methods_set_the_fields_they_promise(policy, rollouts):
 
 
 @pytest.mark.parametrize(
-    "layout, trim, by_length",
-    [("padded", False, False), ("shared_prefix", False, False), ("padded", True, True), ("packed", True, True)],
+    "layout, trim",
+    [("padded", False), ("shared_prefix", False), ("padded", True), ("packed", True)],
     ids=["padded_rows", "shared_prefix_full_width", "padded_trimmed_by_length", "packed_trimmed_by_length"],
 )
 @pytest.mark.parametrize("micro", [1, 2, SEVERAL, 16])
-def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, layout, trim, by_length, micro):
+def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, layout, trim, micro):
     """ICT (JS over whole groups) in each layout and micro-batch size, with an unmasked KL term under
     seq-mean-token-mean (one divisor for both terms). A micro-batch of a JS selector holds whole groups, so sizes below
     the group size are exact too, though `fused_blocker` refuses them (such micro-batches outgrow the setting)."""
@@ -516,7 +488,7 @@ def test_fused_update_in_every_layout_and_micro_batch_size(policy, rollouts, lay
     selector = ICTSelector(ratio=0.3, scope="sequence", warmup_steps=0)
     cfg = algorithm(micro_batch_size=micro, aggregation="seq-mean-token-mean", kl_coef=0.05, kl_masked=False)
     separate, separate_run, stats, fused, fused_run = both_paths(
-        policy, batch, rewards, selector, cfg, with_kl=True, by_length=by_length, layout=layout, trim=trim
+        policy, batch, rewards, selector, cfg, with_kl=True, layout=layout, trim=trim
     )
     assert torch.equal(fused.first_epoch_weights, separate.first_epoch_weights)
     assert_same_stats(fused.stats, stats, True)

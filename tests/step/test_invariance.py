@@ -59,9 +59,10 @@ from tests.helpers.forked_cli import forked_python
 from tests.helpers.varied import ACTS, METHODS, disagree, fit_recording
 from tests.step.test_update import CaptureUpdate
 from tokenrl.records.selection import Selection
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts
 from tokenrl.run.training import build_components
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import Backend, ppo_update
+from tokenrl.step.update import Backend, UpdateRun, fused_update, ppo_update
 from tokenrl.utils import derived_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -144,8 +145,10 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
     module.policy.load_state_dict(step.before)
     policy, passes, algorithm = module.policy, module.passes, module.cfg
     rollouts = step.train.rollouts
-    fused = module.fused_statistics(rollouts)
-    train = TrainBatch.assemble(0, rollouts, step.train.scores, step.train.rewards, algorithm, passes, fused)
+    fused = passes.plan.statistics_blocker(algorithm, module.selector, rollouts) is None  # `UpdatePath`'s choice
+    scored = ScoredRollouts(rollouts, step.train.scores, step.train.rewards, step.train.forks)
+    train = TrainBatch.assemble(0, scored, algorithm, passes)
+    old = None if fused else passes.statistics(rollouts)
     optimizer = module.optimizer_factory([p for p in policy.parameters() if p.requires_grad])
     record = Record(fused=fused, advantages=train.advantages)
     pending: list[torch.Tensor] = []
@@ -170,7 +173,7 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
         optimizer.step()
         optimizer.zero_grad()
         if len(record.grads) == 1 and not fused:
-            moved = (passes.statistics(rollouts, with_js=False).logprobs - train.stats.logprobs).abs()
+            moved = (passes.statistics(rollouts, with_js=False).logprobs - old.logprobs).abs()
             record.moved = float(moved[rollouts.response_mask.bool()].max())
 
     select = module.selector.select
@@ -183,7 +186,7 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
     module.selector.select = recording_select
     backend = Backend(
         forward=passes.update_forward,
-        micro_batches=passes.cut(with_grad=True),
+        micro_batches=passes.plan.cut(with_grad=True),
         backward=backward,
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
@@ -191,15 +194,9 @@ def replay(step: CaptureUpdate, method: str, regime: str, micro: int) -> Record:
         reduce_normalizer=lambda local: local,
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(
-        train,
-        module.selector,
-        algorithm,
-        backend,
-        shuffle,
-        entropy_coef=module.entropy_control.alpha,
-        with_js=module.with_js,
-    )
+    loss = dataclasses.replace(algorithm.loss, entropy_coef=module.entropy_control.alpha)
+    run = UpdateRun(module.selector, dataclasses.replace(algorithm, loss=loss), shuffle, module.with_js)
+    result = fused_update(train, run, backend) if fused else ppo_update(train, old, run, backend)
     if fused:  # it back-propagates plain sums and divides once afterwards (update.py: fused_update): its metric
         record.losses = [result.metrics["loss"]]
     record.first_epoch = {"weights": result.first_epoch_weights, **result.first_epoch_shaping}

@@ -70,7 +70,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 @pytest.fixture(scope="module")
 def case():
-    """The TrainBatch (π_old's float32 statistics with JS, float32 reference log-probs) and π_θ's float64 log-probs."""
+    """The TrainBatch (float32 reference log-probs), π_old's float32 statistics with JS and π_θ's float64 log-probs."""
     g = torch.Generator().manual_seed(16)
     B, T = len(ROWS), max(length for _, length, _ in ROWS)
     lengths = torch.tensor([length for _, length, _ in ROWS])
@@ -95,9 +95,9 @@ def case():
         [""] * B,
         0,
     )
-    batch = TrainBatch(STEP, rollouts, rewards, rewards, group_advantages(rewards, group_ids), stats, ref)
+    batch = TrainBatch(STEP, rollouts, rewards, rewards, group_advantages(rewards, group_ids), ref)
     logp = (old.double() + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)) * resp
-    return batch, logp
+    return batch, stats, logp
 
 
 def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
@@ -142,7 +142,7 @@ def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
     return config
 
 
-def implementation(batch, logp, selection, cfg, rows=None):
+def implementation(batch, stats, logp, selection, cfg, rows=None):
     """(loss, ∂loss/∂logp, normaliser) through the update's entry points, the normaliser counted over all rows."""
     rows = torch.arange(batch.size) if rows is None else rows
     normalizer = local_normalizer(cfg, batch.rollouts.response_mask, selection)
@@ -151,7 +151,7 @@ def implementation(batch, logp, selection, cfg, rows=None):
         batch,
         rows,
         UpdateForward(logprobs=leaf[rows], entropy=None),
-        batch.stats.logprobs[rows],
+        stats.logprobs[rows],
         selection.rows(rows),
         normalizer,
         cfg.loss,
@@ -161,12 +161,12 @@ def implementation(batch, logp, selection, cfg, rows=None):
     return float(out.loss.detach()), leaf.grad, (normalizer.pg, normalizer.kl, normalizer.entropy)
 
 
-def reference(batch, logp, selection, cfg):
+def reference(batch, stats, logp, selection, cfg):
     """The loop's (loss, ∂loss/∂logp, normaliser) with the selection's fields, or the algorithm's where it sets none."""
     leaf = logp.clone().requires_grad_(True)
     loss, normaliser, _ = loop_policy_loss(
         leaf,
-        batch.stats.logprobs.double(),
+        stats.logprobs.double(),
         batch.advantages.double() if selection.advantages is None else selection.advantages.double(),
         batch.rollouts.response_mask,
         selection.weights,
@@ -237,17 +237,17 @@ def test_the_grids_hold_every_pair_of_settings():
 
 @pytest.mark.parametrize("name, policy_loss, aggregation, kl", COMPOSITIONS)
 def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregation, kl):
-    batch, logp = case
+    batch, stats, logp = case
     cfg = algorithm(policy_loss, aggregation, kl)
     resp = batch.rollouts.response_mask.float()
-    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size)))
+    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size), stats))
     check_selection_is_real(name, selection, resp)
 
-    whole = implementation(batch, logp, selection, cfg)
-    assert_matches(whole, reference(batch, logp, selection, cfg), selection)
+    whole = implementation(batch, stats, logp, selection, cfg)
+    assert_matches(whole, reference(batch, stats, logp, selection, cfg), selection)
     # micro-batches of the selection's rows, with the mini-batch's normaliser, add up to the mini-batch
     shares = [
-        implementation(batch, logp, selection, cfg, rows)
+        implementation(batch, stats, logp, selection, cfg, rows)
         for rows in (torch.tensor([0, 2, 5]), torch.tensor([1, 3, 4, 6, 7]))
     ]
     assert sum(share[0] for share in shares) == pytest.approx(whole[0], abs=1e-12)
@@ -255,17 +255,17 @@ def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregati
 
     # zero the weight of the selected token with the largest policy-gradient gradient: that gradient becomes exactly 0
     pg_only = cfg.replace(kl_coef=0.0)
-    _, pg_grad, _ = implementation(batch, logp, selection, pg_only)
+    _, pg_grad, _ = implementation(batch, stats, logp, selection, pg_only)
     candidates = torch.where(selection.weights != 0, pg_grad.abs(), torch.zeros_like(pg_grad))
     i, t = divmod(int(candidates.argmax()), candidates.shape[1])
     assert candidates[i, t] > 0
     weights = selection.weights.clone()
     weights[i, t] = 0.0
     dropped = dataclasses.replace(selection, weights=weights)
-    _, pg_grad_dropped, _ = implementation(batch, logp, dropped, pg_only)
+    _, pg_grad_dropped, _ = implementation(batch, stats, logp, dropped, pg_only)
     assert pg_grad_dropped[i, t] == 0.0
-    after = implementation(batch, logp, dropped, cfg)
-    assert_matches(after, reference(batch, logp, dropped, cfg), dropped)
+    after = implementation(batch, stats, logp, dropped, cfg)
+    assert_matches(after, reference(batch, stats, logp, dropped, cfg), dropped)
     if selection.normalizer == "selected" and aggregation == "token-mean":
         assert after[2][0] == whole[2][0] - 1  # one selected token fewer in the divisor
     else:
@@ -276,9 +276,9 @@ def test_selectors_compose_with_loss_variants(case, name, policy_loss, aggregati
 def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     """The update counts the divisor the selector names (its `normalizer`, over the mini-batch), and the loss is
     linear in it: doubling the divisors halves a token-mean loss."""
-    batch, logp = case
+    batch, stats, logp = case
     resp = batch.rollouts.response_mask.float()
-    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size)))
+    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size), stats))
     chosen = (selection.weights != 0).float() * resp
     expected = {"selected": chosen, "all": resp}[selection.normalizer]
     assert selection.normalizer == SELECTORS[name]().normalizer
@@ -291,14 +291,7 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     for scale in (1.0, 2.0):
         normalizer = dataclasses.replace(counted, pg=counted.pg * scale, kl=counted.kl * scale)
         out = micro_batch_loss(
-            batch,
-            rows,
-            UpdateForward(logprobs=logp.clone()),
-            batch.stats.logprobs,
-            selection,
-            normalizer,
-            cfg.loss,
-            None,
+            batch, rows, UpdateForward(logprobs=logp.clone()), stats.logprobs, selection, normalizer, cfg.loss, None
         )
         halves.append(float(out.loss))
     assert halves[1] == pytest.approx(halves[0] / 2, rel=1e-12) and halves[0] != 0.0
@@ -313,13 +306,13 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
 def test_fractional_weights_reach_the_loss(case, name, policy_loss, aggregation):
     """A selection's weights are multipliers, not just a mask: the selector's weights times 0.25 / 0.5 / 1.5 (its other
     fields kept) give the loop's loss and gradient, and differ from the 0/1 selection's."""
-    batch, logp = case
+    batch, stats, logp = case
     cfg = algorithm(policy_loss, aggregation, "k3_masked")
-    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size)))
+    selection = SELECTORS[name]().select(batch.selection_view(torch.arange(batch.size), stats))
     g = torch.Generator().manual_seed(7)
     scale = torch.tensor([0.25, 0.5, 1.5])[torch.randint(0, 3, selection.weights.shape, generator=g)]
     weighted = dataclasses.replace(selection, weights=selection.weights * scale)
-    got = implementation(batch, logp, weighted, cfg)
-    assert_matches(got, reference(batch, logp, weighted, cfg), weighted)
-    assert got[2] == implementation(batch, logp, selection, cfg)[2]  # the same divisors: counts of w ≠ 0
-    assert not torch.allclose(got[1], implementation(batch, logp, selection, cfg)[1])
+    got = implementation(batch, stats, logp, weighted, cfg)
+    assert_matches(got, reference(batch, stats, logp, weighted, cfg), weighted)
+    assert got[2] == implementation(batch, stats, logp, selection, cfg)[2]  # the same divisors: counts of w ≠ 0
+    assert not torch.allclose(got[1], implementation(batch, stats, logp, selection, cfg)[1])

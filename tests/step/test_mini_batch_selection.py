@@ -26,9 +26,10 @@ from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.records.marks import ForkMarks
 from tokenrl.records.selection import Selection
+from tokenrl.step.fast_path import ForwardPlan
 from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import Backend, ppo_update
+from tokenrl.step.update import Backend, UpdateRun, ppo_update
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTORS = sorted(path.stem for path in (ROOT / "configs" / "selector").glob("*.yaml"))
@@ -49,7 +50,7 @@ def step_data():
     for group in rollouts.group_ids.unique():  # a right and a wrong answer in every group
         rows = (rollouts.group_ids == group).nonzero().squeeze(1)
         rewards[rows[0]], rewards[rows[1]] = 1.0, 0.0
-    passes = PolicyPasses(policy, None, 1.0, 8, 64, True, "all")
+    passes = PolicyPasses(policy, None, ForwardPlan(1.0, 8, 64, with_js=True))
     stats = passes.statistics(rollouts)
     reference = (stats.logprobs + 0.3 * torch.randn(stats.logprobs.shape, generator=g)) * rollouts.response_mask
     mask = rollouts.response_mask.bool()  # true forks for the presets that read them (forks_oracle, its control)
@@ -83,14 +84,7 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
     policy = copy.deepcopy(policy)
     advantages = group_advantages(rewards, rollouts.group_ids)
     batch = TrainBatch(
-        STEP,
-        rollouts,
-        rewards,
-        rewards,
-        advantages,
-        stats,
-        reference if algorithm.uses_reference else None,
-        forks=marks,
+        STEP, rollouts, rewards, rewards, advantages, reference if algorithm.uses_reference else None, forks=marks
     )
     applied = {name: torch.full(rollouts.response_ids.shape, float("nan")) for name in FIELDS}
     seen = torch.zeros(rollouts.response_ids.shape[0], dtype=torch.bool)
@@ -106,7 +100,7 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
         return selection
 
     selector.select = recording
-    passes = PolicyPasses(policy, None, 1.0, algorithm.batch.micro_batch_size, 64, False, "all")
+    passes = PolicyPasses(policy, None, ForwardPlan(1.0, algorithm.batch.micro_batch_size, 64))
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)  # the policy moves between mini-batches
 
     def optimizer_step() -> None:
@@ -115,16 +109,14 @@ def applied_selection(preset: tuple[str, str], mini_batches: int, step_data) -> 
 
     backend = Backend(
         forward=passes.update_forward,
-        micro_batches=passes.cut(with_grad=True),
+        micro_batches=passes.plan.cut(with_grad=True),
         backward=lambda loss, last: loss.backward(),
         scale_gradients=lambda factor: None,
         optimizer_step=optimizer_step,
         current_stats=lambda rows: passes.statistics(rows, with_js=False),
         reduce_normalizer=lambda local: local,
     )
-    result = ppo_update(
-        batch, selector, algorithm, backend, torch.Generator().manual_seed(11), entropy_coef=algorithm.loss.entropy_coef
-    )
+    result = ppo_update(batch, stats, UpdateRun(selector, algorithm, torch.Generator().manual_seed(11)), backend)
     assert bool(seen.all()) and result.optimizer_steps == mini_batches
     return applied
 

@@ -7,6 +7,9 @@ budget equals the separate pass; and `fused_blocker` refuses a budget exactly wh
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import pytest
 import torch
 
@@ -17,12 +20,16 @@ from tests.step.test_fused_update import (
     both_paths,
     make_passes,
     ragged_rollouts,
+    recording_backend,
     tiny_float64_qwen2,
+    train_batch,
 )
 from tokenrl.models.response_forward import trimmed
 from tokenrl.selectors import Entropy20Selector, ICTSelector, UniformSelector
-from tokenrl.step.fast_path import FastPath, TokenBudgetCut, UpdatePath, fused_blocker
+from tokenrl.step.fast_path import TokenBudgetCut, fused_blocker
 from tokenrl.step.micro_batches import MicroBatchCut
+from tokenrl.step.update import UpdatePath
+from tokenrl.utils import StepTimer
 
 pytestmark = pytest.mark.usefixtures("one_thread", "exact_norm")  # tests/conftest.py
 
@@ -78,7 +85,7 @@ def test_the_update_under_a_token_budget_equals_one_micro_batch(policy, rollouts
     separate, separate_run, stats, fused, fused_run = both_paths(
         policy, batch, rewards, ICT, cfg, with_kl=True, layout=layout, trim=trim
     )
-    cut = make_passes(policy, ICT, cfg, layout, trim).cut(with_grad=True)
+    cut = make_passes(policy, ICT, cfg, layout, trim).plan.cut(with_grad=True)
     assert len(separate_run.forwards) == len(cut(batch, torch.arange(rows), False))
     assert len(fused_run.forwards) == len(cut(batch, torch.arange(rows), True))
     if budget == 1000:
@@ -108,7 +115,7 @@ def test_the_reference_pass_under_a_token_budget_equals_one_micro_batch(policy, 
     budgeted = make_passes(policy, ICT, algorithm(micro_batch_size=1, micro_batch_tokens=12), layout, trim)
     whole = make_passes(policy, ICT, algorithm(micro_batch_size=rows), layout, trim)
     budgeted.reference = whole.reference = policy  # a frozen copy of the same weights
-    assert len(budgeted.cut(with_grad=False)(batch, torch.arange(rows))) > 1
+    assert len(budgeted.plan.cut(with_grad=False)(batch, torch.arange(rows))) > 1
     mask = batch.response_mask.bool()  # beyond a row's end each forward's width differs (and nothing reads it)
     got, expected = budgeted.reference_logprobs(batch)[mask], whole.reference_logprobs(batch)[mask]
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
@@ -130,36 +137,35 @@ def test_fused_blocker_under_a_token_budget():
 
 @pytest.mark.parametrize("layout, trim", LAYOUTS, ids=[layout for layout, _ in LAYOUTS])
 def test_the_step_decides_on_its_own_cut(policy, rollouts, layout, trim):
-    """`UpdatePath.statistics_blocker` on the real rollouts: a budget below a group refuses JS (its whole groups
+    """`ForwardPlan.statistics_blocker` on the real rollouts: a budget below a group refuses JS (its whole groups
     would outgrow it) and a batch-wide selector (several micro-batches); a budget holding every row admits both."""
     batch, _ = rollouts
-    path = UpdatePath.of(FastPath(layout, pack=trim), policy)
     for budget, admitted in ((12, False), (1000, True)):
         cfg = algorithm(micro_batch_tokens=budget)
-        cut = make_passes(policy, ICT, cfg, layout, trim).cut(with_grad=True)
         for selector, with_js in ((ICT, True), (Entropy20Selector(scope="batch"), False)):
-            assert (path.statistics_blocker(cfg, selector, with_js, batch, cut) is None) == admitted
+            plan = make_passes(policy, selector, cfg, layout, trim, with_js).plan
+            assert (plan.statistics_blocker(cfg, selector, batch) is None) == admitted
 
 
-def test_every_rank_takes_the_path_of_the_one_that_cannot_fuse(policy, rollouts):
+def test_every_rank_takes_the_path_of_the_one_that_cannot_fuse(policy, rollouts, caplog):
     """Under a budget each rank decides on its own rows; one rank that cannot fuse sends every rank to the separate
     pass (their collectives would otherwise run in different orders), and the run's line says why."""
-    batch, _ = rollouts
-    path = UpdatePath.of(FastPath("padded", pack=True), policy)
+    batch, rewards = rollouts
     cfg = algorithm(micro_batch_tokens=1000)
-    cut = make_passes(policy, ICT, cfg, "padded", True).cut(with_grad=True)
+    passes = make_passes(policy, ICT, cfg, "padded", True)
+    assert passes.plan.statistics_blocker(cfg, ICT, batch) is None  # this rank alone could
     asked = []
 
     def everyone(mine: bool) -> bool:
         asked.append(mine)
         return False  # another rank's answer is no
 
-    class Log:
-        def info(self, line: str) -> None:
-            self.line = line
-
-    log = Log()
-    assert path.statistics_blocker(cfg, ICT, True, batch, cut) is None  # this rank alone could
-    assert not path.fused_statistics(cfg, ICT, True, batch, cut, log, everyone)
-    assert asked == [True] and "another rank's rows cannot take it" in log.line
-    assert path.fused_statistics(cfg, ICT, True, batch, cut, None, lambda mine: mine)  # every rank can
+    backend, _ = recording_backend(policy, passes, cfg)
+    caplog.set_level(logging.INFO, logger="tokenrl.step.update")
+    step = (torch.Generator().manual_seed(0), 0.0, StepTimer())
+    path = UpdatePath(passes, ICT, cfg)
+    result = path.update(train_batch(batch, rewards, False), dataclasses.replace(backend, everyone=everyone), *step)
+    assert asked == [True] and not result.fused_statistics
+    assert "another rank's rows cannot take it" in caplog.records[-1].getMessage()
+    backend, _ = recording_backend(policy, passes, cfg)
+    assert UpdatePath(passes, ICT, cfg).update(train_batch(batch, rewards, False), backend, *step).fused_statistics

@@ -15,10 +15,11 @@ from tests.conftest import TINY, compose_config
 from tokenrl.models import build_model
 from tokenrl.models.response_forward import response_logprobs
 from tokenrl.run.training import build_components
+from tokenrl.step.fast_path import ForwardPlan
 from tokenrl.step.micro_batches import MicroBatchCut
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.statistics import compute_token_stats
-from tokenrl.step.update import Backend, ppo_update
+from tokenrl.step.update import Backend, UpdateRun, ppo_update
 from tokenrl.utils import derived_seed
 
 SETTING = [
@@ -32,16 +33,17 @@ SETTING = [
 
 
 class CaptureUpdate(L.Callback):
-    """The TrainBatch of the step and the policy's weights just before and after the module's update."""
+    """The TrainBatch of the step, its π_old statistics and the policy's weights just before and after the module's
+    update."""
 
     def on_train_start(self, trainer, module) -> None:
         update = module.update_step
 
-        def spy(train, rollout_step):
+        def spy(train, timer):
             self.train, self.before = train, copy.deepcopy(module.policy.state_dict())
-            result = update(train, rollout_step)
-            self.after = copy.deepcopy(module.policy.state_dict())
-            return result
+            lr, result = update(train, timer)
+            self.stats, self.after = result.stats, copy.deepcopy(module.policy.state_dict())
+            return lr, result
 
         module.update_step = spy
 
@@ -65,7 +67,7 @@ def plain_backend(policy, cfg, temperature, optimizer, chunk):
         scale_gradients=scale_gradients,
         optimizer_step=optimizer_step,
         current_stats=lambda rows: compute_token_stats(
-            policy, rows, temperature, cfg.batch.micro_batch_size, chunk, with_js=False
+            policy, rows, ForwardPlan(temperature, cfg.batch.micro_batch_size, chunk)
         ),
         reduce_normalizer=lambda local: local,
     )
@@ -84,15 +86,15 @@ def captured(tmp_path_factory):
     return cfg, module, capture
 
 
-def plain_update(cfg, module, train, before):
-    """`ppo_update` of `train` from weights `before` with the plain backend and the module's shuffle; returns the
-    result, the policy and its weights after each optimizer step."""
+def plain_update(cfg, module, train, stats, before):
+    """`ppo_update` of `train` (π_old's statistics `stats`) from weights `before` with the plain backend and the
+    module's shuffle; returns the result, the policy and its weights after each optimizer step."""
     policy = build_model(module.model_cfg, seed=cfg.seed)
     policy.load_state_dict(before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
     backend = plain_backend(
-        policy, module.cfg, module.sampling.temperature, optimizer, int(module.model_cfg["stats_chunk_size"])
+        policy, module.cfg, module.sampling.temperature, optimizer, module.model_cfg.stats_chunk_size
     )
     snapshots = []
     step = backend.optimizer_step
@@ -100,14 +102,14 @@ def plain_update(cfg, module, train, before):
         backend, optimizer_step=lambda: (step(), snapshots.append(copy.deepcopy(policy.state_dict())))
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
-    result = ppo_update(train, module.selector, module.cfg, backend, shuffle)
+    result = ppo_update(train, stats, UpdateRun(module.selector, module.cfg, shuffle), backend)
     return result, policy, snapshots
 
 
 def test_update_loop_without_a_trainer_equals_the_module(captured):
     cfg, module, capture = captured
     assert module.run_state.optimizer_steps == 2
-    result, policy, _ = plain_update(cfg, module, capture.train, capture.before)
+    result, policy, _ = plain_update(cfg, module, capture.train, capture.stats, capture.before)
     assert (
         result.optimizer_steps == 2
         and 0 < result.first_epoch_weights.sum() < capture.train.rollouts.response_mask.sum()
@@ -123,13 +125,10 @@ def test_the_first_optimizer_step_takes_pi_old_from_its_own_forward(captured):
     """Before the first optimizer step the weights are π_old's, so its ratio is exactly 1 whatever rounding the separate
     statistics pass leaves (simulated: its log-probs shifted by 0.05); the second optimizer step reads that pass."""
     cfg, module, capture = captured
-    stats = capture.train.stats
-    shifted = dataclasses.replace(
-        capture.train,
-        stats=dataclasses.replace(stats, logprobs=stats.logprobs + 0.05 * capture.train.rollouts.response_mask),
-    )
-    _, _, exact = plain_update(cfg, module, capture.train, capture.before)
-    _, _, moved = plain_update(cfg, module, shifted, capture.before)
+    stats = capture.stats
+    shifted = dataclasses.replace(stats, logprobs=stats.logprobs + 0.05 * capture.train.rollouts.response_mask)
+    _, _, exact = plain_update(cfg, module, capture.train, stats, capture.before)
+    _, _, moved = plain_update(cfg, module, capture.train, shifted, capture.before)
     assert len(exact) == len(moved) == 2
     for name in exact[0]:
         torch.testing.assert_close(moved[0][name], exact[0][name], rtol=0, atol=0, msg=name)

@@ -36,6 +36,7 @@ from tokenrl.evaluation.runner import EvalSettings, evaluate
 from tokenrl.export.hf_folder import exported_from
 from tokenrl.models import build_model, build_tokenizer
 from tokenrl.paths import CONFIG_DIR
+from tokenrl.records.settings import ModelSettings, RolloutSettings
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import build_engine
 from tokenrl.run.allocator import reexec_with_tcmalloc
@@ -196,13 +197,13 @@ def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
 def run(cfg: DictConfig) -> list[dict[str, Any]]:
     check_eval_config(cfg)
     names = expand(OmegaConf.to_container(cfg.benchmark) if OmegaConf.is_list(cfg.benchmark) else str(cfg.benchmark))
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    tokenizer = build_tokenizer(model_cfg)
-    model = build_model(model_cfg, seed=cfg.seed)
+    settings = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    tokenizer = build_tokenizer(settings)
+    model = build_model(settings, seed=cfg.seed)
     if cfg.ckpt_path:
-        load_policy(model, cfg.ckpt_path, model_cfg, cfg.seed)
+        load_policy(model, cfg.ckpt_path, settings, cfg.seed)
     model.eval()
-    engine = build_engine(OmegaConf.to_container(cfg.rollout, resolve=True), model, tokenizer)
+    engine = build_engine(RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True)), model, tokenizer)
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     scorer = SafeScorer(cfg.reward_timeout_s)
     out_dir = Path(cfg.paths.output_dir)

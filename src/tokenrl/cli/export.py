@@ -27,15 +27,16 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 import tokenrl.paths  # noqa: F401 — sets TOKENRL_ROOT, which the saved config's paths.* read
 from tokenrl.cli.errors import OneLineParser
 from tokenrl.data.hub import hub_reachable
 from tokenrl.export.hf_folder import export_dtype, model_card, saved_tokenizer, staged, write_model_folder
-from tokenrl.models import DTYPES, _load_pretrained, build_model, build_tokenizer, torch_dtype
+from tokenrl.models import DTYPES, _load_pretrained, build_model, build_tokenizer, meta_model
 from tokenrl.models.base_weights import with_base
 from tokenrl.models.engine_weights import served_weights
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import SHARDED_META, is_sharded_checkpoint, policy_state_dict
 
 log = logging.getLogger(__name__)
@@ -133,16 +134,8 @@ def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return weights, meta["tokenrl"]
 
 
-def model_config(model_cfg: Mapping[str, Any]) -> PretrainedConfig:
-    """The architecture of `model.*`: its `architecture` for random weights, else the config of `model.source`."""
-    if model_cfg["init"] == "random":
-        arch = dict(model_cfg["architecture"])
-        return AutoConfig.for_model(arch.pop("model_type"), **arch)
-    return _load_pretrained(model_cfg["source"], AutoConfig)
-
-
 def policy_from_checkpoint(
-    model_cfg: Mapping[str, Any],
+    settings: ModelSettings,
     weights: dict[str, torch.Tensor],
     state: Mapping[str, Any],
     seed: int,
@@ -153,33 +146,27 @@ def policy_from_checkpoint(
     device and given them, so the weights are in memory once. A LoRA checkpoint without its base (`state["base"]`, its
     reference): the base built from `model.*` and `seed`, checked against it, with the adapters loaded onto it."""
     if state.get("base") is not None:
-        model = build_model(model_cfg, seed=seed)
-        weights, assign = with_base(model, weights, state["base"], model_cfg, seed, ckpt), False
+        model = build_model(settings, seed=seed)
+        weights, assign = with_base(model, weights, state["base"], settings, seed, ckpt), False
     else:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_config(model_cfg), dtype=torch_dtype(model_cfg["dtype"]))
-            if model_cfg.get("lora"):
-                from peft import LoraConfig, get_peft_model
-
-                model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
-        assign = True
+        model, assign = meta_model(settings), True
     try:
         model.load_state_dict(weights, strict=True, assign=assign)
     except RuntimeError as err:
         detail = " ".join(str(err).split())
         raise ValueError(
-            f"the weights of {ckpt} do not fit model={model_cfg.get('name')} of {config_path} "
+            f"the weights of {ckpt} do not fit model={settings.name} of {config_path} "
             f"({detail[:500]}{'…' if len(detail) > 500 else ''}); export with the config of the run "
             "that wrote the checkpoint (--config <that run>/.hydra/config.yaml)"
         ) from None
     return model
 
 
-def generation_config(model_cfg: Mapping[str, Any], model: PreTrainedModel) -> GenerationConfig:
+def generation_config(settings: ModelSettings, model: PreTrainedModel) -> GenerationConfig:
     """`model.source`'s generation config (sampling defaults, stop ids) where it has one, else the architecture's."""
-    if model_cfg["init"] == "pretrained":
+    if settings.init == "pretrained":
         try:
-            return _load_pretrained(model_cfg["source"], GenerationConfig)
+            return _load_pretrained(settings.source, GenerationConfig)
         except FileNotFoundError:
             pass
     return model.generation_config
@@ -221,10 +208,10 @@ def export(
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise FileExistsError(f"{out} exists and is not empty: name a new folder, or pass --overwrite to replace it")
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    if adapter_only and not model_cfg.get("lora"):
+    settings = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    if adapter_only and not settings.lora:
         raise ValueError(
-            f"--adapter-only: the run trained model={model_cfg.get('name')} without LoRA "
+            f"--adapter-only: the run trained model={settings.name} without LoRA "
             "(model.lora=null), so there is no adapter; export the full weights without --adapter-only"
         )
     if adapter_only and dtype:
@@ -232,22 +219,22 @@ def export(
     dtype = dtype or export_dtype(cfg)
     weights, state = read_checkpoint(ckpt)
     config_path = str(config or run / ".hydra" / "config.yaml")
-    policy = policy_from_checkpoint(model_cfg, weights, state, int(cfg.seed), ckpt, config_path)
-    tokenizer = saved_tokenizer(build_tokenizer(model_cfg), model_cfg)
+    policy = policy_from_checkpoint(settings, weights, state, int(cfg.seed), ckpt, config_path)
+    tokenizer = saved_tokenizer(build_tokenizer(settings), settings)
     card = model_card(
-        cfg, model_cfg, choices, checkpoint_summary(state, run), f"the checkpoint `{ckpt}`", dtype, adapter_only
+        cfg, settings, choices, checkpoint_summary(state, run), f"the checkpoint `{ckpt}`", dtype, adapter_only
     )
     if adapter_only:
-        policy.peft_config["default"].base_model_name_or_path = model_cfg["source"]
+        policy.peft_config["default"].base_model_name_or_path = settings.source
         with staged(out) as folder:
             policy.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
             (folder / "README.md").write_text(card)
-        log.info("exported the LoRA adapter to %s (base: %s)", out, model_cfg["source"])
+        log.info("exported the LoRA adapter to %s (base: %s)", out, settings.source)
         return out
     with served_weights(policy) as named:
         return write_model_folder(
-            out, named, policy.config, generation_config(model_cfg, policy), tokenizer, dtype, card
+            out, named, policy.config, generation_config(settings, policy), tokenizer, dtype, card
         )
 
 

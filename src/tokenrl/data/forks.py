@@ -21,6 +21,7 @@ from tokenrl.data.tasks import Task
 from tokenrl.records.marks import CharMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.rules import integer, mapping_of, number, one_of
+from tokenrl.records.settings import WarmupSettings
 
 VERIFIER = "tokenrl.data.forks_graph:path_reward"
 LAYOUTS = ("shared", "per_problem")
@@ -70,7 +71,7 @@ class ForksTask(Task):
             )
         self.layout, self.seed = layout, seed
         self.sizes = {"train": train_size, "test": test_size}
-        self.warmup = dict(warmup) if warmup else None
+        self.warmup = WarmupSettings.of(warmup) if warmup else None
         self.graph: dict[str, tuple[str, ...]] | None = None
         if layout == "shared":
             self.graph, self.layers = layered_graph(self.shape, random.Random(f"{seed}-graph"))

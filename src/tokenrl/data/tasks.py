@@ -15,6 +15,7 @@ from tokenrl.data.prompts import with_instruction
 from tokenrl.records.marks import CharMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.rules import FREE_TEXT, Configurable, Rule, integer, list_of, one_of, optional
+from tokenrl.records.settings import WarmupSettings
 from tokenrl.rewards.verifiers import VERIFIERS, resolve
 
 
@@ -51,7 +52,7 @@ class Task(Configurable, ABC):
         self.verifier = verifier
         self.max_new_tokens = max_new_tokens
         self.system_prompt = system_prompt  # training and validation prompts start with it (data/prompts.py)
-        self.warmup: dict | None = None  # a supervised warm-up of a random policy (models/warmup.py); None: none
+        self.warmup: WarmupSettings | None = None  # a random policy's supervised warm-up (models/warmup.py)
 
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:

@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfi
 from tokenrl.models import DTYPES
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
+from tokenrl.records.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 SHARD_BYTES = 5 * 2**30  # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
@@ -47,7 +48,8 @@ def export_dtype(cfg: DictConfig) -> str:
     if chosen:
         return str(chosen)
     on_gpu = str(OmegaConf.select(cfg, "trainer.accelerator")) in ("gpu", "cuda")
-    return "bf16" if on_gpu or cfg.model.dtype == "bf16" else str(cfg.model.dtype)
+    model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    return "bf16" if on_gpu or model.dtype == "bf16" else model.dtype
 
 
 def causal_lm_class(config: PretrainedConfig) -> type:
@@ -147,13 +149,13 @@ def staged(out: str | Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, model_cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
+def saved_tokenizer(tokenizer: PreTrainedTokenizerBase, model: ModelSettings) -> PreTrainedTokenizerBase:
     """The tokenizer to save: the run's, except the character tokenizer of random models (`model.tokenizer=char`),
     saved as the byte-level BPE without merges that gives the same ids and text on its characters (printable ASCII;
     others: <unk> in the run, dropped or <unk> bytes here). transformers >= 5 loads any `qwen2` folder with Qwen2's
     byte-level pipeline built from the vocabulary in tokenizer.json, whatever else that file says, so a character
     vocabulary as trained would lose every space and newline under `AutoTokenizer`."""
-    if model_cfg.get("tokenizer") != "char":
+    if model.tokenizer != "char":
         return tokenizer
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -192,7 +194,7 @@ def _target(node: Any) -> str:
 
 def model_card(
     cfg: DictConfig,
-    model_cfg: Mapping[str, Any],
+    model: ModelSettings,
     choices: Mapping[str, Any],
     summary: Mapping[str, Any],
     origin: str,
@@ -202,16 +204,16 @@ def model_card(
     """README.md of an exported folder: how the weights were made (base model, method, selector, steps, data,
     weights) and the run's key metrics at that point; `adapter_only`: a LoRA adapter's folder (peft)."""
     resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("selector", "task", "algorithm")}
-    source, lora = model_cfg.get("source"), model_cfg.get("lora")
+    source, lora = model.source, model.lora
     hub_id = source and not Path(str(source)).expanduser().exists() and str(source).count("/") == 1
     selector = choices.get("selector") or get_class(_target(resolved["selector"])).name
-    if model_cfg["init"] == "random":
+    if model.init == "random":
         base = (
-            f"`model={model_cfg['name']}`: random weights (seed {cfg.seed}) of its "
-            f"`{model_cfg['architecture']['model_type']}` architecture"
+            f"`model={model.name}`: random weights (seed {cfg.seed}) of its "
+            f"`{model.architecture['model_type']}` architecture"
         )
     else:
-        base = f"`model={model_cfg['name']}`: `{source}`"
+        base = f"`model={model.name}`: `{source}`"
     trainer = f", `trainer={choices['trainer']}`" if choices.get("trainer") else ""
     algorithm = resolved["algorithm"]
     method = (
@@ -238,7 +240,7 @@ def model_card(
             *front,
             "---",
             "",
-            f"# {model_cfg['name']} trained with tokenrl ({selector})",
+            f"# {model.name} trained with tokenrl ({selector})",
             "",
             f"{EXPORTED_FROM}{origin}.",
             "",
@@ -264,7 +266,7 @@ def model_card(
             *(["| metric | value |", "|---|---|", rows, ""] if rows else []),
             "## Use",
             "",
-            *(_adapter_use(source) if adapter_only else _folder_use(model_cfg["name"])),
+            *(_adapter_use(source) if adapter_only else _folder_use(model.name)),
         ]
     )
 

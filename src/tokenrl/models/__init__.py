@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from tokenrl.data.hub import hub_reachable
 from tokenrl.models.char_tokenizer import build_char_tokenizer
+from tokenrl.records.settings import ModelSettings
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -52,27 +52,48 @@ def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kw
         ) from None
 
 
-def build_tokenizer(cfg: Mapping[str, Any]) -> PreTrainedTokenizerBase:
+def build_tokenizer(settings: ModelSettings) -> PreTrainedTokenizerBase:
     """Tokenizer named by `model.tokenizer` (a path, a hub id or `char`), else the one of `model.source`."""
-    name = cfg.get("tokenizer") or cfg["source"]
+    name = settings.tokenizer or settings.source
     if name == "char":
-        tokenizer = build_char_tokenizer(int(cfg["architecture"]["vocab_size"]))
+        tokenizer = build_char_tokenizer(int(settings.architecture["vocab_size"]))
     else:
-        tokenizer = _load_pretrained(name, AutoTokenizer, "model.tokenizer" if cfg.get("tokenizer") else "model.source")
+        tokenizer = _load_pretrained(name, AutoTokenizer, "model.tokenizer" if settings.tokenizer else "model.source")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
 
 
-def build_model(cfg: Mapping[str, Any], seed: int = 0) -> PreTrainedModel:
+def with_lora(model: PreTrainedModel, settings: ModelSettings) -> PreTrainedModel:
+    """`model` with `model.lora`'s adapters (peft), or as it is without LoRA."""
+    if not settings.lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(settings.lora)))
+
+
+def meta_model(settings: ModelSettings) -> PreTrainedModel:
+    """The model of `model.*` (with its LoRA adapters) on the meta device, from its `architecture` for random weights,
+    else the config of `model.source`: its names and shapes, no weights read."""
+    if settings.init == "random":
+        arch = dict(settings.architecture)
+        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    else:
+        config = _load_pretrained(settings.source, AutoConfig)  # offline: the same error as the model's load
+    with torch.device("meta"):
+        return with_lora(AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)), settings)
+
+
+def build_model(settings: ModelSettings, seed: int = 0) -> PreTrainedModel:
     """The policy: `init=pretrained` loads `source`; `init=random` builds `architecture` with seeded random weights,
     drawn on the host (CPU RNG) so that a seed means the same weights on any device and strategy."""
-    dtype = torch_dtype(cfg["dtype"])
-    if cfg["init"] == "pretrained":
-        model = _load_pretrained(cfg["source"], AutoModelForCausalLM, dtype=dtype)
-    elif cfg["init"] == "random":
-        arch = dict(cfg["architecture"])
+    dtype = torch_dtype(settings.dtype)
+    if settings.init == "pretrained":
+        model = _load_pretrained(settings.source, AutoModelForCausalLM, dtype=dtype)
+    elif settings.init == "random":
+        arch = dict(settings.architecture)
         config = AutoConfig.for_model(arch.pop("model_type"), **arch)
         # drawn on the host whatever device the caller's context names (Lightning builds `configure_model` inside
         # `torch.device("cuda")` on one GPU but not under FSDP): the same seed gives the same weights everywhere
@@ -80,13 +101,10 @@ def build_model(cfg: Mapping[str, Any], seed: int = 0) -> PreTrainedModel:
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
-        raise ValueError(f"model.init={cfg['init']!r} must be 'pretrained' or 'random'")
+        raise ValueError(f"model.init={settings.init!r} must be 'pretrained' or 'random'")
     model.config.use_cache = True
-    if cfg.get("lora"):
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(cfg["lora"])))
-    if cfg.get("gradient_checkpointing"):
+    model = with_lora(model, settings)
+    if settings.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tokenrl.models.engine_weights import PEFT_PREFIX
+from tokenrl.records.settings import ModelSettings
 
 SAMPLES = 1024  # values of each base tensor the fingerprint reads, evenly spaced over it
 DESCRIBED = {"source": "model.source", "init": "model.init", "dtype": "model.dtype", "seed": "seed"}  # key: option
@@ -41,14 +42,14 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def base_reference(model: nn.Module, model_cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
+def base_reference(model: nn.Module, settings: ModelSettings, seed: int) -> dict[str, Any]:
     """What a LoRA checkpoint records of the base it was built on: `model.source`, `init`, `dtype`, the seed of random
     weights, and the fingerprint of the weights themselves."""
     return {
-        "source": model_cfg.get("source"),
-        "init": model_cfg["init"],
-        "dtype": model_cfg["dtype"],
-        "seed": seed if model_cfg["init"] == "random" else None,
+        "source": settings.source,
+        "init": settings.init,
+        "dtype": settings.dtype,
+        "seed": seed if settings.init == "random" else None,
         "fingerprint": fingerprint(model),
     }
 
@@ -83,7 +84,7 @@ def with_base(
     model: nn.Module,
     weights: Mapping[str, torch.Tensor],
     saved: Mapping[str, Any] | None,
-    model_cfg: Mapping[str, Any],
+    settings: ModelSettings,
     seed: int,
     ckpt_path: str | Path,
 ) -> Mapping[str, torch.Tensor]:
@@ -92,5 +93,5 @@ def with_base(
     entries, once `check_base` found that base to be the one they were trained on."""
     if saved is None:
         return weights
-    check_base(saved, base_reference(model, model_cfg, seed) if model_cfg.get("lora") else None, ckpt_path)
+    check_base(saved, base_reference(model, settings, seed) if settings.lora else None, ckpt_path)
     return {**model.state_dict(), **weights}

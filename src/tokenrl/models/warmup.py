@@ -9,6 +9,7 @@ instead of training again, and an interrupted warm-up never leaves a folder that
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,25 +21,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from tokenrl.data.prompts import PromptFormatter
+from tokenrl.data.tasks import Task
 from tokenrl.models import build_model
+from tokenrl.records.settings import ModelSettings, WarmupSettings
 
 log = logging.getLogger(__name__)
-DEFAULTS = {"steps": 600, "batch_size": 32, "lr": 3.0e-3, "seed": 0}
 
 
 def warmup_folder(
-    model_cfg: Mapping[str, Any], settings: Mapping[str, Any], task_key: Mapping[str, Any], cache_root: Path
+    model: ModelSettings, settings: WarmupSettings, task_key: Mapping[str, Any], cache_root: Path
 ) -> Path:
     """Where the warm-up of this architecture, these settings and this task is (or will be) cached."""
     key = json.dumps(
         {
-            "architecture": dict(model_cfg["architecture"]),
-            "tokenizer": model_cfg.get("tokenizer"),
-            "dtype": model_cfg["dtype"],
-            "settings": {**DEFAULTS, **settings},
+            "architecture": dict(model.architecture),
+            "tokenizer": model.tokenizer,
+            "dtype": model.dtype,
+            "settings": dataclasses.asdict(settings),
             "task": task_key,
         },
         sort_keys=True,
@@ -47,57 +48,44 @@ def warmup_folder(
     return cache_root / f"warmup-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-def warmed_up(
-    model_cfg: Mapping[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
-    formatter: PromptFormatter,
-    example: Callable[[random.Random], tuple[str, str]],
-    settings: Mapping[str, Any],
-    task_key: Mapping[str, Any],
-    cache_root: Path,
-) -> dict[str, Any]:
-    """`model_cfg` pointing at the warmed-up folder (`init: pretrained`), trained now unless cached. `example(rng)`
-    gives one (question, response) pair."""
-    folder = warmup_folder(model_cfg, settings, task_key, cache_root)
+def warmed_up(model: ModelSettings, formatter: PromptFormatter, task: Task, cache_root: Path) -> ModelSettings:
+    """`model` pointing at the warmed-up folder (`init: pretrained`) of `task`'s warm-up (`task.warmup_example(rng)`
+    gives one (question, response) pair), trained now unless cached."""
+    folder = warmup_folder(model, task.warmup, task.description(), cache_root)
     if (folder / "config.json").is_file():
         log.info("warm-up: loading the cached policy %s", folder)
     else:
-        train_warmup(model_cfg, tokenizer, formatter, example, {**DEFAULTS, **settings}, folder)
-    return {**model_cfg, "init": "pretrained", "source": str(folder)}
+        train_warmup(model, formatter, task.warmup_example, task.warmup, folder)
+    return dataclasses.replace(model, init="pretrained", source=str(folder))
 
 
 def train_warmup(
-    model_cfg: Mapping[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
+    model_settings: ModelSettings,
     formatter: PromptFormatter,
     example: Callable[[random.Random], tuple[str, str]],
-    settings: Mapping[str, Any],
+    settings: WarmupSettings,
     folder: Path,
 ) -> None:
-    """Train `settings["steps"]` AdamW steps on batches of fresh examples and save the model to `folder`."""
-    seed = int(settings["seed"])
-    model = build_model({**model_cfg, "init": "random", "lora": None, "gradient_checkpointing": False}, seed=seed)
+    """Train `settings.steps` AdamW steps on batches of fresh examples and save the model to `folder`."""
+    plain = dataclasses.replace(model_settings, init="random", lora=None, gradient_checkpointing=False)
+    model = build_model(plain, seed=settings.seed)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(settings["lr"]), weight_decay=0.0)
-    warm = max(1, int(settings["steps"]) // 10)  # linear lr warm-up over the first tenth, then constant
+    optimizer = torch.optim.AdamW(model.parameters(), lr=float(settings.lr), weight_decay=0.0)
+    warm = max(1, settings.steps // 10)  # linear lr warm-up over the first tenth, then constant
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warm))
-    rng = random.Random(f"warmup-{seed}")
-    log.info(
-        "warm-up: %d supervised steps of %d examples (cached in %s)", settings["steps"], settings["batch_size"], folder
-    )
+    rng = random.Random(f"warmup-{settings.seed}")
+    log.info("warm-up: %d supervised steps of %d examples (cached in %s)", settings.steps, settings.batch_size, folder)
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        for step in range(int(settings["steps"])):
-            input_ids, attention, labels = _batch(
-                [example(rng) for _ in range(int(settings["batch_size"]))], tokenizer, formatter
-            )
+        torch.manual_seed(settings.seed)
+        for step in range(settings.steps):
+            input_ids, attention, labels = _batch([example(rng) for _ in range(settings.batch_size)], formatter)
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
-            if (step + 1) % 100 == 0 or step + 1 == int(settings["steps"]):
-                log.info("warm-up step %d/%d: loss %.4f", step + 1, settings["steps"], loss.item())
+            if (step + 1) % 100 == 0 or step + 1 == settings.steps:
+                log.info("warm-up step %d/%d: loss %.4f", step + 1, settings.steps, loss.item())
     temporary = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     model.save_pretrained(temporary)
     try:
@@ -106,12 +94,10 @@ def train_warmup(
         shutil.rmtree(temporary, ignore_errors=True)
 
 
-def _batch(
-    pairs: list[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, formatter: PromptFormatter
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(pairs: list[tuple[str, str]], formatter: PromptFormatter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask and labels (−100 on prompt and padding) of (question, response)s,
     each response followed by the end-of-sequence token."""
-    rows = []
+    tokenizer, rows = formatter.tokenizer, []
     for question, response in pairs:
         prompt = formatter.token_ids(question)
         answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

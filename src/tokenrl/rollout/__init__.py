@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.settings import RolloutSettings
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 
 ENGINES = ("hf", "vllm")
 
 
 def build_engine(
-    cfg: Mapping[str, Any],
+    settings: RolloutSettings,
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     weights_version: int = 0,
@@ -23,17 +23,17 @@ def build_engine(
 ) -> RolloutEngine:
     """The engine `rollout.engine` names, serving `model`'s current weights as version `weights_version`; the `hf`
     engine stops generating once `interrupt()` is true (a preemption signal; vLLM's requests are short)."""
-    if cfg["engine"] == "hf":
+    if settings.engine == "hf":
         from tokenrl.rollout.hf import HFEngine
 
-        engine = HFEngine(model, tokenizer, weights_version, decoding=cfg.get("decoding", "auto"))
+        engine = HFEngine(model, tokenizer, weights_version, decoding=settings.decoding)
         engine.interrupt = interrupt or engine.interrupt
         return engine
-    if cfg["engine"] == "vllm":
+    if settings.engine == "vllm":
         from tokenrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, cfg, weights_version)
-    raise ValueError(f"rollout.engine={cfg['engine']!r} is not one of {ENGINES}")
+        return VLLMEngine(model, tokenizer, settings.vllm, weights_version)
+    raise ValueError(f"rollout.engine={settings.engine!r} is not one of {ENGINES}")
 
 
 __all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "SamplingParams", "build_engine"]

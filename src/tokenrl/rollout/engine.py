@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.settings import RolloutSettings
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,14 @@ class SamplingParams:
     max_new_tokens: int
 
     @staticmethod
-    def of_rollout(rollout: Mapping[str, Any], n: int) -> SamplingParams:
-        """n samples per prompt with the `rollout` config's temperature, top-p, top-k and response budget."""
+    def of_rollout(settings: RolloutSettings, n: int) -> SamplingParams:
+        """n samples per prompt with the rollout's temperature, top-p, top-k and response budget."""
         return SamplingParams(
             n=n,
-            temperature=float(rollout["temperature"]),
-            top_p=float(rollout["top_p"]),
-            top_k=int(rollout["top_k"]),
-            max_new_tokens=int(rollout["max_new_tokens"]),
+            temperature=float(settings.temperature),
+            top_p=float(settings.top_p),
+            top_k=int(settings.top_k),
+            max_new_tokens=int(settings.max_new_tokens),
         )
 
 

@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.records.rollout_batch import RolloutBatch
+from tokenrl.records.settings import VLLMSettings
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad
 from tokenrl.rollout.vllm_compat import NEWEST, OLDEST, refresh_tied_cpu_heads, supported
 from tokenrl.utils import derived_seed, global_state_kept
@@ -164,10 +165,10 @@ class VLLMEngine(RolloutEngine):
     and after every optimizer step by `sync_weights`."""
 
     def __init__(
-        self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, cfg: Mapping[str, Any], weights_version: int = 0
+        self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, settings: VLLMSettings, weights_version: int = 0
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg["kv_cache_gib"]))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
         try:
             from vllm import LLM
         except ImportError as err:
@@ -181,31 +182,31 @@ class VLLMEngine(RolloutEngine):
                 NEWEST,
             )
         self.tokenizer = tokenizer
-        self.max_model_len = int(cfg["max_model_len"])
-        self.bucket_bytes = int(float(cfg["sync_bucket_mb"]) * 2**20)
+        self.max_model_len = int(settings.max_model_len)
+        self.bucket_bytes = int(float(settings.sync_bucket_mb) * 2**20)
         self.device = next(model.parameters()).device
-        self.sleep_level = int(cfg["sleep_level"]) if self.device.type == "cuda" else 0  # a no-op on CPU
-        self.dtype = next(model.parameters()).dtype if cfg["dtype"] == "auto" else getattr(torch, str(cfg["dtype"]))
+        self.sleep_level = int(settings.sleep_level) if self.device.type == "cuda" else 0  # a no-op on CPU
+        self.dtype = next(model.parameters()).dtype if settings.dtype == "auto" else getattr(torch, settings.dtype)
         self.sleeping = False
         self.last_sync_buckets = 0
-        placement = EnginePlacement.of_this_rank(int(cfg["tensor_parallel_size"]), self.device)
+        placement = EnginePlacement.of_this_rank(int(settings.tensor_parallel_size), self.device)
         self.tp_group = placement.tp_group
         self.folder = engine_folder(model, tokenizer)
-        batching = {key: int(cfg[key]) for key in ("max_num_batched_tokens", "max_num_seqs") if cfg.get(key)}
+        batching = {"max_num_batched_tokens": settings.max_num_batched_tokens, "max_num_seqs": settings.max_num_seqs}
         with global_state_kept():  # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
             self.llm = LLM(
                 model=self.folder,
                 load_format="dummy",
-                dtype=str(cfg["dtype"]),
+                dtype=settings.dtype,
                 seed=placement.seed,
                 max_model_len=self.max_model_len,
-                enforce_eager=bool(cfg["enforce_eager"]),
+                enforce_eager=bool(settings.enforce_eager),
                 enable_prefix_caching=True,
                 logprobs_mode="processed_logprobs",
-                enable_chunked_prefill=bool(cfg["enable_chunked_prefill"]),
-                gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+                enable_chunked_prefill=bool(settings.enable_chunked_prefill),
+                gpu_memory_utilization=float(settings.gpu_memory_utilization),
                 enable_sleep_mode=self.sleep_level > 0,
-                **batching,
+                **{key: value for key, value in batching.items() if value},  # None: vLLM's defaults
                 **placement.llm_kwargs,
             )
         self.runner = model_runner(self.llm)

@@ -32,6 +32,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.checkpoint.api import CheckpointException
 
 from tokenrl.models.base_weights import base_reference, check_base, trained_names, with_base
+from tokenrl.records.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 TEMPORARY_GLOB = ".*.ckpt.*.tmp"  # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
@@ -315,7 +316,7 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return policy
 
 
-def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: int) -> None:
+def load_policy(model: torch.nn.Module, path: str | Path, settings: ModelSettings, seed: int) -> None:
     """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`: all
     its weights, or a LoRA checkpoint's adapters onto `model`'s own base, refused (ValueError naming `path`) unless
     that is the base they were trained on; a checkpoint of another model (other shapes) is refused the same way."""
@@ -324,7 +325,7 @@ def load_policy(model: torch.nn.Module, path: str | Path, model_cfg: Any, seed: 
     meta = torch.load(
         path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True, mmap=path.is_file()
     )
-    state = with_base(model, weights, meta.get("tokenrl", {}).get("base"), model_cfg, seed, path)
+    state = with_base(model, weights, meta.get("tokenrl", {}).get("base"), settings, seed, path)
     mismatch = checkpoint_mismatch(
         path,
         {key: value.shape for key, value in state.items()},
@@ -408,11 +409,11 @@ class AdapterCheckpoints:
     base: dict[str, Any] | None = None  # the frozen base's reference; None: not a LoRA run
     trained: frozenset[str] = frozenset()  # the state-dict keys that train, the only ones checkpoints hold
 
-    def remember_base(self, policy: torch.nn.Module, model_cfg: Mapping[str, Any], seed: int) -> None:
+    def remember_base(self, policy: torch.nn.Module, settings: ModelSettings, seed: int) -> None:
         """Record a LoRA `policy`'s base and its adapters' names (before any sharding); nothing without LoRA."""
-        if not model_cfg.get("lora"):
+        if not settings.lora:
             return
-        self.base = base_reference(policy, model_cfg, seed)
+        self.base = base_reference(policy, settings, seed)
         self.trained = frozenset(f"policy.{name}" for name in trained_names(policy))
 
     def saved_state(self, state: dict[str, Any], prefix: str = "") -> dict[str, Any]:

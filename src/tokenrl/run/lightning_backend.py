@@ -13,15 +13,12 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 
-from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models.sharding import is_sharded
-from tokenrl.selectors.base import TokenSelector
-from tokenrl.step.distributed import gather_variable, global_loss_normalizer
+from tokenrl.step.distributed import all_reduce_sum, gather_variable, global_loss_normalizer
 from tokenrl.step.entropy_control import EntropyControl
-from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import Backend, UpdateResult, ppo_update
-from tokenrl.utils import derived_seed
+from tokenrl.step.update import Backend, UpdatePath, UpdateResult
+from tokenrl.utils import StepTimer, derived_seed
 
 
 class LightningHooks(Protocol):
@@ -48,33 +45,21 @@ class LightningHooks(Protocol):
 
 @dataclass
 class LightningUpdate:
-    """One rollout step's PPO update of `passes.policy` with `selector` and `cfg`, under the module's `lightning` hooks,
-    micro-batches cut as `passes` says (step/micro_batches.py); `with_js`: the update's forward computes JS (its
-    micro-batches hold whole groups)."""
+    """One rollout step's PPO update along the run's `path` (its passes, selector and settings), under the module's
+    `lightning` hooks."""
 
     lightning: LightningHooks
-    passes: PolicyPasses
-    selector: TokenSelector
-    cfg: AlgorithmConfig
+    path: UpdatePath
     entropy_control: EntropyControl
     seed: int
-    with_js: bool
 
-    def __call__(self, train: TrainBatch, rollout_step: int) -> tuple[float, UpdateResult]:
+    def __call__(self, train: TrainBatch, timer: StepTimer) -> tuple[float, UpdateResult]:
         """The update of step `train` with the step's entropy-bonus α and a row shuffle seeded by (seed, step); the lr
         schedule steps once per rollout step, as verl's. Returns the lr it used and the result."""
         optimizer, scheduler = self.lightning.optimizers(), self.lightning.lr_schedulers()
         lr = optimizer.param_groups[0]["lr"]
-        shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", rollout_step))
-        result = ppo_update(
-            train,
-            self.selector,
-            self.cfg,
-            self.backend(optimizer),
-            shuffle,
-            entropy_coef=self.entropy_control.alpha,
-            with_js=self.with_js,
-        )
+        shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", train.step))
+        result = self.path.update(train, self.backend(optimizer), shuffle, self.entropy_control.alpha, timer)
         if scheduler is not None:
             scheduler.step()
         return lr, result
@@ -82,17 +67,18 @@ class LightningUpdate:
     def backend(self, optimizer: Any) -> Backend:
         """The update loop's backend under Lightning, with `optimizer`; the gradients are zeroed first."""
         optimizer.zero_grad()
-        device = self.lightning.device
+        device, passes = self.lightning.device, self.path.passes
         return Backend(
-            forward=self.passes.update_forward,
-            micro_batches=self.passes.cut(with_grad=True),
+            forward=passes.update_forward,
+            micro_batches=passes.plan.cut(with_grad=True),
             backward=self.backward,
             scale_gradients=self.scale_gradients,
             optimizer_step=lambda: self.optimizer_step(optimizer),
-            current_stats=lambda rollouts: self.passes.statistics(rollouts, with_js=False),
+            current_stats=lambda rollouts: passes.statistics(rollouts, with_js=False),
             reduce_normalizer=lambda local: global_loss_normalizer(local, device=device),
             gather=lambda tensor: gather_variable(tensor, device=device),
             rank=self.lightning.global_rank,
+            everyone=lambda mine: bool(all_reduce_sum(torch.tensor([float(not mine)]), device)[0] == 0),
         )
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -107,16 +93,16 @@ class LightningUpdate:
     @torch.no_grad()
     def scale_gradients(self, factor: float) -> None:
         """Multiply every accumulated gradient of the policy (this rank's shards under FSDP) by `factor`."""
-        for parameter in self.passes.policy.parameters():
+        for parameter in self.path.passes.policy.parameters():
             if parameter.grad is not None:
                 parameter.grad.mul_(factor)
 
     def optimizer_step(self, optimizer: Any) -> None:
         """Clip the global gradient norm to `algorithm.grad_clip` (FSDP: the root's `clip_grad_norm_` over every rank's
         shards — Lightning's FSDP precision plugin refuses 'norm' clipping), step, zero the gradients."""
-        max_norm = self.cfg.schedule.grad_clip
-        if max_norm is not None and is_sharded(self.passes.policy):
-            self.passes.policy.clip_grad_norm_(max_norm)
+        max_norm = self.path.cfg.schedule.grad_clip
+        if max_norm is not None and is_sharded(self.path.passes.policy):
+            self.path.passes.policy.clip_grad_norm_(max_norm)
         elif max_norm is not None:
             self.lightning.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
         optimizer.step()

@@ -202,6 +202,7 @@ def default_plan(device: str) -> dict[str, Any]:
     from omegaconf import OmegaConf, open_dict
 
     from tokenrl.paths import CONFIG_DIR
+    from tokenrl.records.settings import ModelSettings
     from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -210,7 +211,7 @@ def default_plan(device: str) -> dict[str, Any]:
         cfg.paths.output_dir = tempfile.gettempdir()  # no Hydra run here: nothing is written
     container = OmegaConf.to_container(cfg, resolve=True)
     try:
-        shape = architecture_shape(container["model"])
+        shape = architecture_shape(ModelSettings.of(container["model"]))
     except OSError as err:  # the default model is not prepared
         return {"skipped": f"{err}".splitlines()[0]}
     return plan_memory(container, shape, device, device_capacity_gib(device)).as_dict()

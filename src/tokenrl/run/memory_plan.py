@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from tokenrl.records.settings import ModelSettings
+
 GIB = 2**30
 # the process itself: on CPU its host RSS at the first step's start less the weights (torch, transformers, Lightning,
 # the trainer, tokenizer and data, under tcmalloc: 0.58 GiB measured here at three model sizes); on a GPU, CUDA's
@@ -106,26 +108,14 @@ class MemoryPlan:
         }
 
 
-def architecture_shape(model_cfg: Mapping[str, Any]) -> Shape:
+def architecture_shape(settings: ModelSettings) -> Shape:
     """Parameter counts and sizes of the configured model, built on the meta device (no memory, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from tokenrl.models import meta_model
 
-    from tokenrl.models import _load_pretrained
-
-    if model_cfg["init"] == "random":
-        arch = dict(model_cfg["architecture"])
-        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-    else:
-        config = _load_pretrained(model_cfg["source"], AutoConfig)  # offline: the same error as the model's load
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    parameters = sum(p.numel() for p in model.parameters())
-    trainable = parameters
-    if model_cfg.get("lora"):
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model = meta_model(settings)
+    config = model.config
+    parameters = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)  # the base's
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     outer = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

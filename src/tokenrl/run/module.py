@@ -1,17 +1,17 @@
 """`GRPOModule`: the Lightning hooks and the order of a rollout step's phases (math: docs/algorithms.md §1.2–1.4).
 1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its
    memory);
-2. advantages, π_old's statistics (or, where exact, from the update's own forward: `fast_path.fused_statistics`) and
-   the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update (step/update.py) under
-   Lightning (`LightningUpdate`, run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics, samples; the step
-   boundary. It is built from one `ModuleSpec` (run/module_spec.py: its settings and parts, read from the config) and
-   owns its parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`) and its update
-   (`LightningUpdate`, built with the policy).
+2. advantages and the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update along the
+   run's `UpdatePath` (step/update.py: π_old's statistics from a separate pass or, where exact, from the update's own
+   forward) under Lightning (`LightningUpdate`, run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics,
+   samples; the step boundary. The forwards run as one `ForwardPlan` (step/fast_path.py) says, resolved once.
+It is built from one `ModuleSpec` (run/module_spec.py: its settings and parts, read from the config) and owns its
+parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`) and its update (`LightningUpdate`,
+built with the policy).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping
@@ -28,7 +28,6 @@ from tokenrl.models import build_model, build_reference
 from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
 from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.records.prompt_batch import PromptBatch
-from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
@@ -39,10 +38,12 @@ from tokenrl.run.module_spec import ModuleSpec
 from tokenrl.run.preemption import PreemptionWatch
 from tokenrl.run.run_state import RunState
 from tokenrl.step.entropy_control import EntropyControl
-from tokenrl.step.fast_path import UpdatePath
+from tokenrl.step.fast_path import ForwardPlan
 from tokenrl.step.metrics import step_metrics
+from tokenrl.step.passes import PolicyPasses
 from tokenrl.step.schedule import with_linear_warmup
 from tokenrl.step.train_batch import TrainBatch
+from tokenrl.step.update import UpdatePath
 from tokenrl.utils import StepTimer
 
 # prompts stay on the host on purpose (see transfer_batch_to_device); Lightning warns about the override
@@ -56,8 +57,8 @@ class GRPOModule(L.LightningModule):
     def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.model_cfg, self.rollout_cfg = dict(spec.model), dict(spec.rollout)
-        self.cfg = AlgorithmConfig.from_node(spec.algorithm, int(spec.rollout["max_new_tokens"]))
+        self.model_cfg, self.rollout_cfg = spec.model, spec.rollout
+        self.cfg = AlgorithmConfig.from_node(spec.algorithm, spec.rollout.max_new_tokens)
         self.entropy_control = EntropyControl.of(self.cfg)
         self.selector, self.tokenizer, self.optimizer_factory = spec.selector, spec.tokenizer, spec.optimizer
         self.with_js = needs_js(spec.selector.requires, type(spec.selector).__name__, spec.js_diagnostics)
@@ -90,34 +91,32 @@ class GRPOModule(L.LightningModule):
         policy = build_model(self.model_cfg, seed=self.seed).train()
         self.adapters.remember_base(policy, self.model_cfg, self.seed)
         references = (
-            [build_reference(policy, self.model_cfg.get("reference_dtype"))]
-            if self.cfg.uses_reference and not self.model_cfg.get("lora")
+            [build_reference(policy, self.model_cfg.reference_dtype)]
+            if self.cfg.uses_reference and not self.model_cfg.lora
             else []
         )
         strategy = self._trainer.strategy if self._trainer is not None else None
         policy, *references = shard_under(strategy, [policy, *references])
         self.policy, self._reference = policy, references
-        self.update_path = UpdatePath.of(self.fast_path, policy)
-        self.passes = self.update_path.policy_passes(
-            policy,
-            references[0] if references else None,
+        plan = ForwardPlan(
             self.sampling.temperature,
             self.cfg.batch.micro_batch_size,
-            int(self.model_cfg["stats_chunk_size"]),
+            self.model_cfg.stats_chunk_size,
             self.with_js,
             self.selector.js_peers,
             self.cfg.batch.micro_batch_tokens,
+            self.fast_path,
         )
-        self.update_step = LightningUpdate(
-            self, self.passes, self.selector, self.cfg, self.entropy_control, self.seed, with_js=self.with_js
-        )
+        self.passes = PolicyPasses(policy, references[0] if references else None, plan.resolved(policy))
+        path = UpdatePath(self.passes, self.selector, self.cfg)
+        self.update_step = LightningUpdate(self, path, self.entropy_control, self.seed)
 
     def on_fit_start(self) -> None:
         if self.cfg.shaping.filter_groups is not None:
             self.collector.check_sizes(self.global_rank, self.trainer.world_size)
         for reference in (r for r in self._reference if not is_sharded(r)):  # FSDP placed a sharded one
             reference.to(self.device)
-        log.info("building the %s rollout engine", self.rollout_cfg["engine"])
+        log.info("building the %s rollout engine", self.rollout_cfg.engine)
         self.engine = build_engine(
             self.rollout_cfg,
             self.policy,
@@ -172,35 +171,22 @@ class GRPOModule(L.LightningModule):
         with timer("generate"):
             self.engine.sleep()
         self.check_preempted()  # safe: nothing of this step is applied yet (the engine wakes at the next generate)
-        fused = self.fused_statistics(scored.rollouts)
-        with timer("statistics"):
-            train = TrainBatch.assemble(
-                self.run_state.rollout_step,
-                scored.rollouts,
-                scored.scores,
-                scored.rewards,
-                self.cfg,
-                self.passes,
-                fused,
-                self.global_rank * len(scored.rollouts.texts),
-                scored.forks,
-            )
+        with timer("statistics"):  # the reference's; π_old's come with the update (`UpdatePath`)
+            offset = self.global_rank * len(scored.rollouts.texts)
+            train = TrainBatch.assemble(self.run_state.rollout_step, scored, self.cfg, self.passes, offset)
         entropy_coef = self.entropy_control.alpha  # this step's α (the update reads the same)
         self.check_preempted()  # the last safe point: an update that has begun runs to its end
-        with timer("update"):
-            lr, update = self.update_step(train, self.run_state.rollout_step)
+        lr, update = self.update_step(train, timer)
         self.run_state.optimizer_steps += update.optimizer_steps
-        train = dataclasses.replace(train, stats=update.stats) if fused else train  # the update's statistics
         if self.cfg.schedule.entropy_target is not None:
-            self.entropy_control.observe(train.mean_entropy(self.device))
+            self.entropy_control.observe(train.mean_entropy(update.stats, self.device))
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.run_state.optimizer_steps)
         self.run_state.rollout_step += 1
         self.run_state.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
-        whole = train.whole_view(self.device, self.global_rank)
+        whole = train.whole_view(update.stats, self.device, self.global_rank)
         metrics = {
             **step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
-            "train/fused_statistics": float(fused),
             "train/entropy_coef": entropy_coef,
             **selection_diagnostics(update.first_epoch_weights, whole, train.forks),
         }
@@ -218,20 +204,6 @@ class GRPOModule(L.LightningModule):
         if self.sample_writer is not None:
             self.sample_writer.record(train, update, whole, self.global_rank)
         self.run_state.mark_step_boundary()
-
-    def fused_statistics(self, rollouts: RolloutBatch) -> bool:
-        """Whether the statistics of this step's `rollouts` come from the update's forward; the first step logs the
-        update's path. Every rank takes the same path."""
-        several = self._trainer is not None and self._trainer.world_size > 1
-        return self.update_path.fused_statistics(
-            self.cfg,
-            self.selector,
-            self.with_js,
-            rollouts,
-            self.passes.cut(with_grad=True),
-            log if self.global_rank == 0 else None,
-            self._everyone if several else None,
-        )
 
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""

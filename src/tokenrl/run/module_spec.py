@@ -25,6 +25,7 @@ from tokenrl.data.tasks import Task
 from tokenrl.evaluation.runner import EvalSettings, ValidationSet, Validator
 from tokenrl.models.warmup import warmed_up
 from tokenrl.observe.samples import SampleWriter
+from tokenrl.records.settings import ModelSettings, RolloutSettings
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.run.devices import runs_on_gpu
 from tokenrl.selectors.base import TokenSelector
@@ -35,11 +36,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModuleSpec:
-    """The settings and parts of one `GRPOModule`; `model`, `algorithm` and `rollout` are the resolved config nodes."""
+    """The settings and parts of one `GRPOModule`; `algorithm` is the resolved config node."""
 
-    model: Mapping[str, Any]  # the policy's config (models/); a task's warm-up points it at the warmed-up folder
+    model: ModelSettings  # a task's warm-up points it at the warmed-up folder
     algorithm: Mapping[str, Any]  # read by `AlgorithmConfig.from_node`
-    rollout: Mapping[str, Any]
+    rollout: RolloutSettings
     selector: TokenSelector
     tokenizer: PreTrainedTokenizerBase
     optimizer: Callable[..., torch.optim.Optimizer]  # the `_partial_` optimizer, given the trainable parameters
@@ -62,13 +63,13 @@ class ModuleSpec:
         model, algorithm, rollout = (
             OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")
         )
-        model = prepared_policy(model, task, tokenizer, formatter, Path(cfg.paths.model_cache))
+        model = prepared_policy(ModelSettings.of(model), task, formatter, Path(cfg.paths.model_cache))
         checker = validator_for(cfg, task, formatter) if cfg.validation.every_n_steps else None
         selector = instantiate(cfg.selector)
         return cls(
             model=model,
             algorithm=algorithm,
-            rollout=rollout,
+            rollout=RolloutSettings.of(rollout),
             selector=selector,
             tokenizer=tokenizer,
             optimizer=instantiate(cfg.algorithm.optimizer),
@@ -91,16 +92,14 @@ class ModuleSpec:
         )
 
 
-def prepared_policy(
-    model: dict[str, Any], task: Task, tokenizer: Any, formatter: PromptFormatter, cache_root: Path
-) -> dict[str, Any]:
-    """The model config to train: a random policy of a task with a supervised warm-up (task=forks) points at the
-    warmed-up folder (trained now or loaded from `paths.model_cache`, models/warmup.py); any other unchanged."""
-    if task.warmup is None or model["init"] != "random":
+def prepared_policy(model: ModelSettings, task: Task, formatter: PromptFormatter, cache_root: Path) -> ModelSettings:
+    """The model to train: a random policy of a task with a supervised warm-up (task=forks) points at the warmed-up
+    folder (trained now or loaded from `paths.model_cache`, models/warmup.py); any other unchanged."""
+    if task.warmup is None or model.init != "random":
         if task.warmup is not None:
-            log.info("model.init=%s: the task's warm-up is for random policies and is skipped", model["init"])
+            log.info("model.init=%s: the task's warm-up is for random policies and is skipped", model.init)
         return model
-    return warmed_up(model, tokenizer, formatter, task.warmup_example, task.warmup, task.description(), cache_root)
+    return warmed_up(model, formatter, task, cache_root)
 
 
 def validator_for(cfg: DictConfig, task: Task, formatter: PromptFormatter) -> Validator:

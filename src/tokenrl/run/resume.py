@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tokenrl.config.command_line import AUTO
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import SHARDED_META, checkpoint_mismatch, interrupted_swap, is_sharded_checkpoint
 
 log = logging.getLogger(__name__)
@@ -284,33 +285,20 @@ def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
     return shapes, meta.get("tokenrl", {}).get("base") is None
 
 
-def policy_shapes(model_cfg: Mapping[str, Any]) -> dict[str, list[int]]:
-    """The shapes of the `policy.*` weights a run of `model.*` = `model_cfg` checkpoints, from its architecture
-    built on the meta device (no memory, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def policy_shapes(settings: ModelSettings) -> dict[str, list[int]]:
+    """The shapes of the `policy.*` weights a run of `model.*` checkpoints, from its architecture built on the meta
+    device (no memory, no weights read)."""
+    from tokenrl.models import meta_model
 
-    from tokenrl.models import _load_pretrained
-
-    if model_cfg["init"] == "random":
-        arch = dict(model_cfg["architecture"])
-        config = AutoConfig.for_model(arch.pop("model_type"), **arch)
-    else:
-        config = _load_pretrained(model_cfg["source"], AutoConfig)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    if model_cfg.get("lora"):
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(model_cfg["lora"])))
-    return {f"policy.{key}": list(value.shape) for key, value in model.state_dict().items()}
+    return {f"policy.{key}": list(value.shape) for key, value in meta_model(settings).state_dict().items()}
 
 
-def check_checkpoint_matches(path: str | Path, model_cfg: Mapping[str, Any]) -> None:
+def check_checkpoint_matches(path: str | Path, settings: ModelSettings) -> None:
     """Raise ValueError (one line naming `path`, how many weights differ and one of them) unless the checkpoint at
-    `path` holds weights of the shapes the model of `model_cfg` has."""
+    `path` holds weights of the shapes the model of `settings` has."""
     saved, complete = checkpoint_shapes(path)
     mismatch = checkpoint_mismatch(
-        path, saved, policy_shapes(model_cfg), "resume with the model it was trained with", complete
+        path, saved, policy_shapes(settings), "resume with the model it was trained with", complete
     )
     if mismatch is not None:
         raise mismatch

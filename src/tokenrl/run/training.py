@@ -25,6 +25,7 @@ from tokenrl.data.prompts import PromptFormatter
 from tokenrl.export.hf_folder import export_run
 from tokenrl.models import build_tokenizer
 from tokenrl.observe.mlflow_logger import MLflowLogger, config_params
+from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import AtomicCheckpointIO, CheckpointWriteError, RunCheckpoint, remove_stale_temporaries
 from tokenrl.run.devices import narrow_to_trainer_gpu
 from tokenrl.run.memory_plan import MemoryPlan, architecture_shape, device_capacity_gib, memory_refusal, plan_memory
@@ -52,7 +53,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteEr
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
     """The module, data module and trainer that `cfg` describes; the module and the data module share the task, the
     tokenizer and the prompt formatter."""
-    tokenizer = build_tokenizer(OmegaConf.to_container(cfg.model, resolve=True))
+    tokenizer = build_tokenizer(ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)))
     task = instantiate(cfg.task)
     first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"  # dynamic sampling
     datamodule = RolloutDataModule(
@@ -108,7 +109,7 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     container = OmegaConf.to_container(cfg, resolve=True)
     plan = plan_memory(
         container,
-        architecture_shape(container["model"]),
+        architecture_shape(ModelSettings.of(container["model"])),
         device,
         device_capacity_gib(device),
         prompt_tokens=max(map(len, datamodule.train_prompt_ids)),
@@ -180,7 +181,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     kept_rows = []
     if ckpt_path is not None:
         changed = check_resume_settings(ckpt_path, OmegaConf.to_container(cfg), steps_done, output_dir)
-        check_checkpoint_matches(ckpt_path, OmegaConf.to_container(cfg.model, resolve=True))  # before any load
+        model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+        check_checkpoint_matches(ckpt_path, model)  # before any load
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
         record_resume(output_dir, ckpt_path, steps_done, list(overrides), changed)

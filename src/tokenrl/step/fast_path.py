@@ -1,14 +1,13 @@
 """`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the layout chosen per
 device by measurement, the fused head on a GPU only) and taken only where it is exact. This module alone decides which
-path a step takes — the layout of the forwards (`layout_blocker`), statistics from the update's forward
-(`fused_blocker`), micro-batches by length, the fused LM head (`fused_head_blocker`) — and `UpdatePath` says once per
-run which were taken and why not the others; step/update.py only runs the path chosen."""
+path a step takes: `ForwardPlan` resolves once per run which forwards the model allows (the layout: `layout_blocker`;
+the fused LM head: `fused_head_blocker`) and how each pass cuts its rows; `statistics_blocker` says per step whether
+π_old's statistics come from the update's own forward (`fused_blocker`). step/update.py only runs the path chosen."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,17 +15,18 @@ import torch
 from torch import nn
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.models.response_forward import LAYOUTS
+from tokenrl.models.lm_head import fusable_head
+from tokenrl.models.packed import packed_blocker
+from tokenrl.models.response_forward import LAYOUTS, decoder_and_head
+from tokenrl.models.sharding import is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.micro_batches import MicroBatchCut
-from tokenrl.step.passes import PolicyPasses, fused_head_blocker, layout_blocker
 
 # `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU: the step of
 # scripts/bench/step.py in each layout (benchmarks/step_layouts.json); cuda: on an H200 the shared prefix made the
 # update 2x slower than the padded layout (§12.1), and the packed layout has not run on a GPU yet.
 AUTO_LAYOUT = {"cpu": "shared_prefix", "cuda": "padded"}
-CPU_HEAD_AUTO_OFF = "fast_path.fused_head=auto off a GPU (docs/algorithms.md §12.5); true forces it"
 
 
 @dataclass(frozen=True)
@@ -141,127 +141,116 @@ class FastPath:
         return cls(**node)
 
 
-def head_blocker_of(policy: nn.Module) -> str | None:
-    """Why the update cannot take the fused head with `policy` (None: it can); a model without a causal LM's
-    decoder/head pair (a stand-in in tests) is not refused here: the passes check again."""
+def layout_blocker(model: nn.Module, layout: str, with_grad: bool = True) -> str | None:
+    """Why a pass over `model` cannot run `layout` (None: it can; the padded layout always can): FSDP runs every pass
+    through the root's single forward; in the update (`with_grad`), gradient checkpointing turns transformers' KV cache
+    off (the shared prefix) and recomputes the layers outside the packed attention (the no-grad passes pause it:
+    step/passes.py's `checkpointing_paused`); the packed layout needs full attention in every layer
+    (`packed_blocker`)."""
+    if layout == "padded":
+        return None
+    if is_sharded(model):
+        return "FSDP updates through the root module's own forward"
+    if layout == "packed":
+        return packed_blocker(model, with_grad)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if with_grad and getattr(base, "is_gradient_checkpointing", False):
+        return "gradient checkpointing turns transformers' KV cache off in the update"
+    return None
+
+
+def fused_head_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
+    """Why a pass over `model` cannot take the fused head (None: it can): FSDP runs the update through the root's
+    own forward, which applies the head itself; an adapter-wrapped (or otherwise not plain linear) head. A model
+    without a causal LM's decoder/head pair (a stand-in in tests) is not refused."""
+    if with_grad and is_sharded(model):
+        return "FSDP updates through the root module's own forward"
     try:
-        return fused_head_blocker(policy, with_grad=True)
+        _, head = decoder_and_head(model)
     except AttributeError:
         return None
+    if not fusable_head(head):
+        return f"the output head is a {type(head).__name__}, not a plain nn.Linear"
+    return None
 
 
-@dataclass
-class UpdatePath:
-    """The shortcuts one run's update takes: each `*layout_blocker` is why the chosen layout is not run (None: it is;
-    the padded one runs instead), in the passes without gradient (statistics, reference) and in the update's forward;
-    `reported`: the run's log said so."""
+PLAIN = FastPath("padded", fused_statistics=False, pack=False)  # every forward as the model's own: no shortcut
 
-    fast_path: FastPath
-    layout_blocker: str | None
-    update_layout_blocker: str | None
-    reported: bool = False
-    head_blocker: str | None = "fast_path.fused_head=false"
 
-    @classmethod
-    def of(cls, fast_path: FastPath, policy: nn.Module) -> UpdatePath:
-        """The path `fast_path` asks for, as far as `policy` allows it (`layout_blocker`: e.g. gradient checkpointing
-        keeps the update padded)."""
-        head_off = (
-            None
-            if fast_path.fused_head
-            else (CPU_HEAD_AUTO_OFF if fast_path.fused_head_auto else "fast_path.fused_head=false")
-        )
-        return cls(
-            fast_path,
-            layout_blocker(policy, fast_path.layout, with_grad=False),
-            layout_blocker(policy, fast_path.layout, with_grad=True),
-            head_blocker=head_off or head_blocker_of(policy),
-        )
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How every pass of one run runs the policy, resolved once (`resolved`): the sampling `temperature`, the rows
+    (`micro_batch_size`) or tokens (`micro_batch_tokens`) of a micro-batch, the statistics' `stats_chunk_size`, JS
+    (`with_js`, over `js_peers`), and the `fast_path` shortcuts as far as the model allows them: `blockers` names each
+    one the model refuses ("layout" in the no-grad passes, "update_layout", "head" in the no-grad passes,
+    "update_head") and why."""
 
-    def layouts(self) -> tuple[str, str]:
-        """(the no-grad passes' layout, the update's): the chosen one where it is not blocked, else padded."""
-        chosen = self.fast_path.layout
-        return (
-            chosen if self.layout_blocker is None else "padded",
-            chosen if self.update_layout_blocker is None else "padded",
-        )
+    temperature: float
+    micro_batch_size: int
+    stats_chunk_size: int
+    with_js: bool = False
+    js_peers: str = "all"
+    micro_batch_tokens: int | None = None
+    fast_path: FastPath = PLAIN
+    blockers: tuple[tuple[str, str], ...] = ()
 
-    def policy_passes(
-        self,
-        policy: nn.Module,
-        reference: nn.Module | None,
-        temperature: float,
-        micro_batch_size: int,
-        stats_chunk_size: int,
-        with_js: bool,
-        js_peers: str,
-        micro_batch_tokens: int | None = None,
-    ) -> PolicyPasses:
-        """The policy's passes in the layouts this path takes, each micro-batch cut to its own widths and groups
-        ordered by length with `pack`, by rows or by `micro_batch_tokens` tokens."""
-        layout, update_layout = self.layouts()
-        return PolicyPasses(
-            policy,
-            reference,
-            temperature,
-            micro_batch_size,
-            stats_chunk_size,
-            with_js,
-            js_peers,
-            layout=layout,
-            update_layout=update_layout,
-            trim=self.fast_path.pack,
-            fused_head=self.fast_path.fused_head,
-            micro_batch_tokens=micro_batch_tokens,
-            by_length=self.fast_path.pack,
-        )
+    def resolved(self, policy: nn.Module) -> ForwardPlan:
+        """This plan with the shortcuts `policy` refuses named (e.g. gradient checkpointing keeps the update padded;
+        the reference is a copy of the policy, or the policy itself with its adapters off, so one check holds for
+        both)."""
+        layout, fused = self.fast_path.layout, self.fast_path.fused_head
+        found = {
+            "layout": layout_blocker(policy, layout, with_grad=False),
+            "update_layout": layout_blocker(policy, layout, with_grad=True),
+            "head": fused_head_blocker(policy, with_grad=False) if fused else None,
+            "update_head": fused_head_blocker(policy, with_grad=True) if fused else None,
+        }
+        return dataclasses.replace(self, blockers=tuple((key, why) for key, why in found.items() if why))
 
-    def statistics_blocker(
-        self, cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rollouts: RolloutBatch, cut: MicroBatchCut
-    ) -> str | None:
+    def blocker(self, name: str) -> str | None:
+        return dict(self.blockers).get(name)
+
+    def layout(self, with_grad: bool) -> str:
+        """The layout of the update's forward (`with_grad`) or of a pass without gradient: the chosen one where the
+        model allows it, else padded."""
+        allowed = self.blocker("update_layout" if with_grad else "layout") is None
+        return self.fast_path.layout if allowed else "padded"
+
+    def fuses_head(self, with_grad: bool) -> bool:
+        return self.fast_path.fused_head and self.blocker("update_head" if with_grad else "head") is None
+
+    @property
+    def trim(self) -> bool:
+        """Each micro-batch cut to its own longest prompt and response, groups ordered by length (`fast_path.pack`)."""
+        return self.fast_path.pack
+
+    def cut(self, with_grad: bool) -> MicroBatchCut:
+        """How the update's forward (`with_grad`) or a pass without gradient cuts its rows into micro-batches, the
+        token budget counted in that pass's layout (a budget is refused under FSDP: config/check.py)."""
+        layout = self.layout(with_grad)
+        return MicroBatchCut(self.micro_batch_size, self.micro_batch_tokens, layout, self.trim, self.trim)
+
+    def statistics_blocker(self, cfg: AlgorithmConfig, selector: TokenSelector, rollouts: RolloutBatch) -> str | None:
         """Why the step of `rollouts` (this rank's) takes π_old's statistics from a separate pass (None: from the
-        update's forward, whose micro-batches `cut` makes)."""
+        update's forward, whose micro-batches `cut(with_grad=True)` makes)."""
         if not self.fast_path.fused_statistics:
             return "fast_path.fused_statistics=false"
-        budget = None
+        cut, budget = self.cut(with_grad=True), None
         if cut.max_tokens is not None and cfg.batch.optimizer_steps == 1:  # else refused whatever the cut
-            budget = TokenBudgetCut.of(cut, rollouts, with_js or selector.reads_groups)
-        return fused_blocker(cfg, selector, with_js, rollouts.response_ids.shape[0], budget)
+            budget = TokenBudgetCut.of(cut, rollouts, self.with_js or selector.reads_groups)
+        return fused_blocker(cfg, selector, self.with_js, rollouts.response_ids.shape[0], budget)
 
-    def fused_statistics(
-        self,
-        cfg: AlgorithmConfig,
-        selector: TokenSelector,
-        with_js: bool,
-        rollouts: RolloutBatch,
-        cut: MicroBatchCut,
-        report: logging.Logger | None,
-        everyone: Callable[[bool], bool] | None = None,
-    ) -> bool:
-        """Whether the step of `rollouts` takes π_old's statistics from the update's forward; the first call with a
-        `report` logger logs the update's path there. `everyone` (several ranks): whether every rank's answer is yes —
-        each rank decides on its own rows (a token budget cuts them by their lengths), and the ranks must take one path
-        (their collectives run in a different order on each)."""
-        blocker = self.statistics_blocker(cfg, selector, with_js, rollouts, cut)
-        if everyone is not None and not everyone(blocker is None) and blocker is None:
-            blocker = "another rank's rows cannot take it, and every rank takes the same path"
-        if report is not None and not self.reported:
-            report.info(self.describe(blocker, cut.max_tokens))
-            self.reported = True
-        return blocker is None
-
-    def describe(self, statistics_blocker: str | None, micro_batch_tokens: int | None = None) -> str:
+    def describe(self, statistics_blocker: str | None) -> str:
         """The run log's line: the layout of the forwards (and where it came from), where the statistics come from,
-        how micro-batches are cut (`micro_batch_tokens`: by that token budget) and, where `fast_path.fused_head` asks
-        for it, whether the head is fused."""
+        how micro-batches are cut and, where `fast_path.fused_head` asks for it, whether the head is fused."""
         chosen = self.fast_path.layout
-        no_grad, update = self.layouts()
+        no_grad, update = self.layout(with_grad=False), self.layout(with_grad=True)
         if update == no_grad:
-            reasons = dict.fromkeys((self.layout_blocker, self.update_layout_blocker))  # the no-grad one first
+            reasons = dict.fromkeys((self.blocker("layout"), self.blocker("update_layout")))  # the no-grad one first
             layout = no_grad if update == chosen else f"padded ({chosen}: {'; '.join(filter(None, reasons))})"
         else:
             layout = (
-                f"padded in the update ({chosen}: {self.update_layout_blocker}), {chosen} in the statistics and "
+                f"padded in the update ({chosen}: {self.blocker('update_layout')}), {chosen} in the statistics and "
                 "reference passes"
             )
         if self.fast_path.layout_auto:
@@ -271,11 +260,12 @@ class UpdatePath:
             if statistics_blocker is None
             else f"from a separate pass ({statistics_blocker})"
         )
-        cut = "by length, cut to their own widths" if self.fast_path.pack else "in row order, full width"
-        if micro_batch_tokens is not None:
-            cut += f", at most {micro_batch_tokens} tokens each (algorithm.micro_batch_tokens)"
+        cut = "by length, cut to their own widths" if self.trim else "in row order, full width"
+        if self.micro_batch_tokens is not None:
+            cut += f", at most {self.micro_batch_tokens} tokens each (algorithm.micro_batch_tokens)"
         line = f"update path: layout {layout}; statistics {statistics}; micro-batches {cut}"
-        if not self.fast_path.fused_head:  # off (or auto off a GPU): the head as it always was, nothing to add
+        if not self.fast_path.fused_head:  # off, or auto off a GPU: the head as it always was
             return line
-        head = "fused over vocabulary chunks" if self.head_blocker is None else f"materialised ({self.head_blocker})"
+        blocker = self.blocker("update_head")
+        head = "fused over vocabulary chunks" if blocker is None else f"materialised ({blocker})"
         return f"{line}; LM head {head}"

@@ -21,7 +21,7 @@ def step_metrics(
 ) -> dict[str, float]:
     """Means over this rank's rows or response tokens; `lr` is the learning rate the update used; `sampling` holds
     dynamic sampling's round metrics. `train/rollout_step` counts the updates applied (1 after the first step)."""
-    rollouts, stats = batch.rollouts, batch.stats
+    rollouts, stats = batch.rollouts, update.stats
     resp = rollouts.response_mask.float()
     tokens = resp.sum().clamp_min(1.0)
     gap = (rollouts.sampling_logprobs - stats.logprobs).abs() * resp
@@ -39,6 +39,7 @@ def step_metrics(
         "train/logprob_gap_max": gap.max().item(),
         "train/lr": lr,
         "train/rollout_step": float(batch.step + 1),
+        "train/fused_statistics": float(update.fused_statistics),
         **{f"train/{key}": value for key, value in sampling.items()},
     }
     if cfg.shaping.overlong_buffer:

@@ -3,10 +3,11 @@ statistics of every response token from its logits (the math: algorithms/logit_s
 forward: models/response_forward.py).
 
 Each forward holds whole groups, at most max(micro_batch_size, G) rows of hidden states or, with `micro_batch_tokens`,
-at most that many tokens (a group larger runs alone: step/micro_batches.py); the head turns them into logits chunk by
-chunk inside `group_statistics`, so at most `chunk_size` response tokens have logits at a time. With `fused_head`
-(`fast_path.fused_head`, docs/algorithms.md §12.5) the fused head of models/lm_head.py computes the same statistics
-from the hidden states vocabulary chunk by vocabulary chunk, all of a forward's tokens at once, without logits."""
+at most that many tokens (a group larger runs alone: step/micro_batches.py), in the layout of the run's `ForwardPlan`
+(step/fast_path.py); the head turns them into logits chunk by chunk inside `group_statistics`, so at most
+`stats_chunk_size` response tokens have logits at a time. Where the plan fuses the head (`fast_path.fused_head`,
+docs/algorithms.md §12.5) the fused head of models/lm_head.py computes the same statistics from the hidden states
+vocabulary chunk by vocabulary chunk, all of a forward's tokens at once, without logits."""
 
 from __future__ import annotations
 
@@ -19,27 +20,17 @@ from tokenrl.models.lm_head import response_slots
 from tokenrl.models.response_forward import decoder_and_head, response_hidden
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats, zero_statistics
-from tokenrl.step.micro_batches import MicroBatchCut
+from tokenrl.step.fast_path import ForwardPlan
 
 
 @torch.no_grad()
 def compute_token_stats(
-    model: nn.Module,
-    batch: RolloutBatch,
-    temperature: float,
-    micro_batch_size: int,
-    chunk_size: int,
-    with_js: bool = False,
-    js_peers: str = "all",
-    layout: str = "padded",
-    trim: bool = False,
-    fused_head: bool = False,
-    micro_batch_tokens: int | None = None,
-    by_length: bool = False,
+    model: nn.Module, batch: RolloutBatch, plan: ForwardPlan, with_js: bool | None = None
 ) -> TokenStats:
-    """Statistics of every response token; each forward holds whole groups, at most max(micro_batch_size, G) rows or
-    `micro_batch_tokens` tokens, groups ordered by length with `by_length` (`MicroBatchCut`; layouts:
-    models/response_forward.py); `fused_head`: through models/lm_head.py (the head a plain nn.Linear)."""
+    """Statistics of every response token, JS where `with_js` (None: the plan's) asks; each forward holds whole groups,
+    cut as the plan cuts a pass without gradient (`ForwardPlan.cut`; layouts: models/response_forward.py)."""
+    with_js = plan.with_js if with_js is None else with_js
+    js_peers, temperature, layout = plan.js_peers, plan.temperature, plan.layout(with_grad=False)
     check_js_peers(js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
@@ -48,8 +39,8 @@ def compute_token_stats(
 
     def flush(rows: torch.Tensor) -> None:
         local[rows] = torch.arange(len(rows))
-        hidden, sub = response_hidden(model, batch.rows(rows), trim=trim, layout=layout)
-        if fused_head:
+        hidden, sub = response_hidden(model, batch.rows(rows), trim=plan.trim, layout=layout)
+        if plan.fuses_head(with_grad=False):
             fused_statistics(hidden, sub, rows)
             return
         for group in group_rows(batch.group_ids[rows]):
@@ -59,7 +50,7 @@ def compute_token_stats(
                 batch.response_ids,
                 batch.response_mask,
                 temperature,
-                chunk_size,
+                plan.stats_chunk_size,
                 with_js,
                 out,
                 js_peers,
@@ -80,8 +71,7 @@ def compute_token_stats(
             values = getattr(head_out, name).reshape(count, width).float().cpu()
             whole[rows, :width] = torch.where(mask, values, torch.zeros_like(values))
 
-    cut = MicroBatchCut(micro_batch_size, micro_batch_tokens, layout, trim, by_length)
     every = torch.arange(batch.response_ids.shape[0])
-    for rows in cut(batch, every, whole_groups=True):
+    for rows in plan.cut(with_grad=False)(batch, every, whole_groups=True):
         flush(rows)
     return TokenStats(**out)

@@ -14,6 +14,7 @@ from tokenrl.records.marks import ForkMarks
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import SelectionBatch, single_process
 from tokenrl.records.token_stats import TokenStats
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts
 from tokenrl.step.distributed import all_reduce_sum, gather_variable
 from tokenrl.step.passes import PolicyPasses
 
@@ -23,11 +24,11 @@ class TrainBatch:
     """Row-aligned (B = prompts × G rows, group-major) tensors of one rollout step on this rank.
 
     rollouts: prompts, responses and the engine's sampling log-probs; scores: the verifier's; rewards: scores plus
-    the overlong shaping; advantages: group-normalised rewards (docs/algorithms.md §1.2); stats: statistics of π_old,
-    the policy that generated (its log-probs are the PPO ratio's denominator); ref_logprobs: the frozen reference's
-    log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise choices);
-    forks: the true forks, decisions and failures of each response (`ForkMarks`: rollout/fork_marks.py) where the
-    task names them (task=forks), else None.
+    the overlong shaping; advantages: group-normalised rewards (docs/algorithms.md §1.2); ref_logprobs: the frozen
+    reference's log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise
+    choices); forks: the true forks, decisions and failures of each response (`ForkMarks`: rollout/fork_marks.py)
+    where the task names them (task=forks), else None. The statistics of π_old, the policy that generated, come with
+    the update (step/update.py's `UpdatePath`), which computes them.
     """
 
     step: int
@@ -35,53 +36,35 @@ class TrainBatch:
     scores: torch.Tensor
     rewards: torch.Tensor
     advantages: torch.Tensor
-    stats: TokenStats
     ref_logprobs: torch.Tensor | None
     row_offset: int = 0
     forks: ForkMarks | None = None
 
     @classmethod
     def assemble(
-        cls,
-        step: int,
-        rollouts: RolloutBatch,
-        scores: torch.Tensor,
-        rewards: torch.Tensor,
-        cfg: AlgorithmConfig,
-        passes: PolicyPasses,
-        fused: bool,
-        row_offset: int = 0,
-        forks: ForkMarks | None = None,
+        cls, step: int, scored: ScoredRollouts, cfg: AlgorithmConfig, passes: PolicyPasses, row_offset: int = 0
     ) -> TrainBatch:
-        """The step's batch: group advantages, π_old's statistics (None where the update's forward gives them:
-        `fused`) and the reference's log-probs (with a KL term)."""
+        """The step's batch of this rank's `scored` rollouts: group advantages and, with a KL term, the reference's
+        log-probs."""
+        rollouts, rewards = scored.rollouts, scored.rewards
         advantages = group_advantages(
             rewards, rollouts.group_ids, eps=cfg.shaping.adv_eps, std_normalize=cfg.shaping.adv_std_normalize
         )
-        return cls(
-            step,
-            rollouts,
-            scores,
-            rewards,
-            advantages,
-            None if fused else passes.statistics(rollouts),
-            passes.reference_logprobs(rollouts) if cfg.uses_reference else None,
-            row_offset,
-            forks,
-        )
+        reference = passes.reference_logprobs(rollouts) if cfg.uses_reference else None
+        return cls(step, rollouts, scored.scores, rewards, advantages, reference, row_offset, scored.forks)
 
-    def mean_entropy(self, device: torch.device | str = "cpu") -> float:
-        """π_old's mean entropy over the response tokens of every rank's batch (the adaptive α's input); `device`:
-        where the collective runs."""
+    def mean_entropy(self, stats: TokenStats, device: torch.device | str = "cpu") -> float:
+        """The mean entropy of `stats` (π_old's) over the response tokens of every rank's batch (the adaptive α's
+        input); `device`: where the collective runs."""
         valid = self.rollouts.response_mask.bool()
-        local = torch.tensor([float(self.stats.entropy[valid].sum()), float(valid.sum())])
+        local = torch.tensor([float(stats.entropy[valid].sum()), float(valid.sum())])
         entropy, tokens = all_reduce_sum(local, device)
         return float(entropy / tokens.clamp_min(1.0))
 
-    def whole_view(self, device: torch.device | str = "cpu", rank: int = 0) -> SelectionBatch:
-        """What a selector sees of every row of the step, gathering across ranks on `device` (the diagnostics' and
-        the samples' view)."""
-        return self.selection_view(torch.arange(self.size), partial(gather_variable, device=device), rank)
+    def whole_view(self, stats: TokenStats, device: torch.device | str = "cpu", rank: int = 0) -> SelectionBatch:
+        """What a selector sees of every row of the step with π_old's `stats`, gathering across ranks on `device` (the
+        diagnostics' and the samples' view)."""
+        return self.selection_view(torch.arange(self.size), stats, partial(gather_variable, device=device), rank)
 
     @property
     def size(self) -> int:
@@ -90,16 +73,16 @@ class TrainBatch:
     def selection_view(
         self,
         rows: torch.Tensor,
+        stats: TokenStats,
         gather: Callable[[torch.Tensor], list[torch.Tensor]] = single_process,
         rank: int = 0,
-        stats: TokenStats | None = None,
     ) -> SelectionBatch:
-        """What a selector sees of `rows` (sorted): their statistics (`stats` of those rows instead, when given, e.g.
-        the current policy's), advantages, masks, groups, global row ids, the step, a cross-rank gather and the
-        task's marks (`forks`) when it names them."""
+        """What a selector sees of `rows` (sorted): `stats` (of those rows: π_old's, or the current policy's),
+        advantages, masks, groups, global row ids, the step, a cross-rank gather and the task's marks (`forks`) when
+        it names them."""
         rows = rows.sort().values
         return SelectionBatch(
-            stats=self.stats.rows(rows) if stats is None else stats,
+            stats=stats,
             advantages=self.advantages[rows],
             response_mask=self.rollouts.response_mask[rows],
             group_ids=self.rollouts.group_ids[rows],

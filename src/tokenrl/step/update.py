@@ -4,18 +4,20 @@ Per mini-batch (docs/algorithms.md §1.2–1.4, §11): the selector weighs token
 per-token clip ranges, KL weights, advantages, a drift penalty) and names its loss normaliser, which is counted over
 the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's
 share of the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and
-one optimizer step follows. A function of (batch, selector, config, backend): Lightning supplies the backend in
-`GRPOModule`, a plain loop can supply another (tests/step/test_update.py runs it with no Trainer).
+one optimizer step follows. Lightning supplies the `Backend` in `GRPOModule`, a plain loop can supply another
+(tests/step/test_update.py runs it with no Trainer).
 
-Fused statistics (docs/algorithms.md §12): a `TrainBatch` without statistics (`stats=None`; step/fast_path.py alone
-decides when that is exact) takes π_old's statistics from the update's own forward — with one epoch and one mini-batch
-the update's weights are π_old's. Each micro-batch selects on its own statistics, back-propagates its loss as a plain
-sum and, once every micro-batch has selected, the gradients are divided by the mini-batch's normaliser (the loss is
-linear in 1/N, so this equals dividing first).
+`UpdatePath` owns where a step's π_old statistics come from: a separate no-grad pass before the update
+(`ppo_update`), or, where step/fast_path.py says that is exact, the update's own forward (`fused_update`,
+docs/algorithms.md §12) — with one epoch and one mini-batch the update's weights are π_old's. There each micro-batch
+selects on its own statistics, back-propagates its loss as a plain sum and, once every micro-batch has selected, the
+gradients are divided by the mini-batch's normaliser (the loss is linear in 1/N, so this equals dividing first).
+Either way the result carries the statistics.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -29,10 +31,12 @@ from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import Selection, single_process
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors.base import TokenSelector
-from tokenrl.step.passes import UpdateForward
+from tokenrl.step.passes import PolicyPasses, UpdateForward
 from tokenrl.step.train_batch import TrainBatch
+from tokenrl.utils import StepTimer
 
 UNIT = LossNormalizer(1.0, 1.0, 1.0)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,7 +48,8 @@ class Backend:
     (`MicroBatchCut`); backward: (loss share, last micro-batch of the optimizer step?); scale_gradients: multiply
     the accumulated gradients by a factor; optimizer_step: clip, step and zero the gradients; current_stats: detached
     statistics of π_θ for a sub-batch (selectors with `stats_policy=current`); reduce_normalizer: this rank's loss
-    divisors (`local_normalizer`) → their sum over every rank; gather / rank: the selectors' cross-rank view.
+    divisors (`local_normalizer`) → their sum over every rank; gather / rank: the selectors' cross-rank view;
+    everyone: whether every rank answers yes (the ranks take one path: their collectives must run in one order).
     """
 
     forward: Callable[[RolloutBatch, bool, bool], UpdateForward]
@@ -56,20 +61,34 @@ class Backend:
     reduce_normalizer: Callable[[LossNormalizer], LossNormalizer]
     gather: Callable[[torch.Tensor], list[torch.Tensor]] = field(default=single_process)
     rank: int = 0
+    everyone: Callable[[bool], bool] = field(default=bool)
+
+
+@dataclass(frozen=True)
+class UpdateRun:
+    """What a step's update runs with: the selector, the algorithm's settings (the loss's entropy coefficient: this
+    step's α), the generator that orders the mini-batches and, for the fused update, whether its forward computes JS
+    (then its micro-batches hold whole groups)."""
+
+    selector: TokenSelector
+    cfg: AlgorithmConfig
+    shuffle: torch.Generator = field(default_factory=torch.Generator)
+    with_js: bool = False
 
 
 @dataclass
 class UpdateResult:
     """Metrics of the update (mean loss per optimizer step, clip fractions over selected tokens, TIS weights), the
     first epoch's token weights over the whole batch (diagnostics, samples: a mask's are 0/1) and the per-token fields
-    its selections set (`SHAPING`, for the samples), the optimizer steps taken and, after fused statistics, the
-    statistics of the whole batch."""
+    its selections set (`SHAPING`, for the samples), the optimizer steps taken, π_old's statistics of the whole batch
+    and whether they came from the update's own forward."""
 
     metrics: dict[str, float]
     first_epoch_weights: torch.Tensor
     optimizer_steps: int
-    stats: TokenStats | None = None
+    stats: TokenStats
     first_epoch_shaping: dict[str, torch.Tensor] = field(default_factory=dict)
+    fused_statistics: bool = False
 
 
 SHAPING = ("clip_high", "kl_weights", "advantages", "drift_coef")  # the per-token fields the samples page shows
@@ -101,44 +120,65 @@ def local_normalizer(cfg: AlgorithmConfig, response_mask: torch.Tensor, selectio
     )
 
 
-def ppo_update(
-    batch: TrainBatch,
-    selector: TokenSelector,
-    cfg: AlgorithmConfig,
-    backend: Backend,
-    shuffle: torch.Generator,
-    entropy_coef: float | None = None,
-    with_js: bool = False,
-) -> UpdateResult:
-    """`cfg.batch.ppo_epochs` passes over `batch` in `cfg.batch.mini_batches` shuffled mini-batches (`shuffle` orders
-    them), each cut into micro-batches by `backend.micro_batches`; one pass with statistics from the update's forward
-    when `batch.stats` is None (`with_js`: the forward computes JS, so its micro-batches hold whole groups).
-    `entropy_coef`: this step's α of the entropy bonus (the adaptive coefficient's current value; None:
-    `cfg.loss.entropy_coef`)."""
-    settings = cfg.loss if entropy_coef is None else replace(cfg.loss, entropy_coef=entropy_coef)
-    if batch.stats is None:
-        return fused_update(batch, selector, backend, cfg, settings, with_js or selector.reads_groups)
+@dataclass
+class UpdatePath:
+    """One run's update, owning where each step's π_old statistics come from: the update's forward where the plan
+    allows it for the step's rows on every rank (`ForwardPlan.statistics_blocker`), else the statistics pass first.
+    The first step logs the path (rank 0)."""
+
+    passes: PolicyPasses
+    selector: TokenSelector
+    cfg: AlgorithmConfig
+    reported: bool = False
+
+    def update(
+        self, batch: TrainBatch, backend: Backend, shuffle: torch.Generator, entropy_coef: float, timer: StepTimer
+    ) -> UpdateResult:
+        """The update of `batch` with this step's entropy-bonus α and mini-batch order, the statistics pass and the
+        update timed as their phases."""
+        plan = self.passes.plan
+        blocker = plan.statistics_blocker(self.cfg, self.selector, batch.rollouts)
+        if not backend.everyone(blocker is None) and blocker is None:
+            blocker = "another rank's rows cannot take it, and every rank takes the same path"
+        if backend.rank == 0 and not self.reported:
+            log.info(plan.describe(blocker))
+            self.reported = True
+        cfg = replace(self.cfg, loss=replace(self.cfg.loss, entropy_coef=entropy_coef))
+        run = UpdateRun(self.selector, cfg, shuffle, plan.with_js)
+        if blocker is None:
+            with timer("update"):
+                return fused_update(batch, run, backend)
+        with timer("statistics"):
+            stats = self.passes.statistics(batch.rollouts)
+        with timer("update"):
+            return ppo_update(batch, stats, run, backend)
+
+
+def ppo_update(batch: TrainBatch, stats: TokenStats, run: UpdateRun, backend: Backend) -> UpdateResult:
+    """`cfg.batch.ppo_epochs` passes over `batch`, whose π_old statistics are `stats`, in `cfg.batch.mini_batches`
+    mini-batches (`run.shuffle` orders them), each cut into micro-batches by `backend.micro_batches`."""
+    selector, cfg, settings = run.selector, run.cfg, run.cfg.loss
     rollouts = batch.rollouts
-    is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, batch.stats.logprobs, rollouts)
+    is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, stats.logprobs, rollouts)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[dict[str, torch.Tensor]] = []  # `loss_terms` per micro-batch, read once at the end
     # π_old's statistics do not change during the update: select once, over whole groups and the whole batch, so the
     # choice does not depend on how the step is cut into mini-batches (GTPO's shares, a batch-wide top fraction)
     whole = (
-        selector.select(batch.selection_view(torch.arange(batch.size), backend.gather, backend.rank))
+        selector.select(batch.selection_view(torch.arange(batch.size), stats, backend.gather, backend.rank))
         if selector.stats_policy == "old"
         else None
     )
     steps = 0
     for epoch in range(cfg.batch.ppo_epochs):
-        for minibatch in torch.randperm(batch.size, generator=shuffle).tensor_split(cfg.batch.mini_batches):
+        for minibatch in torch.randperm(batch.size, generator=run.shuffle).tensor_split(cfg.batch.mini_batches):
             minibatch = minibatch.sort().values
             if whole is not None:
                 selection = whole.rows(minibatch)
             else:  # stats_policy=current: ranked on this mini-batch by π_θ (π_old for the first; it has moved since)
-                current = backend.current_stats(rollouts.rows(minibatch)) if steps > 0 else None
-                selection = selector.select(batch.selection_view(minibatch, backend.gather, backend.rank, current))
+                current = backend.current_stats(rollouts.rows(minibatch)) if steps > 0 else stats.rows(minibatch)
+                selection = selector.select(batch.selection_view(minibatch, current, backend.gather, backend.rank))
             if epoch == 0:
                 record_selection(first_epoch_weights, shaping, minibatch, selection)
             normalizer = backend.reduce_normalizer(local_normalizer(cfg, rollouts.response_mask[minibatch], selection))
@@ -149,7 +189,7 @@ def ppo_update(
                 # before the first optimizer step the weights are π_old's, so this very forward gives π_old and r = 1
                 # exactly (the separate pass, in another layout or precision, leaves rounding in r that GSPO's 3e-4
                 # clip and KL-Cov's |Δ| see); after it, π_old is the statistics pass's
-                old = forward.logprobs.detach() if steps == 0 else batch.stats.logprobs[rows]
+                old = forward.logprobs.detach() if steps == 0 else stats.logprobs[rows]
                 out = micro_batch_loss(
                     batch, rows, forward, old, selection.rows(local), normalizer, settings, is_weights
                 )
@@ -157,21 +197,14 @@ def ppo_update(
                 terms.append(loss_terms(out))
             backend.optimizer_step()
             steps += 1
-    return UpdateResult(
-        update_metrics(terms, steps, cfg, batch, is_weights), first_epoch_weights, steps, first_epoch_shaping=shaping
-    )
+    metrics = update_metrics(terms, steps, cfg, batch, is_weights)
+    return UpdateResult(metrics, first_epoch_weights, steps, stats, first_epoch_shaping=shaping)
 
 
-def fused_update(
-    batch: TrainBatch,
-    selector: TokenSelector,
-    backend: Backend,
-    cfg: AlgorithmConfig,
-    settings: LossSettings,
-    whole_groups: bool,
-) -> UpdateResult:
-    """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring);
-    `settings`: the loss's, with this step's entropy coefficient."""
+def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateResult:
+    """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
+    selector, cfg, settings = run.selector, run.cfg, run.cfg.loss
+    whole_groups = run.with_js or selector.reads_groups
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
     is_weights = None if cfg.engine_is.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
@@ -185,7 +218,7 @@ def fused_update(
         part = rollouts.rows(rows)
         forward = backend.forward(part, True, settings.entropy_coef > 0)
         part_stats.append(forward.stats)
-        selection = selector.select(batch.selection_view(rows, backend.gather, backend.rank, forward.stats))
+        selection = selector.select(batch.selection_view(rows, forward.stats, backend.gather, backend.rank))
         record_selection(weights, shaping, rows, selection)
         local = local + local_normalizer(cfg, part.response_mask, selection)
         if is_weights is not None:
@@ -202,7 +235,7 @@ def fused_update(
     if terms:
         terms = [{**term, "loss": term["loss"] / divisor} for term in terms]
     stats = TokenStats.scatter(shape, parts, part_stats)
-    return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping)
+    return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping, True)
 
 
 def engine_weights(
