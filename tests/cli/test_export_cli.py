@@ -1,4 +1,4 @@
-"""Export (export/hf_folder.py, cli/export.py, docs/export.md): real tiny runs of `python train.py` write
+"""Export (export/hf_folder.py, run/trained_policy.py, docs/export.md): real tiny runs of `python train.py` write
 `<run>/model/`, a plain Hugging Face folder whose log-probs are the trained policy's (full fine-tuning exactly; LoRA
 merged within float rounding; the adapter alone; from FSDP's sharded checkpoint); `tokenrl-export` on a `stepNNNN.ckpt`
 is the policy at that step; `eval.py` and vLLM load the folder; a broken or foreign checkpoint gets one `error:`
@@ -342,9 +342,9 @@ def test_a_broken_or_foreign_checkpoint_gets_one_error_naming_it(full_run, tmp_p
 
 def test_push_to_hub_without_the_hub_keeps_the_folder_and_says_how_to_push(full_run, tmp_path, capsys, monkeypatch):
     """The upload itself (huggingface_hub's upload_folder) needs the network and a token: not tested here."""
-    import tokenrl.cli.export
+    import tokenrl.export.hf_folder
 
-    monkeypatch.setattr(tokenrl.cli.export, "hub_reachable", lambda: False)
+    monkeypatch.setattr(tokenrl.export.hf_folder, "hub_reachable", lambda: False)
     with pytest.raises(SystemExit) as stop:
         main([str(full_run), str(tmp_path / "out"), "--push-to-hub", "someone/tiny"])
     error = capsys.readouterr().err

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from tests.helpers.crash import Crash, CrashAfter
 from tests.helpers.forked_cli import forked_python
-from tokenrl.cli.export import export
 from tokenrl.models import build_model
 from tokenrl.records.settings import ModelSettings
 from tokenrl.run.checkpointing import load_policy, policy_state_dict
+from tokenrl.run.trained_policy import export
 from tokenrl.run.training import build_components
 
 LORA = "model.lora={r: 2, lora_alpha: 8, lora_dropout: 0.0, target_modules: [q_proj, v_proj]}"

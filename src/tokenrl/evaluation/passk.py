@@ -28,6 +28,8 @@ class PassAtK(Metric):
 
     full_state_update = False
     higher_is_better = True
+    total: torch.Tensor  # states (add_state)
+    problems: torch.Tensor
 
     def __init__(self, k: int, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -1,19 +1,36 @@
-"""Sample n completions per problem with a rollout engine, score them (time-limited) and compute pass@k."""
+"""Evaluation: sample n completions per problem with a rollout engine, score them (time-limited) and compute pass@k
+(`evaluate`); during training on held-out sets (`Validator`); and `python eval.py`'s benchmarks (`evaluate_benchmarks`),
+written under the run folder: results.json (all benchmarks), <benchmark>.json, <benchmark>.samples.jsonl (one line per
+sample: id, sample index, score, answer, finish reason, response — never the question text) and summary.md (a table).
+Each benchmark's result carries a `reproduce` record (`reproduction_record`), as the harnesses' results files do.
+"""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import logging
+import platform
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 
+from tokenrl.data.benchmarks import LOCAL, Benchmark, benchmark
 from tokenrl.data.prompts import PromptFormatter, with_instruction
 from tokenrl.evaluation.passk import PassAtK
+from tokenrl.paths import CONFIG_DIR
 from tokenrl.records.problem import Problem
+from tokenrl.records.settings import ModelSettings
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 from tokenrl.utils import derived_seed
@@ -186,3 +203,162 @@ class Validator:
                 }
             )
         return out
+
+
+# rollout.* keys of training that eval ignores (it samples by eval.*)
+TRAINING_SAMPLING = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length")
+VERSIONED = ("tokenrl", "torch", "transformers", "vllm", "math-verify", "datasets", "lightning", "peft")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of what decides a number (None: not installed)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for package in VERSIONED:
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def resolved_path(path: str | None) -> str | None:
+    """An existing local path made absolute; anything else (a hub id, null) as given."""
+    return str(Path(path).expanduser().resolve()) if path and Path(path).expanduser().exists() else path
+
+
+def source_commit() -> str | None:
+    """The git commit of this tokenrl checkout (`+dirty` with uncommitted changes); None outside a git checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=Path(CONFIG_DIR).parent, capture_output=True, text=True, timeout=10)
+
+    try:
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = head.stdout.strip()
+    return (commit + ("+dirty" if dirty.stdout.strip() else "")) if head.returncode == 0 and commit else None
+
+
+def data_record(bench: Benchmark, data_dir: str | None) -> dict[str, Any]:
+    """Where the problems came from: the local file and its sha256, or the Hub repository, config, split, revision."""
+    if data_dir:
+        path = Path(data_dir).expanduser().resolve() / LOCAL[bench.name]
+        sha256 = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        return {"route": "local", "file": str(path), "sha256": sha256}
+    hub = bench.hub
+    return {
+        "route": "hub",
+        "repo": hub.repo,
+        "configs": [c for c in hub.configs if c] or None,
+        "split": hub.split,
+        "revision": hub.revision or "main (no pinned revision)",
+        "columns_renamed": hub.columns or None,
+    }
+
+
+def reproduction_record(
+    cfg: DictConfig, bench: Benchmark, settings: EvalSettings, formatter: PromptFormatter, verifiers: list[str]
+) -> dict[str, Any]:
+    """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`): the model, the data (the
+    local file's sha256, or the Hub revision), the prompt's template, the sampling and how each batch's seed derives,
+    the engine, the verifiers, the command line, the versions and the tokenrl commit."""
+    model = ModelSettings.of(cast("dict[str, Any]", OmegaConf.to_container(cfg.model, resolve=True)))
+    rollout = cast("dict[str, Any]", OmegaConf.to_container(cfg.rollout, resolve=True))
+    # without Hydra's runtime (tests, scripts): the process's command line
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    return {
+        "model": {
+            "name": model.name,
+            "source": resolved_path(model.source),
+            "init": model.init,
+            "ckpt_path": resolved_path(cfg.ckpt_path),
+            "dtype": model.dtype,
+            "tokenizer": resolved_path(model.tokenizer) or "the source's",
+            "lora": model.lora,
+        },
+        "benchmark": {"name": bench.name, **data_record(bench, cfg.paths.data_dir), "limit": cfg.eval.limit},
+        "prompt": {
+            "instruction": bench.instruction,
+            "chat_template": formatter.chat,
+            "system_prompt": formatter.system_prompt,
+            "max_prompt_length": settings.max_prompt_length,
+            "template": formatter.text(with_instruction("{question}", bench.instruction)),
+        },
+        "sampling": {
+            "n": settings.n_samples,
+            "ks": list(settings.ks),
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k,
+            "max_new_tokens": settings.max_new_tokens,
+            "batch_prompts": settings.batch_prompts,
+            "seed": settings.seed,
+            "batch_seed": "derived_seed(seed, 'eval', benchmark, index of the batch's first prompt)",
+            "stop": "the tokenizer's and generation config's EOS tokens",
+        },
+        # the evaluation samples by `eval.*` (recorded under "sampling")
+        "engine": {key: value for key, value in rollout.items() if key not in TRAINING_SAMPLING},
+        "verifiers": verifiers,
+        "reward_timeout_s": float(cfg.reward_timeout_s),
+        "versions": package_versions(),
+        "tokenrl_commit": source_commit(),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]] if overrides is None else overrides,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def summary_table(results: list[dict[str, Any]], ks: list[int]) -> str:
+    head = "| benchmark | problems | n | " + " | ".join(f"pass@{k}" for k in ks) + " | seconds |"
+    rule = "|---|---|---|" + "---|" * len(ks) + "---|"
+    rows = [
+        f"| {r['benchmark']} | {r['problems']} | {r['n_samples']} | "
+        + " | ".join(f"{100 * r[f'pass@{k}']:.2f}" for k in ks)
+        + f" | {r['seconds']:.0f} |"
+        for r in results
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+def evaluate_benchmarks(
+    cfg: DictConfig, names: list[str], engine: RolloutEngine, formatter: PromptFormatter, label: str
+) -> list[dict[str, Any]]:
+    """pass@k of `engine`'s model (`label`: what its weights are) on each benchmark of `names`, sampled by `cfg.eval`,
+    written under `paths.output_dir` and printed as a table."""
+    scorer = SafeScorer(cfg.reward_timeout_s)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for name in names:
+            bench = benchmark(name)
+            problems = bench.load(cfg.paths.data_dir)
+            if cfg.eval.limit:
+                problems = problems[: int(cfg.eval.limit)]
+            settings = EvalSettings(
+                n_samples=int(cfg.eval.n_samples or bench.n_samples),
+                ks=tuple(cfg.eval.ks),
+                temperature=float(cfg.eval.temperature),
+                top_p=float(cfg.eval.top_p),
+                top_k=int(cfg.eval.get("top_k") or 0),  # 1: greedy
+                max_new_tokens=int(cfg.eval.max_new_tokens or bench.max_new_tokens),
+                max_prompt_length=int(cfg.eval.max_prompt_length),
+                batch_prompts=int(cfg.eval.batch_prompts),
+                seed=int(cfg.seed),
+            )
+            samples = out_dir / f"{name}.samples.jsonl"
+            result = evaluate(name, problems, bench.instruction, engine, formatter, scorer, settings, samples)
+            record = reproduction_record(cfg, bench, settings, formatter, sorted({p.verifier for p in problems}))
+            result.update(model=cfg.model.name, weights=label, ckpt_path=cfg.ckpt_path, reproduce=record)
+            (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+            results.append(result)
+            log.info("%s: %s", name, {k: v for k, v in result.items() if k.startswith(("pass@", "avg@"))})
+    finally:
+        scorer.close()
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    table = summary_table(results, list(cfg.eval.ks))
+    (out_dir / "summary.md").write_text(f"# {cfg.model.name}: {label}, {time.strftime('%Y-%m-%d')}\n\n{table}\n")
+    print(table)
+    return results

@@ -3,9 +3,10 @@
 generation_config.json, the tokenizer and a model card (README.md) naming the base model, method, selector, steps,
 data and metrics. Written into a temporary folder beside the target that replaces it once complete.
 
-`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (cli/export.py) the same from any
-checkpoint. The weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the
-exporting rank holds at most one safetensors file of copies, never a second full model.
+`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (run/trained_policy.py) the same from any
+checkpoint, or a LoRA run's adapter alone (`write_adapter_folder`), and pushes it to the Hub (`push_to_hub`). The
+weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the exporting rank holds at
+most one safetensors file of copies, never a second full model.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import shutil
 import tempfile
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -29,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
-from tokenrl.models import DTYPES
+from tokenrl.data.hub import hub_reachable
+from tokenrl.models import DTYPES, _load_pretrained
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
 from tokenrl.records.settings import ModelSettings
@@ -41,6 +44,17 @@ CARD_METRICS = ("reward_first5", "reward_last5", "train/reward", "train/accuracy
 EXPORTED_FROM = "A plain Hugging Face causal LM exported by tokenrl from "  # the card's line naming the origin
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """What a training run was: its composed config, its `model.*` as trained (after a warm-up: the warmed-up folder),
+    Hydra's config-group choices (`selector=ict`, named on the card) and the config's file (None: the running run's)."""
+
+    cfg: DictConfig
+    model: ModelSettings
+    choices: Mapping[str, Any]
+    file: str | None = None
+
+
 def export_dtype(cfg: DictConfig) -> str:
     """The dtype of the exported weights: `export.dtype` when set; else bf16 for a GPU run (`model.dtype=bf16`, or
     `trainer.accelerator` gpu/cuda: the GPU presets) and the model's own dtype otherwise (fp32 on the CPU presets)."""
@@ -48,12 +62,25 @@ def export_dtype(cfg: DictConfig) -> str:
     if chosen:
         return str(chosen)
     on_gpu = str(OmegaConf.select(cfg, "trainer.accelerator")) in ("gpu", "cuda")
-    model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+    model = ModelSettings.of(plain(cfg.model))
     return "bf16" if on_gpu or model.dtype == "bf16" else model.dtype
 
 
+def plain(node: Any) -> dict[str, Any]:
+    """A config node as the plain mapping of its resolved values."""
+    return cast("dict[str, Any]", OmegaConf.to_container(node, resolve=True))
+
+
+def generation_config(settings: ModelSettings, architecture: GenerationConfig) -> GenerationConfig:
+    """`model.source`'s generation config (sampling defaults, stop ids) where it has one, else the architecture's."""
+    if settings.init == "pretrained" and settings.source is not None:
+        with suppress(FileNotFoundError):
+            return cast(GenerationConfig, _load_pretrained(settings.source, GenerationConfig))
+    return architecture
+
+
 def causal_lm_class(config: PretrainedConfig) -> type:
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    return cast(type, AutoModelForCausalLM._model_mapping[type(config)])
 
 
 def tied_copies(config: PretrainedConfig) -> set[str]:
@@ -129,6 +156,18 @@ def write_model_folder(
     return Path(out)
 
 
+def write_adapter_folder(out: Path, peft: Any, tokenizer: PreTrainedTokenizerBase, card: str, base: str | None) -> Path:
+    """A LoRA run's adapter alone at `out` (the PeftModel `peft`'s `save_pretrained`, as trained; its base named
+    `base`), with the tokenizer and card."""
+    peft.peft_config["default"].base_model_name_or_path = base
+    with staged(out) as folder:
+        peft.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "README.md").write_text(card)
+    log.info("exported the LoRA adapter to %s (base: %s)", out, base)
+    return out
+
+
 @contextmanager
 def staged(out: str | Path) -> Iterator[Path]:
     """A temporary folder beside `out` to write into, which replaces `out` once the block ends without error (and is
@@ -192,28 +231,18 @@ def _target(node: Any) -> str:
     return str(node.get("_target_", "?")) if isinstance(node, Mapping) else "?"
 
 
-def model_card(
-    cfg: DictConfig,
-    model: ModelSettings,
-    choices: Mapping[str, Any],
-    summary: Mapping[str, Any],
-    origin: str,
-    dtype: str,
-    adapter_only: bool = False,
-) -> str:
+def model_card(run: RunConfig, summary: Mapping[str, Any], origin: str, dtype: str | None) -> str:
     """README.md of an exported folder: how the weights were made (base model, method, selector, steps, data,
-    weights) and the run's key metrics at that point; `adapter_only`: a LoRA adapter's folder (peft)."""
-    resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("selector", "task", "algorithm")}
+    weights) and the run's key metrics at that point; `dtype` None: a LoRA adapter's folder (peft)."""
+    cfg, model, choices, adapter_only = run.cfg, run.model, run.choices, dtype is None
+    resolved = {key: plain(cfg[key]) for key in ("selector", "task", "algorithm")}
     source, lora = model.source, model.lora
     hub_id = source and not Path(str(source)).expanduser().exists() and str(source).count("/") == 1
-    selector = choices.get("selector") or get_class(_target(resolved["selector"])).name
+    selector = choices.get("selector") or cast(Any, get_class(_target(resolved["selector"]))).name
+    base = f"`model={model.name}`: `{source}`"
     if model.init == "random":
-        base = (
-            f"`model={model.name}`: random weights (seed {cfg.seed}) of its "
-            f"`{model.architecture['model_type']}` architecture"
-        )
-    else:
-        base = f"`model={model.name}`: `{source}`"
+        kind = model.architecture["model_type"]
+        base = f"`model={model.name}`: random weights (seed {cfg.seed}) of its `{kind}` architecture"
     trainer = f", `trainer={choices['trainer']}`" if choices.get("trainer") else ""
     algorithm = resolved["algorithm"]
     method = (
@@ -271,6 +300,23 @@ def model_card(
     )
 
 
+def checkpoint_summary(state: Mapping[str, Any], run: Path | None) -> dict[str, Any]:
+    """The run's summary.json when it describes this checkpoint's step (the final one), else the rewards the
+    checkpoint's own state holds."""
+    steps = int(state["rollout_step"])
+    if run is not None and (run / "summary.json").is_file():
+        summary: dict[str, Any] = json.loads((run / "summary.json").read_text())
+        if summary.get("rollout_steps") == steps:
+            return summary
+    history = [float(reward) for reward in state["reward_history"]]
+    summary = {"rollout_steps": steps, "optimizer_steps": int(state["optimizer_steps"])}
+    if history:
+        first, last = history[:5], history[-5:]
+        summary |= {"reward_first5": sum(first) / len(first), "reward_last5": sum(last) / len(last)}
+        summary["train/reward"] = history[-1]
+    return summary
+
+
 def exported_from(folder: str | Path) -> str | None:
     """The origin a tokenrl export's model card names (its run, or the checkpoint); None for any other folder."""
     card = Path(folder).expanduser() / "README.md"
@@ -320,15 +366,32 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
         if not trainer.is_global_zero:
             deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
             return None
-        policy = module.policy
+        policy, tokenizer = module.policy, saved_tokenizer(module.tokenizer, module.model_cfg)
         origin = f"the end of its training run `{cfg.paths.output_dir}`"
-        card = model_card(cfg, module.model_cfg, choices, summary, origin, dtype)
-        return write_model_folder(
-            out,
-            weights,
-            policy.config,
-            policy.generation_config,
-            saved_tokenizer(module.tokenizer, module.model_cfg),
-            dtype,
-            card,
+        card = model_card(RunConfig(cfg, module.model_cfg, choices), summary, origin, dtype)
+        return write_model_folder(out, weights, policy.config, policy.generation_config, tokenizer, dtype, card)
+
+
+def push_to_hub(folder: Path, repo: str, private: bool) -> str:
+    """Upload `folder` to the Hub model repository `repo` (created if missing) with huggingface_hub's `upload_folder`;
+    the token of `hf auth login` or HF_TOKEN. Returns the commit's URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    later = f"the folder is written: push it later with `hf upload {repo} {folder}`"
+    if not hub_reachable():
+        raise ConnectionError(
+            f"--push-to-hub {repo}: the Hub does not answer (offline, or HF_HUB_OFFLINE set); {later}"
         )
+    api = HfApi()
+    try:
+        api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(
+            folder_path=str(folder), repo_id=repo, repo_type="model", commit_message=f"tokenrl-export: {folder.name}"
+        )
+    except HfHubHTTPError as err:
+        raise ConnectionError(
+            f"--push-to-hub {repo}: {str(err).splitlines()[0]} (log in with `hf auth login` or "
+            f"set HF_TOKEN with write access); {later}"
+        ) from None
+    return str(commit.commit_url)
