@@ -17,10 +17,10 @@ import torch
 
 def rng_state() -> dict[str, Any]:
     """torch's, NumPy's and Python's RNG states in plain types (checkpoints load with torch.load(weights_only=True))."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # numpy's stub: a dict; legacy=True gives this tuple
     return {
         "torch": torch.get_rng_state(),
-        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),  # type: ignore[attr-defined]
         "python": random.getstate(),
     }
 

@@ -94,7 +94,7 @@ class EngineISSettings:
                     "(the engine's importance weights are off): set algorithm.tis_cap, the upper bound "
                     "(2.0 for TIS; 5.0 with tis_min=0.5 for IcePop)"
                 )
-        if self.tis_min is not None and not 0 < self.tis_min < self.tis_cap:
+        if self.tis_min is not None and self.tis_cap is not None and not 0 < self.tis_min < self.tis_cap:
             raise ValueError(
                 f"algorithm.tis_min={self.tis_min} must lie in (0, algorithm.tis_cap={self.tis_cap}) "
                 "(or null for no lower bound)"
@@ -220,7 +220,7 @@ class AlgorithmConfig:
         missing = sorted(set(fields) - set(node))
         if missing:
             raise ValueError(f"algorithm.{missing[0]} is missing from the algorithm config")
-        values = {name: _typed(name, node[name], field.type) for name, field in fields.items()}
+        values = {name: _typed(name, node[name], str(field.type)) for name, field in fields.items()}
         config = cls.of(**values, response_budget=max_new_tokens)
         config.validate(max_new_tokens)
         return config

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import reduce
 
 import torch
 
@@ -162,11 +163,10 @@ def aggregate(
     and seq-mean-token-sum-norm divide Σ_t value·weight by the normaliser; seq-mean-token-mean averages each row over
     its divisor mask first and sums the rows that have selected tokens."""
     if aggregation in ("token-mean", "seq-mean-token-sum-norm"):
-        return sum((value * weight).sum() / (norm if norm > 0 else 1.0) for value, weight, _, norm in terms)
+        shares = [(value * weight).sum() / (norm if norm > 0 else 1.0) for value, weight, _, norm in terms]
+        return reduce(torch.add, shares)
     if aggregation == "seq-mean-token-mean":  # a row whose divisor is 0 has nothing to divide
-        per_seq = sum(
-            (value * weight).sum(1) / torch.where(rows.sum(1) > 0, rows.sum(1), 1.0) for value, weight, rows, _ in terms
-        )
+        per_seq = reduce(torch.add, [(v * w).sum(1) / torch.where(r.sum(1) > 0, r.sum(1), 1.0) for v, w, r, _ in terms])
         keep = denominator.sum(1) > 0
         return per_seq[keep].sum() / max(terms[0][3], 1.0)
     raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")

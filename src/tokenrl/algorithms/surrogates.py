@@ -82,8 +82,11 @@ def get_surrogate(name: str) -> Surrogate:
 # ------------------------------------------------------------------------------------------------------------ helpers
 
 
-def clip_ratio(ratio: torch.Tensor, clip_low: float | torch.Tensor, clip_high: float | torch.Tensor) -> torch.Tensor:
-    """clip(r, 1 − ε_low, 1 + ε_high) with ε a float or a per-token tensor (ε_high = inf: no upper bound)."""
+def clip_ratio(ratio: torch.Tensor, inputs: LossInputs, settings: LossSettings) -> torch.Tensor:
+    """clip(r, 1 − ε_low, 1 + ε_high) with the inputs' ε where set (a float or a per-token tensor), else the settings'
+    (ε_high = inf: no upper bound)."""
+    clip_low = settings.clip_low if inputs.clip_low is None else inputs.clip_low
+    clip_high = settings.clip_high if inputs.clip_high is None else inputs.clip_high
     if not isinstance(clip_low, torch.Tensor) and not isinstance(clip_high, torch.Tensor):
         return torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     low, high = (
@@ -103,13 +106,13 @@ def dual_clip(pg: torch.Tensor, adv: torch.Tensor, c: float | None) -> tuple[tor
     return torch.where(adv < 0, torch.minimum(pg, bound), pg), capped
 
 
-def clipped_surrogate(inputs: LossInputs, ratio: torch.Tensor, c: float | None) -> SurrogateTerms:
+def clipped_surrogate(inputs: LossInputs, ratio: torch.Tensor, settings: LossSettings) -> SurrogateTerms:
     """−min(r·Â, clip(r, 1 − ε_low, 1 + ε_high)·Â), dual-clipped; `clipped`: the clipped branch is the active
     minimum."""
     adv = inputs.advantages
-    unclipped, clipped = ratio * adv, clip_ratio(ratio, inputs.clip_low, inputs.clip_high) * adv
+    unclipped, clipped = ratio * adv, clip_ratio(ratio, inputs, settings) * adv
     pg = -torch.minimum(unclipped, clipped)
-    pg, dual_clipped = dual_clip(pg, adv, c)
+    pg, dual_clipped = dual_clip(pg, adv, settings.dual_clip)
     return SurrogateTerms(pg, (clipped < unclipped).to(pg.dtype), dual_clipped)
 
 
@@ -147,7 +150,7 @@ def ppo(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
     """PPO's clipped surrogate, GRPO's per-token loss (DeepSeekMath, arXiv 2402.03300, Eq. 3; docs/algorithms.md
     §1.2): pg_t = −min(r_t Â_t, clip(r_t, 1 − ε_low,t, 1 + ε_high,t) Â_t), r_t = exp(log π_θ − log π_old) with the
     log-ratio clamped to ±20; ε_high > ε_low is DAPO's clip-higher (arXiv 2503.14476)."""
-    return clipped_surrogate(inputs, torch.exp(inputs.log_ratio), settings.dual_clip)
+    return clipped_surrogate(inputs, torch.exp(inputs.log_ratio), settings)
 
 
 @register_surrogate("gspo")
@@ -157,7 +160,7 @@ def gspo(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
     tokens: value s_i, gradient through the token's own log-probability."""
     logp = inputs.logp
     log_ratio = logp - logp.detach() + sequence_log_ratio(inputs).detach()[:, None]
-    return clipped_surrogate(inputs, torch.exp(log_ratio), settings.dual_clip)
+    return clipped_surrogate(inputs, torch.exp(log_ratio), settings)
 
 
 @register_surrogate("gspo_seq")
@@ -166,7 +169,7 @@ def gspo_seq(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
     with r_t = s_i on every token of row i, s_i = exp(mean log-ratio of the row's selected tokens) with its
     gradient."""
     log_ratio = sequence_log_ratio(inputs)[:, None].expand_as(inputs.logp)
-    return clipped_surrogate(inputs, torch.exp(log_ratio), settings.dual_clip)
+    return clipped_surrogate(inputs, torch.exp(log_ratio), settings)
 
 
 @register_surrogate("cispo", refuses_dual_clip="its IS weight is already clipped and detached")
@@ -175,7 +178,7 @@ def cispo(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
     Â_t log π_θ(o_t): every token keeps a gradient, the IS weight is clipped and detached; `clipped`: the bound
     changed r_t."""
     ratio = torch.exp(inputs.log_ratio)
-    bounded = clip_ratio(ratio, inputs.clip_low, inputs.clip_high)
+    bounded = clip_ratio(ratio, inputs, settings)
     pg = -bounded.detach() * inputs.advantages * inputs.logp
     return SurrogateTerms(pg, (bounded != ratio).to(pg.dtype), torch.zeros_like(pg))
 

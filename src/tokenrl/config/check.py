@@ -21,6 +21,7 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
+from tokenrl.config import as_dict
 from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RENAMED, RULES, TARGET_RULES, VLLM_INSTALL, renamed_problem
 from tokenrl.records.rules import Rule, is_int
 
@@ -89,8 +90,9 @@ def typed_key(cfg: DictConfig, path: str) -> str:
     documented top-level `selector_ratio` rather than `selector.ratio`)."""
     parent, _, leaf = path.rpartition(".")
     node = _select(cfg, parent)
-    if isinstance(node, DictConfig) and leaf in node.keys() and OmegaConf.is_interpolation(node, leaf):
-        match = INTERPOLATION.fullmatch(str(node._get_node(leaf)._value()))
+    child = node._get_node(leaf) if isinstance(node, DictConfig) and leaf in node.keys() else None
+    if child is not None and OmegaConf.is_interpolation(child):
+        match = INTERPOLATION.fullmatch(str(child._value()))
         if match and match.group(1) != path:
             return typed_key(cfg, match.group(1))
     return path
@@ -112,7 +114,7 @@ def target_nodes(cfg: DictConfig) -> list[str]:
     paths = [path for path in TARGET_NODES if isinstance(_select(cfg, path), DictConfig)]
     loggers = _select(cfg, "logger")
     if isinstance(loggers, DictConfig):
-        paths += [f"logger.{name}" for name in loggers if isinstance(loggers[name], DictConfig)]
+        paths += [f"logger.{name!s}" for name in loggers if isinstance(loggers[name], DictConfig)]
     return [path for path in paths if "_target_" in _select(cfg, path)]
 
 
@@ -214,8 +216,7 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
         )
     try:
         AlgorithmConfig.from_node(
-            OmegaConf.to_container(cfg.algorithm, resolve=True),
-            int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1,
+            as_dict(cfg.algorithm), int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1
         )
     except ValueError as err:
         problems.append(str(err))
@@ -301,7 +302,7 @@ def _unknown_key_problems(cfg: DictConfig, overrides: Iterable[str]) -> list[str
         parent, _, leaf = key.rpartition(".")
         if parent in CLOSED_NODES and leaf not in OPTIONAL_KEYS.get(parent, ()):
             node = _select(cfg, parent)
-            siblings = [k for k in node if k != leaf] if isinstance(node, DictConfig) else []
+            siblings = [str(k) for k in node if k != leaf] if isinstance(node, DictConfig) else []
             where = f"`{parent}`" if parent else "the top level"
             problems.append(f"+{key}: no such setting at {where}; nothing would read it{nearest(leaf, siblings)}")
     for path in target_nodes(cfg):

@@ -124,8 +124,10 @@ def _json_array(path: Path) -> list[Row]:
 def _archive_member(archive: tarfile.TarFile, path: Path, member: tarfile.TarInfo) -> dict[str, Any]:
     """The JSON object of one member of a tar archive; DataFormatError naming archive, member, line and column."""
     where = Path(f"{path}:{member.name}")
+    file = archive.extractfile(member)
+    assert file is not None  # a regular file: the caller's filter
     try:
-        row = json.loads(archive.extractfile(member).read().decode("utf-8"))
+        row = json.loads(file.read().decode("utf-8"))
     except UnicodeDecodeError:
         raise DataFormatError(f"{where}: not UTF-8 text") from None
     except json.JSONDecodeError as err:
@@ -255,7 +257,7 @@ def gpqa_problems(rows: list[Row], seed: int = 0) -> list[Problem]:
             raise DataFormatError(f"{where}: empty question or option")
         order = list(range(4))
         random.Random(f"{seed}-{row['Record ID']}").shuffle(order)
-        choices = [options[i].strip() for i in order]
+        choices = [str(options[i]).strip() for i in order]  # each a non-empty string (checked above)
         out.append(
             Problem(row["Record ID"], _choice_question(row["Question"], choices), LETTERS[order.index(0)], "choice")
         )

@@ -152,8 +152,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict[str, int]:
         """The step the schedule resumes at: the rollout steps the module has completed (its `run_state`)."""
-        module = self.trainer.lightning_module if self.trainer else None
-        return {"next_step": module.run_state.rollout_step if module is not None else self.next_step}
+        state = getattr(self.trainer.lightning_module, "run_state", None) if self.trainer else None
+        return {"next_step": self.next_step if state is None else state.rollout_step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.next_step = int(state["next_step"])

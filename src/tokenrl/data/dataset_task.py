@@ -141,6 +141,7 @@ def _answer_text(value: Any) -> str:
 class DatasetTask(Task):
     """Problems from `source` (see the module docstring); ids are `<split>-<row number>`."""
 
+    verifier: str  # set: only a benchmark's may be null (its own)
     config_rules = {
         **Task.config_rules,
         "source": SOURCE,

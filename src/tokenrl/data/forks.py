@@ -31,6 +31,7 @@ class ForksTask(Task):
     """Train and test problems from disjoint routes (`shared`) or seeds (`per_problem`); `warmup` (steps, batch_size,
     lr, seed) configures the supervised warm-up of a randomly initialised policy (None: none)."""
 
+    verifier: str  # set: only a benchmark's may be null (its own)
     config_rules = {
         **Task.config_rules,
         "layout": one_of(*LAYOUTS),
@@ -75,9 +76,9 @@ class ForksTask(Task):
         self.graph: dict[str, tuple[str, ...]] | None = None
         if layout == "shared":
             self.graph, self.layers = layered_graph(self.shape, random.Random(f"{seed}-graph"))
-            self.routes = self._split_routes(test_size)
+            self.routes = self._split_routes(self.graph, test_size)
 
-    def _split_routes(self, test_size: int) -> dict[str, list[tuple[str, str]]]:
+    def _split_routes(self, graph: dict[str, tuple[str, ...]], test_size: int) -> dict[str, list[tuple[str, str]]]:
         """Every (start, goal) of the shared graph with a start at least two layers before the goals and a path
         between them, shuffled by the seed: the first `test_size` are held out."""
         goals = self.layers[-1]
@@ -86,7 +87,7 @@ class ForksTask(Task):
             for layer in self.layers[:-2]
             for start in layer
             for goal in goals
-            if start in Graph(self.graph, start, frozenset({goal})).reaching()
+            if start in Graph(graph, start, frozenset({goal})).reaching()
         ]
         random.Random(f"{self.seed}-routes").shuffle(routes)
         if not 0 < test_size < len(routes):
@@ -114,9 +115,11 @@ class ForksTask(Task):
                 return Graph(successors, start, frozenset({goal}))
 
     def _problem(self, problem_id: str, route: tuple[str, str] | Graph) -> Problem:
-        graph = route if isinstance(route, Graph) else Graph(self.graph, route[0], frozenset({route[1]}))
+        if not isinstance(route, Graph):
+            assert self.graph is not None  # a (start, goal) route is the shared graph's
+            route = Graph(self.graph, route[0], frozenset({route[1]}))
         return Problem(
-            problem_id, graph.question(with_edges=self.layout == "per_problem"), graph.encode(), self.verifier
+            problem_id, route.question(with_edges=self.layout == "per_problem"), route.encode(), self.verifier
         )
 
     def forks_of(self, problem: Problem, response: str, ended: bool = True) -> CharMarks:

@@ -32,7 +32,8 @@ class PromptFormatter:
             return (f"{self.system_prompt}\n\n" if self.system_prompt else "") + question + "\n"
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         messages.append({"role": "user", "content": question})
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # transformers types every form apply_chat_template returns; tokenize=False gives the text
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)  # type: ignore[return-value]
 
     def token_ids(self, question: str) -> list[int]:
         return self.tokenizer(self.text(question), add_special_tokens=not self.chat)["input_ids"]

@@ -68,10 +68,19 @@ class Task(Configurable, ABC):
         its forks (task=forks can: data/forks.py)."""
         return None
 
+    def warmup_example(self, rng: random.Random) -> tuple[str, str]:
+        """(question, response) of one example of the task's `warmup` (models/warmup.py): a task with one defines it."""
+        raise NotImplementedError(f"{type(self).__name__} has no warm-up")
+
+    def description(self) -> dict[str, Any]:
+        """What determines the problems (the warm-up's cache key): a task with a `warmup` defines it."""
+        raise NotImplementedError(f"{type(self).__name__} has no warm-up")
+
 
 class ArithmeticTask(Task):
     """Procedural `a op b` problems with operands in [low, high]; train and test drawn from disjoint seeds."""
 
+    verifier: str  # set: only a benchmark's may be null (its own)
     config_rules = {
         **Task.config_rules,
         "low": integer(),

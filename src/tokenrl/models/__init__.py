@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -12,6 +12,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from tokenrl.data.hub import hub_reachable
 from tokenrl.models.char_tokenizer import build_char_tokenizer
 from tokenrl.records.settings import ModelSettings
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -22,9 +25,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _load_pretrained(source: str, loader: Any, field: str = "model.source", **kwargs: Any) -> Any:
+def _load_pretrained(source: str | None, loader: Any, field: str = "model.source", **kwargs: Any) -> Any:
     """A local folder, or a hub id (from the Hugging Face cache alone when the Hub does not answer, so an offline
     run fails in seconds instead of retrying for a minute); `field` is the option that named it."""
+    if source is None:
+        raise ValueError(f"{field}=null: name a local model folder or a hub id")
     local = Path(source).expanduser()
     if local.exists():
         try:
@@ -65,7 +70,7 @@ def build_tokenizer(settings: ModelSettings) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def with_lora(model: PreTrainedModel, settings: ModelSettings) -> PreTrainedModel:
+def with_lora(model: PreTrainedModel, settings: ModelSettings) -> PreTrainedModel | PeftModel:
     """`model` with `model.lora`'s adapters (peft), or as it is without LoRA."""
     if not settings.lora:
         return model
@@ -74,7 +79,7 @@ def with_lora(model: PreTrainedModel, settings: ModelSettings) -> PreTrainedMode
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **dict(settings.lora)))
 
 
-def meta_model(settings: ModelSettings) -> PreTrainedModel:
+def meta_model(settings: ModelSettings) -> PreTrainedModel | PeftModel:
     """The model of `model.*` (with its LoRA adapters) on the meta device, from its `architecture` for random weights,
     else the config of `model.source`: its names and shapes, no weights read."""
     if settings.init == "random":
@@ -86,7 +91,7 @@ def meta_model(settings: ModelSettings) -> PreTrainedModel:
         return with_lora(AutoModelForCausalLM.from_config(config, dtype=torch_dtype(settings.dtype)), settings)
 
 
-def build_model(settings: ModelSettings, seed: int = 0) -> PreTrainedModel:
+def build_model(settings: ModelSettings, seed: int = 0) -> PreTrainedModel | PeftModel:
     """The policy: `init=pretrained` loads `source`; `init=random` builds `architecture` with seeded random weights,
     drawn on the host (CPU RNG) so that a seed means the same weights on any device and strategy."""
     dtype = torch_dtype(settings.dtype)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, TypeGuard
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from tokenrl.models.sharding import is_sharded
+from tokenrl.models.sharding import hf_model, is_sharded
+
+if TYPE_CHECKING:
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
 WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 PEFT_PREFIX = "base_model.model."  # a PeftModel's keys = this + the base model's keys
@@ -38,7 +42,7 @@ def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tenso
 
 
 @contextmanager
-def _merged(tuners: list[nn.Module]) -> Iterator[None]:
+def _merged(tuners: list[BaseTunerLayer]) -> Iterator[None]:
     """PEFT's adapters of `tuners` merged into their base layers for the block; afterwards the base layers' parameters
     are what they were, bit for bit (restored from copies, after PEFT's unmerge resets its state)."""
     bases = [dict(tuner.get_base_layer().named_parameters(recurse=False)) for tuner in tuners]
@@ -57,10 +61,10 @@ def _merged(tuners: list[nn.Module]) -> Iterator[None]:
 def _merged_layer_by_layer(peft_model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The unsharded half of `served_weights` for a PEFT model: its base model's state dict in order, adapter weights
     left out, each tuned layer's base parameters replaced by merged copies."""
-    base_model = peft_model.get_base_model()
-    tuners = {name: module for name, module in base_model.named_modules() if _is_tuner_layer(module)}
+    model = hf_model(peft_model)
+    tuners = {name: module for name, module in model.named_modules() if _is_tuner_layer(module)}
     merged: dict[str, torch.Tensor] = {}
-    for key, value in base_model.state_dict().items():
+    for key, value in model.state_dict().items():
         if "lora_" in key:
             continue
         owner = key.rpartition(".base_layer.")[0]
@@ -138,7 +142,7 @@ def _served_name(name: str, peft: bool) -> str | None:
     return name.removeprefix(PEFT_PREFIX).replace(".base_layer", "")
 
 
-def _is_tuner_layer(module: nn.Module) -> bool:
+def _is_tuner_layer(module: nn.Module) -> TypeGuard[BaseTunerLayer]:
     try:
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:

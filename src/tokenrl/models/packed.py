@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tokenrl.models.sharding import hf_model
+
 ATTENTION_NAME = "tokenrl_packed"
 BACKENDS = ("auto", "flex", "gather")
 
@@ -288,7 +290,7 @@ def register() -> None:
 def packed_attention(decoder: nn.Module) -> Iterator[None]:
     """The decoder's attention is `ATTENTION_NAME` inside the block (restored after it)."""
     register()
-    config = decoder.config
+    config = hf_model(decoder).config
     layer_types = getattr(config, "layer_types", None) or []
     if any(kind != "full_attention" for kind in layer_types):
         raise ValueError(f"the packed layout needs full attention in every layer (layer_types: {set(layer_types)})")
@@ -303,7 +305,7 @@ def packed_attention(decoder: nn.Module) -> Iterator[None]:
 def packed_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
     """Why a pass over `model` cannot run the packed layout (None: it can): gradient checkpointing recomputes the
     layers in the backward, outside the packed forward's attention; sliding-window layers."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     if with_grad and getattr(base, "is_gradient_checkpointing", False):
         return "gradient checkpointing recomputes the layers outside the packed attention"
     layer_types = getattr(base.config, "layer_types", None) or []

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from tokenrl.models.packed import pack, packed_attention, resolve_backend
+from tokenrl.models.sharding import hf_model
 from tokenrl.records.rollout_batch import RolloutBatch
 
 LAYOUTS = ("padded", "shared_prefix", "packed")
@@ -29,7 +30,7 @@ LAYOUTS = ("padded", "shared_prefix", "packed")
 
 def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The transformer body (hidden states) and the output projection of a causal LM (PEFT-wrapped or not)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     return base.get_decoder(), base.get_output_embeddings()
 
 

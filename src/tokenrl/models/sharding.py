@@ -18,22 +18,31 @@ lockstep, `synced_gpus`).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def is_sharded(model: nn.Module) -> bool:
+
+def is_sharded(model: nn.Module) -> TypeGuard[FullyShardedDataParallel]:
     return isinstance(model, FullyShardedDataParallel)
+
+
+def hf_model(model: nn.Module) -> PreTrainedModel:
+    """The Hugging Face model `model` is, or the one its PEFT wrapper holds. Typed as one, though a FSDP root (or a
+    test's stand-in) is returned as it is: FSDP forwards every attribute to the model it wraps."""
+    return cast("PreTrainedModel", getattr(model, "get_base_model", lambda: model)())
 
 
 def decoder_layer_classes(model: nn.Module) -> set[type[nn.Module]]:
     """The classes of `model`'s decoder layers: those its Hugging Face class names in `_no_split_modules` (the blocks
     that must stay whole on one device), found among its modules (PEFT-wrapped or not)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     names = set(getattr(base, "_no_split_modules", None) or ())
     classes = {type(module) for module in model.modules() if type(module).__name__ in names}
     if not classes:

@@ -51,11 +51,13 @@ def warmup_folder(
 def warmed_up(model: ModelSettings, formatter: PromptFormatter, task: Task, cache_root: Path) -> ModelSettings:
     """`model` pointing at the warmed-up folder (`init: pretrained`) of `task`'s warm-up (`task.warmup_example(rng)`
     gives one (question, response) pair), trained now unless cached."""
-    folder = warmup_folder(model, task.warmup, task.description(), cache_root)
+    settings = task.warmup
+    assert settings is not None  # a task with a warm-up (`prepared_policy`)
+    folder = warmup_folder(model, settings, task.description(), cache_root)
     if (folder / "config.json").is_file():
         log.info("warm-up: loading the cached policy %s", folder)
     else:
-        train_warmup(model, formatter, task.warmup_example, task.warmup, folder)
+        train_warmup(model, formatter, task.warmup_example, settings, folder)
     return dataclasses.replace(model, init="pretrained", source=str(folder))
 
 
@@ -87,7 +89,7 @@ def train_warmup(
             if (step + 1) % 100 == 0 or step + 1 == settings.steps:
                 log.info("warm-up step %d/%d: loss %.4f", step + 1, settings.steps, loss.item())
     temporary = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    model.save_pretrained(temporary)
+    model.save_pretrained(str(temporary))
     try:
         temporary.rename(folder)
     except OSError:  # another process (a DDP rank) finished the same warm-up first: keep its folder

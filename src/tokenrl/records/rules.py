@@ -146,4 +146,4 @@ class Configurable:
                 raise ValueError(problems[0])
             init(self, *args, **kw)
 
-        cls.__init__ = checked
+        cls.__init__ = checked  # type: ignore[method-assign]  # the point: every construction checks its keywords

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -65,9 +66,8 @@ class Selection:
 
     def rows(self, index: torch.Tensor) -> Selection:
         """The selection of rows `index` (positions into this selection's rows)."""
-        return Selection(
-            **{
-                name: value if not isinstance(value, torch.Tensor) else value[index]
-                for name, value in vars(self).items()
-            }
-        )
+        rows = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(rows, name, value[index])
+        return rows

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 def _record(cls: type, node: Mapping[str, Any], where: str, **derived: Any) -> Any:
@@ -53,7 +53,7 @@ class VLLMSettings:
     """The `vllm` engine's keys of the rollout node (configs/rollout/vllm.yaml documents each)."""
 
     max_model_len: int
-    dtype: str
+    dtype: Literal["float32", "bfloat16", "float16", "auto"]  # rollout.dtype's rule (config/rules.py)
     kv_cache_gib: float
     gpu_memory_utilization: float
     enforce_eager: bool

@@ -16,12 +16,12 @@ from tokenrl.report.stats import mean_ci
 from tokenrl.report.tables import (
     glance_table,
     group_runs,
+    held_out,
     logs_forks,
     metric_table,
     metrics,
     passk_names,
     runs_section,
-    value_of,
 )
 
 
@@ -70,8 +70,7 @@ def build_report(
         text, records[name] = metric_table(name, metric, groups, baselines)
         sections.append(text)
     before = {
-        k: mean_ci([value_of(run.validation.get(0, {}), f"val/{k}") for m in groups.values() for run in m]).mean
-        for k in ks
+        k: mean_ci([held_out(run, f"val/{k}", before=True) for m in groups.values() for run in m]).mean for k in ks
     }
     figures = []
     if groups:

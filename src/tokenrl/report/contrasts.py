@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -116,7 +117,7 @@ def family(
     """Every (metric, contrast) of one family: the paired test over the seeds both arms completed, then Holm over
     the whole family (m = len(metrics) · len(contrasts)); `decided`: Holm-adjusted p < alpha."""
     labels = list(groups)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in metrics:
         title, metric = contrast_metric(name)
         for text in contrasts:

@@ -106,7 +106,7 @@ def censored_summary(values: list[float]) -> dict:
     so when every bound is ≥ every observed value (a run's length, in a sweep of equal lengths) the median is known
     while fewer than half the runs are censored; otherwise it is reported as `> bound`."""
     xs = sorted(v for v in values if v is not None and not math.isnan(v))
-    censored = [v for v in xs if isinstance(v, Censored)]
+    censored: list[float] = [v for v in xs if isinstance(v, Censored)]
     observed = [v for v in xs if not isinstance(v, Censored)]
     n, k = len(xs), len(censored)
     bound = min(censored) if censored else math.nan

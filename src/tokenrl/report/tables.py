@@ -7,6 +7,8 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
+from typing import Any
 
 from tokenrl.report.runs import Run, final_validation, last_mean
 from tokenrl.report.stats import Censored, Interval, censored_summary, format_censored, mean_ci, paired_difference
@@ -14,9 +16,9 @@ from tokenrl.report.stats import Censored, Interval, censored_summary, format_ce
 Metric = Callable[[Run], float]
 
 
-def value_of(values: dict[str, float], key: str) -> float:
-    """The logged value of `key`, nan where the run did not log it."""
-    return values.get(key, math.nan)
+def held_out(run: Run, key: str, before: bool = False) -> float:
+    """The run's validation value of `key` after training (`before`: at step 0), nan where the run did not log it."""
+    return (run.validation.get(0, {}) if before else final_validation(run)).get(key, math.nan)
 
 
 def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
@@ -24,9 +26,9 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
     logged their selections against the true forks (task=forks), whose tables follow."""
     table: dict[str, Metric] = {}
     for k in ks:
-        table[f"held-out {k} after training"] = lambda run, k=k: value_of(final_validation(run), f"val/{k}")
+        table[f"held-out {k} after training"] = partial(held_out, key=f"val/{k}")
     for k in ks:
-        table[f"held-out {k} before training"] = lambda run, k=k: value_of(run.validation.get(0, {}), f"val/{k}")
+        table[f"held-out {k} before training"] = partial(held_out, key=f"val/{k}", before=True)
     table.update(
         {
             "training reward, last 3 steps": lambda run: last_mean(run, "train/reward"),
@@ -44,15 +46,15 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
                     steps_to_reward(run, REWARD_THRESHOLD)
                 ),
                 **{
-                    f"{title}{ALL_STEPS}": lambda run, key=key: last_mean(run, key, last=10**9)
+                    f"{title}{ALL_STEPS}": partial(last_mean, key=key, last=10**9)
                     for title, key in FORK_METRICS.items()
                 },
                 f"precision above the fork rate (per step: precision − rate){ALL_STEPS}": lambda run: step_mean(
                     run, lambda values: values["forks/precision"] - values["forks/rate"]
                 ),
                 **{
-                    f"precision of {name}'s picks on this run's rollouts{ALL_STEPS}": lambda run, name=name: last_mean(
-                        run, f"forks/precision_{name}", last=10**9
+                    f"precision of {name}'s picks on this run's rollouts{ALL_STEPS}": partial(
+                        last_mean, key=f"forks/precision_{name}", last=10**9
                     )
                     for name in ("ict", "entropy20", "stapo")
                 },
@@ -161,7 +163,7 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], basel
         + "per seed |"
     )
     lines = [f"### {title}", "", header, "|" + "---|" * (header.count("|") - 1)]
-    record = {}
+    record: dict[str, dict[str, Any]] = {}
     for label, members in groups.items():
         values = {run.seed: metric(run) for run in members}
         censored = any(isinstance(v, Censored) for v in values.values())
@@ -171,12 +173,12 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], basel
             for seed, value in sorted(values.items())
             if not math.isnan(value)
         )
-        deltas: dict[str, object] = {}
+        deltas: dict[str, Interval | str] = {}  # a Δ, or why none: the baseline itself; a censored value
         for name, base in bases.items():
             if label == name:
-                deltas[name] = None
+                deltas[name] = "—"
             elif censored or _any_censored(base):
-                deltas[name] = _censored_delta
+                deltas[name] = "censored: no Δ"
             else:
                 deltas[name] = paired_difference(values, base)
         record[label] = {
@@ -188,16 +190,10 @@ def metric_table(title: str, metric: Metric, groups: dict[str, list[Run]], basel
             record[label]["censored"] = censored_summary(list(values.values()))
         if bases:
             record[label]["delta"] = record[label]["deltas"][next(iter(bases))]
-        shown = "".join(
-            "— | " if d is None else "censored: no Δ | " if d is _censored_delta else f"{d.format()} (n={d.n}) | "
-            for d in deltas.values()
-        )
+        shown = "".join(f"{d.format()} (n={d.n}) | " if isinstance(d, Interval) else f"{d} | " for d in deltas.values())
         cell = format_censored(record[label]["censored"]) if censored else interval.format()
         lines.append(f"| {label} | {interval.n} | {cell} | {shown}{seeds} |")
     return "\n".join(lines), record
-
-
-_censored_delta = object()  # a Δ not taken: a censored value has no known size
 
 
 def _any_censored(values: dict[int, float]) -> bool:

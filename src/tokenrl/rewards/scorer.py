@@ -73,7 +73,7 @@ class SafeScorer:
             raise ValueError(f"reward_timeout_s={timeout_s} must be > 0")  # the top-level key of train.yaml / eval.yaml
         self.timeout_s = timeout_s
         methods = mp.get_all_start_methods()  # no fork server on Windows: a fresh interpreter per worker there
-        self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._ctx = mp.get_context("forkserver") if "forkserver" in methods else mp.get_context("spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
 
@@ -107,12 +107,13 @@ class SafeScorer:
         while pending < len(items):
             if self._proc is None or not self._proc.is_alive():
                 self._start()
+            assert self._proc is not None and self._proc.pid is not None and self._conn is not None  # _start set them
             sent = pending
             for index in range(pending, len(items)):
                 while sent < len(items) and sent - index < self.WINDOW:
                     self._conn.send((sent, *items[sent]))
                     sent += 1
-                if not self._result_arrives():
+                if not self._result_arrives(self._conn, self._proc.pid):
                     log.warning(
                         "verifier %r exceeded %.1fs on sample %d; scored 0", items[index][0], self.timeout_s, index
                     )
@@ -127,17 +128,16 @@ class SafeScorer:
                 pending = len(items)
         return scores
 
-    def _result_arrives(self) -> bool:
+    def _result_arrives(self, conn: Connection, pid: int) -> bool:
         """Whether the worker's next result arrives before it has used `timeout_s` of its own time (the module
         docstring) and within `STALL_CAP` × `timeout_s` of wall time. The worker's clock is read only once a result
         is late: the first slice counts as its own time."""
         slice_s = min(SLICE, self.timeout_s)
         start = time.monotonic()
-        if self._conn.poll(slice_s):
+        if conn.poll(slice_s):
             return True
-        pid = self._proc.pid
         last, clock, own = time.monotonic(), worker_clock(pid), slice_s
-        while not self._conn.poll(slice_s):
+        while not conn.poll(slice_s):
             now, new = time.monotonic(), worker_clock(pid)
             if clock is None or new is None:
                 own = now - start

@@ -32,6 +32,7 @@ def build_engine(
     if settings.engine == "vllm":
         from tokenrl.rollout.vllm_engine import VLLMEngine
 
+        assert settings.vllm is not None  # RolloutSettings.of reads the vllm keys of rollout.engine=vllm
         return VLLMEngine(model, tokenizer, settings.vllm, weights_version)
     raise ValueError(f"rollout.engine={settings.engine!r} is not one of {ENGINES}")
 

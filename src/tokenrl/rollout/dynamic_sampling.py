@@ -53,9 +53,8 @@ class ScoredRollouts:
 
 def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
     rollouts = concat_rollouts([p.rollouts for p in parts], pad_id)
-    forks = None
-    if all(p.forks is not None for p in parts):
-        forks = ForkMarks.cat([p.forks for p in parts], rollouts.response_ids.shape[1])
+    marks = [p.forks for p in parts if p.forks is not None]
+    forks = ForkMarks.cat(marks, rollouts.response_ids.shape[1]) if len(marks) == len(parts) else None
     return ScoredRollouts(rollouts, torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]), forks)
 
 

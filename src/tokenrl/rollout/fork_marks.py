@@ -54,6 +54,6 @@ class ForkMarker:
             if chars is None:
                 return None
             for name, marks in chars.positions().items():
-                out[name][row, : len(ids)] = torch.tensor(token_marks(marks, ids, self.tokenizer, ended), dtype=bool)
+                out[name][row, : len(ids)] = torch.tensor(token_marks(marks, ids, self.tokenizer, ended))
             failure[row] = FAILURES.index(chars.failure)
         return ForkMarks(**out, failure=failure)

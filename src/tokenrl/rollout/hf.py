@@ -35,6 +35,7 @@ from transformers import (
 )
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from tokenrl.models.sharding import hf_model
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad, response_mask_until_eos
 
@@ -72,7 +73,7 @@ class StopWhen(StoppingCriteria):
     def __init__(self, interrupt: Callable[[], bool]) -> None:
         self.interrupt = interrupt
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.Tensor:
         return torch.full((input_ids.shape[0],), self.interrupt(), dtype=torch.bool, device=input_ids.device)
 
 
@@ -103,7 +104,7 @@ class HFEngine(RolloutEngine):
         self.eos_ids = sorted({tokenizer.eos_token_id, *self._config_eos(model)} - {None})
         self.interrupt: Callable[[], bool] = lambda: False  # true: stop every sequence now (a preemption signal)
         self._cache: StaticCache | None = None  # the static cache, kept across calls (its addresses: the CUDA graph's)
-        self._cache_key: tuple | None = None
+        self._cache_key: tuple = ()  # (rows, dtype, device, length) of the kept cache
 
     def decoding_on(self, device: torch.device) -> str:
         """The decoding mode used on `device` (`auto` resolved)."""
@@ -114,7 +115,7 @@ class HFEngine(RolloutEngine):
     def release_cache(self) -> None:
         """Drop the static KV cache (rows × cache length × layers × 2 × KV heads × head dim); the next call
         allocates a new one (and a compiled decode records its CUDA graph again)."""
-        self._cache = self._cache_key = None
+        self._cache, self._cache_key = None, ()
 
     def _static_cache(self, rows: int, length: int, device: torch.device) -> StaticCache:
         """A reset static cache for `rows` sequences of at least `length` tokens: the one kept if it fits (same rows,
@@ -130,7 +131,8 @@ class HFEngine(RolloutEngine):
             return self._cache
         self.release_cache()
         cache_len = -(-length // CACHE_BUCKET) * CACHE_BUCKET
-        self._cache = StaticCache(config=self.model.config.get_text_config(decoder=True), max_cache_len=cache_len)
+        text_config = hf_model(self.model).config.get_text_config(decoder=True)
+        self._cache = StaticCache(config=text_config, max_cache_len=cache_len)
         self._cache_key = (*key, cache_len)
         return self._cache
 
@@ -220,7 +222,7 @@ class HFEngine(RolloutEngine):
                     config.compile_config._compile_all_devices = True  # generate compiles only on accelerators
         with torch.random.fork_rng(devices=[ids.device] if ids.device.type == "cuda" else []):
             torch.manual_seed(seed)
-            return self.model.generate(
+            return self.model.generate(  # type: ignore[operator]  # torch types it Tensor | Module: the HF/PEFT model's method
                 input_ids=ids,
                 attention_mask=mask,
                 generation_config=config,

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.models.engine_weights import served_weights
+from tokenrl.models.sharding import hf_model
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.settings import VLLMSettings
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad
@@ -71,7 +72,7 @@ def layer_buckets(
 def write_config_only(model: nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
     """What vLLM needs to build the architecture with dummy weights: config, generation config, tokenizer. No weights
     are written: the engine's first `sync_weights` loads the policy's (no full-model clone, no checkpoint on disk)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     base.config.save_pretrained(folder)
     if getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
@@ -193,6 +194,7 @@ class VLLMEngine(RolloutEngine):
         self.tp_group = placement.tp_group
         self.folder = engine_folder(model, tokenizer)
         batching = {"max_num_batched_tokens": settings.max_num_batched_tokens, "max_num_seqs": settings.max_num_seqs}
+        limits: dict[str, Any] = {key: value for key, value in batching.items() if value}  # None: vLLM's defaults
         with global_state_kept():  # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
             self.llm = LLM(
                 model=self.folder,
@@ -206,7 +208,7 @@ class VLLMEngine(RolloutEngine):
                 enable_chunked_prefill=bool(settings.enable_chunked_prefill),
                 gpu_memory_utilization=float(settings.gpu_memory_utilization),
                 enable_sleep_mode=self.sleep_level > 0,
-                **{key: value for key, value in batching.items() if value},  # None: vLLM's defaults
+                **limits,
                 **placement.llm_kwargs,
             )
         self.runner = model_runner(self.llm)
@@ -254,6 +256,7 @@ class VLLMEngine(RolloutEngine):
         mask = torch.zeros((len(completions), width), dtype=torch.long)
         logprobs = torch.zeros((len(completions), width))
         for row, c in enumerate(completions):
+            assert c.logprobs is not None  # asked for: the sampled token's log-prob (`logprobs=0`)
             ids = list(c.token_ids)
             response[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             mask[row, : len(ids)] = 1
@@ -295,7 +298,7 @@ class VLLMEngine(RolloutEngine):
         self._wake(["weights"])
         self.last_sync_buckets = 0
 
-        def stream(weights: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        def stream(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             for bucket in layer_buckets(weights, self.bucket_bytes):
                 self.last_sync_buckets += 1
                 yield from [(name, tensor.to(device=self.device, dtype=self.dtype)) for name, tensor in bucket]
@@ -309,4 +312,5 @@ class VLLMEngine(RolloutEngine):
         self.weights_version = version
 
     def close(self) -> None:
-        self.llm = None  # the config folder stays: it is the next run's too (engine_folder)
+        if hasattr(self, "llm"):
+            del self.llm  # the config folder stays: it is the next run's too (engine_folder)

@@ -94,7 +94,7 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def _out_of_space(err: BaseException) -> bool:
+def _out_of_space(err: BaseException | None) -> bool:
     """Whether `err` or an exception it chains from is "No space left on device" (torch wraps the OSError)."""
     while err is not None:
         if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
@@ -248,11 +248,11 @@ class AtomicFSDPStrategy(FSDPStrategy):
         from torch.distributed.checkpoint import save
 
         target = Path(self.broadcast(str(filepath)))
-        staging = None
+        folder = ""  # rank 0 makes it, every rank receives it
         if self.is_global_zero:
             target.parent.mkdir(parents=True, exist_ok=True)
-            staging = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        staging = Path(self.broadcast(staging))
+            folder = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        staging = Path(self.broadcast(folder))
         state = {
             "model": checkpoint.pop("state_dict"),
             **{f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))},
@@ -384,7 +384,7 @@ class RunCheckpoint(ModelCheckpoint):
         """A step file, then the step files older than the newest `keep_last_k` removed (not the best, nor the one the
         run resumed from)."""
         super()._save_topk_checkpoint(trainer, monitor_candidates)
-        if self.keep_last_k is None or not trainer.is_global_zero:
+        if self.keep_last_k is None or self.dirpath is None or not trainer.is_global_zero:
             return
         numbered = sorted(
             (int(match[1]), str(path))
@@ -434,7 +434,7 @@ class AdapterCheckpoints:
         if self.base is not None:
             checkpoint["tokenrl"]["base"] = self.base
 
-    def check(self, checkpoint: dict[str, Any], ckpt_path: str | None) -> None:
+    def check(self, checkpoint: dict[str, Any], ckpt_path: str | Path | None) -> None:
         """A LoRA checkpoint is refused (ValueError naming it) unless this run's base is the one it was trained on."""
         saved = checkpoint["tokenrl"].get("base")
         if saved is not None:  # a LoRA checkpoint (the path is for the message; restored outside a fit, none)

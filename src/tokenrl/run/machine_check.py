@@ -199,8 +199,9 @@ def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
 def default_plan(device: str) -> dict[str, Any]:
     """The memory plan of `python train.py` (the offline default) on `device`."""
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
 
+    from tokenrl.config import as_dict
     from tokenrl.paths import CONFIG_DIR
     from tokenrl.records.settings import ModelSettings
     from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
@@ -209,7 +210,7 @@ def default_plan(device: str) -> dict[str, Any]:
         cfg = compose(config_name="train", overrides=["trainer=gpu" if device.startswith("cuda") else "trainer=cpu"])
     with open_dict(cfg):
         cfg.paths.output_dir = tempfile.gettempdir()  # no Hydra run here: nothing is written
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = as_dict(cfg)
     try:
         shape = architecture_shape(ModelSettings.of(container["model"]))
     except OSError as err:  # the default model is not prepared

@@ -239,10 +239,11 @@ def plan_memory(
         "hidden states": stats_cut.tokens * shape.hidden * act_bytes / GIB,
     }
     plan = MemoryPlan(device, capacity_gib)
+    update = max(forward, backward, key=lambda parts: sum(parts.values()))  # the update's larger end
     plan.phases = {
         "generate": {**resident, **generation},
         "statistics": {**resident, **asleep, **statistics},
-        "update": {**resident, **asleep, **max(forward, backward, key=lambda parts: sum(parts.values()))},
+        "update": {**resident, **asleep, **update},
     }
     return plan
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from transformers import PreTrainedModel
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.logit_statistics import needs_js
@@ -90,14 +92,14 @@ class GRPOModule(L.LightningModule):
             return
         policy = build_model(self.model_cfg, seed=self.seed).train()
         self.adapters.remember_base(policy, self.model_cfg, self.seed)
-        references = (
+        references: list[torch.nn.Module] = (
             [build_reference(policy, self.model_cfg.reference_dtype)]
-            if self.cfg.uses_reference and not self.model_cfg.lora
+            if self.cfg.uses_reference and isinstance(policy, PreTrainedModel)  # LoRA: a PeftModel, no copy
             else []
         )
         strategy = self._trainer.strategy if self._trainer is not None else None
-        policy, *references = shard_under(strategy, [policy, *references])
-        self.policy, self._reference = policy, references
+        root, *references = shard_under(strategy, [policy, *references])
+        self.policy, self._reference = root, references
         plan = ForwardPlan(
             self.sampling.temperature,
             self.cfg.batch.micro_batch_size,
@@ -107,7 +109,7 @@ class GRPOModule(L.LightningModule):
             self.cfg.batch.micro_batch_tokens,
             self.fast_path,
         )
-        self.passes = PolicyPasses(policy, references[0] if references else None, plan.resolved(policy))
+        self.passes = PolicyPasses(root, references[0] if references else None, plan.resolved(root))
         path = UpdatePath(self.passes, self.selector, self.cfg)
         self.update_step = LightningUpdate(self, path, self.entropy_control, self.seed)
 
@@ -117,6 +119,7 @@ class GRPOModule(L.LightningModule):
         for reference in (r for r in self._reference if not is_sharded(r)):  # FSDP placed a sharded one
             reference.to(self.device)
         log.info("building the %s rollout engine", self.rollout_cfg.engine)
+        assert self.policy is not None  # built in configure_model
         self.engine = build_engine(
             self.rollout_cfg,
             self.policy,
@@ -128,6 +131,7 @@ class GRPOModule(L.LightningModule):
     def on_train_start(self) -> None:
         """Under FSDP Lightning restores a checkpoint after `on_fit_start` (`restore_checkpoint_after_setup`): the
         engine built there serves the weights from before the restore, so it is synced here to the restored ones."""
+        assert self.engine is not None and self.policy is not None  # built in configure_model and on_fit_start
         if self.engine.weights_version != self.run_state.optimizer_steps:
             self.engine.sync_weights(self.policy, self.run_state.optimizer_steps)
         self.run_state.mark_step_boundary()
@@ -146,8 +150,9 @@ class GRPOModule(L.LightningModule):
         if self.engine is not None:
             self.engine.close()
 
-    def configure_optimizers(self) -> torch.optim.Optimizer | dict[str, Any]:
+    def configure_optimizers(self) -> OptimizerLRScheduler:
         """The optimizer, with a linear lr warm-up over `algorithm.lr_warmup_steps` rollout steps when set."""
+        assert self.policy is not None  # built in configure_model
         optimizer = self.optimizer_factory([p for p in self.policy.parameters() if p.requires_grad])
         return with_linear_warmup(optimizer, self.cfg.schedule.lr_warmup_steps)
 
@@ -155,11 +160,13 @@ class GRPOModule(L.LightningModule):
         return batch  # prompts stay on the host; rollouts are moved by the engine and the update
 
     def configure_callbacks(self) -> list[L.Callback]:
-        due = self.validator is not None and self.val_every
-        return [PeriodicValidation(self.validator, self.val_every, self.total_steps)] if due else []
+        if self.validator is None or not self.val_every:
+            return []
+        return [PeriodicValidation(self.validator, self.val_every, self.total_steps)]
 
     # ------------------------------------------------------------------------------------- one step
     def training_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        assert self.engine is not None and self.policy is not None and self.update_step is not None  # set up before
         self.check_preempted()
         timer = StepTimer()
         who = Generation(
@@ -183,7 +190,9 @@ class GRPOModule(L.LightningModule):
         with timer("sync"):
             self.engine.sync_weights(self.policy, self.run_state.optimizer_steps)
         self.run_state.rollout_step += 1
-        self.run_state.reward_history.append(float(self.all_gather(train.rewards.mean()).mean()))
+        rewards = self.all_gather(train.rewards.mean())
+        assert isinstance(rewards, torch.Tensor)  # a tensor gathers to a tensor
+        self.run_state.reward_history.append(float(rewards.mean()))
         whole = train.whole_view(update.stats, self.device, self.global_rank)
         metrics = {
             **step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
@@ -207,7 +216,7 @@ class GRPOModule(L.LightningModule):
 
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""
-        prompts = self.trainer.datamodule.refill_prompts(
+        prompts = self.trainer.datamodule.refill_prompts(  # type: ignore[attr-defined]  # Lightning sets it at run time
             self.run_state.rollout_step,
             self.run_state.refill_position,
             self.cfg.batch.gen_prompts_per_step,
@@ -223,14 +232,15 @@ class GRPOModule(L.LightningModule):
         self.preemption.check(anyone)
 
     def _everyone(self, mine: bool) -> bool:
-        return bool(self.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)
+        return bool(self.trainer.strategy.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)
 
     def engine_context(self) -> Any:
         """The hf engine generates with the policy object itself: under FSDP its root unit must be gathered."""
+        assert self.policy is not None  # built in configure_model
         return gathered_root(self.policy) if isinstance(self.engine, HFEngine) else nullcontext()
 
     # ------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # torch's overloads: `destination` itself, filled
         return self.adapters.saved_state(super().state_dict(*args, **kwargs), kwargs.get("prefix", ""))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:

@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from tokenrl.config import as_dict
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
@@ -60,16 +61,13 @@ class ModuleSpec:
     ) -> ModuleSpec:
         """The spec the composed train config describes, for the run's task, tokenizer and prompt formatter (built in
         the order the seeded run draws from its random streams: the warm-up first)."""
-        model, algorithm, rollout = (
-            OmegaConf.to_container(cfg[key], resolve=True) for key in ("model", "algorithm", "rollout")
-        )
-        model = prepared_policy(ModelSettings.of(model), task, formatter, Path(cfg.paths.model_cache))
+        model = prepared_policy(ModelSettings.of(as_dict(cfg.model)), task, formatter, Path(cfg.paths.model_cache))
         checker = validator_for(cfg, task, formatter) if cfg.validation.every_n_steps else None
         selector = instantiate(cfg.selector)
         return cls(
             model=model,
-            algorithm=algorithm,
-            rollout=RolloutSettings.of(rollout),
+            algorithm=as_dict(cfg.algorithm),
+            rollout=RolloutSettings.of(as_dict(cfg.rollout)),
             selector=selector,
             tokenizer=tokenizer,
             optimizer=instantiate(cfg.algorithm.optimizer),
@@ -126,7 +124,7 @@ def validation_sets(cfg: DictConfig, task: Task) -> list[ValidationSet]:
     sets = [ValidationSet("", task.problems("test")[:limit], task.instruction)]
     extra = cfg.validation.benchmarks
     try:
-        names = expand(OmegaConf.to_container(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []
+        names = expand(list(extra) if OmegaConf.is_list(extra) else str(extra)) if extra else []
     except KeyError as err:
         raise ValueError(f"validation.benchmarks: {err.args[0]}") from None
     for name in names:

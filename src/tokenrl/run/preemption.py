@@ -20,6 +20,8 @@ from typing import Any
 
 import lightning as L
 
+from tokenrl.run.progress import rollout_steps_done
+
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -89,12 +91,12 @@ class PreemptionWatch(L.Callback):
                 log.warning(
                     "preempted: wrote %s (the state after step %d) %.1f s after the signal",
                     self.saved,
-                    pl_module.run_state.rollout_step,
+                    rollout_steps_done(pl_module, 0),
                     time.monotonic() - self.received_at,
                 )
         elif self.requested:
             log.warning(
-                "preempted at step %d; checkpointing is off, nothing was saved", pl_module.run_state.rollout_step
+                "preempted at step %d; checkpointing is off, nothing was saved", rollout_steps_done(pl_module, 0)
             )
         previous = self.previous.get(exception.signum)
         self.restore()

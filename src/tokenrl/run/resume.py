@@ -248,7 +248,7 @@ def record_resume(
 ) -> None:
     """Append this resume to the run folder's history (`HISTORY`, a YAML list; rank 0 only): when, from which
     checkpoint, the first step it trains, its command line's overrides and the settings it changed."""
-    if rank_zero_only.rank != 0:
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # Lightning sets it on its decorator at import
         return
     entry = {
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -268,13 +268,13 @@ def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
     folder's index: no weights are read), and whether it holds them all (False: a LoRA checkpoint's adapters)."""
     path = Path(path)
     if path.is_dir():
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
 
         index = FileSystemReader(path).read_metadata().state_dict_metadata
         shapes = {
             key.removeprefix("model."): list(item.size)
             for key, item in index.items()
-            if key.startswith("model.policy.")
+            if key.startswith("model.policy.") and isinstance(item, TensorStorageMetadata)
         }
         meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
     else:

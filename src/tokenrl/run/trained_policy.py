@@ -10,7 +10,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -42,6 +42,9 @@ from tokenrl.records.settings import ModelSettings, RolloutSettings
 from tokenrl.rollout import build_engine
 from tokenrl.run.checkpointing import SHARDED_META, is_sharded_checkpoint, load_policy, policy_state_dict
 from tokenrl.run.resume import checkpoint_meta
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 # a user's settings or files: one `error:` line, exit status 2 (docs/errors.md)
 EXPORT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, ConnectionError)
@@ -143,7 +146,7 @@ def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return weights, meta["tokenrl"]
 
 
-def policy_from_checkpoint(ckpt: Path, run: RunConfig) -> tuple[PreTrainedModel, dict[str, Any]]:
+def policy_from_checkpoint(ckpt: Path, run: RunConfig) -> tuple[PreTrainedModel | PeftModel, dict[str, Any]]:
     """The policy of `model.*` (PEFT-wrapped with LoRA) holding the checkpoint's tensors themselves, built on the meta
     device and given them, so the weights are in memory once; and the checkpoint's tokenrl state. A LoRA checkpoint
     without its base (`state["base"]`, its reference): the base built from `model.*` and `seed`, checked against it,

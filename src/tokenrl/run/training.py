@@ -16,8 +16,9 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from tokenrl.config import as_dict
 from tokenrl.config.check import check_config
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.dataset_task import DatasetTask
@@ -53,7 +54,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteEr
 def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
     """The module, data module and trainer that `cfg` describes; the module and the data module share the task, the
     tokenizer and the prompt formatter."""
-    tokenizer = build_tokenizer(ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)))
+    tokenizer = build_tokenizer(ModelSettings.of(as_dict(cfg.model)))
     task = instantiate(cfg.task)
     first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"  # dynamic sampling
     datamodule = RolloutDataModule(
@@ -76,7 +77,7 @@ def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
     output_dir = Path(cfg.paths.output_dir)
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
     # one log line per rollout step (console, train.log); preemption signals → last.ckpt; the config in each checkpoint
-    record = RunConfigRecord(OmegaConf.to_container(cfg))
+    record = RunConfigRecord(as_dict(cfg, resolve=False))
     callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), preemption, record]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RolloutProgressBar(cfg.total_steps))
@@ -106,7 +107,7 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     fit stops here with the table and what it can change (`memory_refusal`)."""
     datamodule.setup("fit")  # the prompts: the plan's prompt length is the longest one's
     device = str(trainer.strategy.root_device)
-    container = OmegaConf.to_container(cfg, resolve=True)
+    container = as_dict(cfg)
     plan = plan_memory(
         container,
         architecture_shape(ModelSettings.of(container["model"])),
@@ -180,8 +181,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         return done.summary
     kept_rows = []
     if ckpt_path is not None:
-        changed = check_resume_settings(ckpt_path, OmegaConf.to_container(cfg), steps_done, output_dir)
-        model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
+        changed = check_resume_settings(ckpt_path, as_dict(cfg, resolve=False), steps_done, output_dir)
+        model = ModelSettings.of(as_dict(cfg.model))
         check_checkpoint_matches(ckpt_path, model)  # before any load
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
@@ -199,7 +200,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     rows = data_rows(datamodule, announce=trainer.is_global_zero)
     for logger in trainer.loggers:
         if isinstance(logger, MLflowLogger):  # the run's settings as the MLflow run's parameters
-            logger.log_hyperparams(config_params(OmegaConf.to_container(cfg, resolve=True)))
+            logger.log_hyperparams(config_params(as_dict(cfg)))
     carry_metrics(trainer, kept_rows)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

@@ -41,6 +41,7 @@ class ICTSelector(TokenSelector):
         self.ratio, self.scope, self.warmup_steps, self.js_peers = ratio, scope, warmup_steps, js_peers
 
     def unique_tokens(self, batch: SelectionBatch) -> torch.Tensor:
+        assert batch.stats.js is not None  # `requires` asks for it
         return scoped_top_fraction(batch.stats.js, batch, self.ratio, self.scope)
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:

@@ -18,7 +18,7 @@ from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.models.lm_head import fusable_head
 from tokenrl.models.packed import packed_blocker
 from tokenrl.models.response_forward import LAYOUTS, decoder_and_head
-from tokenrl.models.sharding import is_sharded
+from tokenrl.models.sharding import hf_model, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.micro_batches import MicroBatchCut
@@ -40,7 +40,8 @@ class TokenBudgetCut:
     @classmethod
     def of(cls, cut: MicroBatchCut, rollouts: RolloutBatch, whole_groups: bool) -> TokenBudgetCut:
         parts = cut(rollouts, torch.arange(rollouts.response_ids.shape[0]), whole_groups)
-        over = any(len(part) > 1 and cut.tokens(rollouts, part) > cut.max_tokens for part in parts)
+        budget = cut.max_tokens
+        over = budget is not None and any(len(part) > 1 and cut.tokens(rollouts, part) > budget for part in parts)
         return cls(len(parts), over)
 
 
@@ -153,7 +154,7 @@ def layout_blocker(model: nn.Module, layout: str, with_grad: bool = True) -> str
         return "FSDP updates through the root module's own forward"
     if layout == "packed":
         return packed_blocker(model, with_grad)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     if with_grad and getattr(base, "is_gradient_checkpointing", False):
         return "gradient checkpointing turns transformers' KV cache off in the update"
     return None

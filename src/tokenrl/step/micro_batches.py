@@ -59,6 +59,7 @@ def micro_batches(
         return by_tokens(
             groups, rows, ids, response_lengths, prompt_lengths, max_tokens, whole_groups, cost, full_widths
         )
+    assert max_rows is not None  # one of the two (checked above)
     if not whole_groups:
         return list(torch.cat(groups).split(max_rows)) if groups else []
     chunks: list[torch.Tensor] = []

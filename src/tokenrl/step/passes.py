@@ -48,6 +48,7 @@ def fused_response_head(
     hidden, batch = response_hidden(model, batch, trim=plan.trim, layout=plan.layout(with_grad))
     rows, width, _ = hidden.shape
     _, head = decoder_and_head(model)
+    assert isinstance(head, nn.Linear)  # the plan fuses only a plain linear head (`fusable_head`)
     groups = response_slots(batch.group_ids, width, batch.response_mask, plan.js_peers) if with_js else None
     out = fused_head(
         hidden.reshape(rows * width, -1),
@@ -78,13 +79,13 @@ def checkpointing_paused(model: nn.Module) -> Iterator[None]:
     """Gradient checkpointing off for a no-grad pass: it saves nothing without gradients, and transformers' layers drop
     the KV cache (the shared prompt) while it is on in training mode (`GradientCheckpointingLayer.__call__`)."""
     layers = [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True]
-    for layer in layers:
-        layer.gradient_checkpointing = False
+    for layer in layers:  # torch types Module.__setattr__ for tensors and modules only; a flag is set as well
+        layer.gradient_checkpointing = False  # type: ignore[assignment]
     try:
         yield
     finally:
         for layer in layers:
-            layer.gradient_checkpointing = True
+            layer.gradient_checkpointing = True  # type: ignore[assignment]
 
 
 @dataclass
@@ -108,7 +109,8 @@ class PolicyPasses:
     def reference_logprobs(self, rollouts: RolloutBatch) -> torch.Tensor:
         """(B, T) log π_ref(o_t) on the host, micro-batch by micro-batch."""
         model = self.reference if self.reference is not None else self.policy
-        adapters_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
+        # disable_adapter is the PEFT model's method, which torch types as a module's attribute: Tensor | Module
+        adapters_off = self.policy.disable_adapter() if self.reference is None else nullcontext()  # type: ignore[operator]
         out = torch.zeros(rollouts.response_ids.shape)
         plan = self.plan
         with gathered_root(model), adapters_off, checkpointing_paused(model):

@@ -10,9 +10,12 @@ As verl's `get_constant_schedule_with_warmup` (stepped once per training step), 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRScheduler
 
 
 def constant_after_linear_warmup(step: int, warmup_steps: int) -> float:
@@ -20,7 +23,7 @@ def constant_after_linear_warmup(step: int, warmup_steps: int) -> float:
     return step / warmup_steps if step < warmup_steps else 1.0
 
 
-def with_linear_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.Optimizer | dict[str, Any]:
+def with_linear_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> OptimizerLRScheduler:
     """What `configure_optimizers` returns: the optimizer alone (W = 0) or with the warm-up schedule, which the module
     steps once per rollout step."""
     if not warmup_steps:

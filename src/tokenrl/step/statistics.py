@@ -57,6 +57,7 @@ def compute_token_stats(
             )
 
     def fused_statistics(hidden: torch.Tensor, sub: RolloutBatch, rows: torch.Tensor) -> None:
+        assert isinstance(head, nn.Linear)  # the plan fuses only a plain linear head (`fusable_head`)
         count, width, _ = hidden.shape
         head_out = fused_lm_head(
             hidden.reshape(count * width, -1),

@@ -217,6 +217,7 @@ def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateR
     for index, rows in enumerate(parts):
         part = rollouts.rows(rows)
         forward = backend.forward(part, True, settings.entropy_coef > 0)
+        assert forward.stats is not None  # asked for (`with_stats`)
         part_stats.append(forward.stats)
         selection = selector.select(batch.selection_view(rows, forward.stats, backend.gather, backend.rank))
         record_selection(weights, shaping, rows, selection)
@@ -243,6 +244,7 @@ def engine_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's importance weights of `rollouts` and which tokens' ratios fell outside their bounds
     (`grpo.engine_is_weights` with `algorithm.tis_mode` / `tis_min` / `tis_cap`; docs/algorithms.md §1.6)."""
+    assert cfg.engine_is.tis_cap is not None  # the weights are on
     return engine_is_weights(
         trainer_logp,
         rollouts.sampling_logprobs.to(trainer_logp.device),
