@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT
-from tokenrl.config.rules import RENAMED
+from tokenrl.config.known_settings import RENAMED
 
 PACKAGE, CONFIGS = ROOT / "src" / "tokenrl", ROOT / "configs"
 READERS = ("run", "cli", "config", "report")  # the folders that may read the config itself

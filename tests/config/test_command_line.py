@@ -186,8 +186,8 @@ def test_no_setting_has_two_names():
 
     import yaml
 
+    from tokenrl.config.known_settings import RENAMED
     from tokenrl.config.presets import WIRED
-    from tokenrl.config.rules import RENAMED
     from tokenrl.paths import CONFIG_DIR
 
     wired = 0

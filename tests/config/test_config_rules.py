@@ -1,4 +1,4 @@
-"""Every key of every shipped config has a rule (config/rules.py, `AlgorithmConfig`'s fields, a component's
+"""Every key of every shipped config has a rule (config/known_settings.py, `AlgorithmConfig`'s fields, a component's
 `config_rules`) or the explicit FREE_TEXT mark, and the start-up check enforces it (issue #35 §1).
 
 The walk composes train.yaml with every preset of each config group (experiments, methods, models, tasks, rollouts,
@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tests.conftest import CONFIG_DIR, compose_config
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.config.check import ConfigError, check_config, check_eval_config, target_nodes, target_rules
-from tokenrl.config.rules import RULES
+from tokenrl.config.known_settings import RULES
 from tokenrl.records.rules import Rule
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def test_every_key_has_a_rule_and_a_value_no_rule_accepts_stops_the_check_naming
     cfg = composed(name, overrides)
     rules = {path: rule_of(cfg, path) for path in leaves(cfg)}
     assert [path for path, rule in rules.items() if rule is None] == [], (
-        "keys without a rule (config/rules.py, a component's config_rules) or a FREE_TEXT mark"
+        "keys without a rule (config/known_settings.py, a component's config_rules) or a FREE_TEXT mark"
     )
     for path, rule in rules.items():
         seen = (name, path, rule.allowed if isinstance(rule, Rule) else str(rule))

@@ -16,7 +16,7 @@ from tests.conftest import CONFIG_DIR, compose_config
 from tests.helpers.forked_cli import forked_python
 from tokenrl.config.check import ConfigError, check_config
 from tokenrl.config.command_line import composition_problem
-from tokenrl.config.rules import RENAMED
+from tokenrl.config.known_settings import RENAMED
 
 GROUPS = ["selector", "model", "task", "rollout", "algorithm", "trainer", "logger", "debug"]
 

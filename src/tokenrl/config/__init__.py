@@ -1,6 +1,6 @@
-"""What a composed config must satisfy before anything loads: the rule of every setting (`rules.py`), the start-up
-check that applies them and each component's own rules (`check.py`), and what a plain command line adds for its
-machine (`command_line.py`); `as_dict`, the plain mapping of a config node."""
+"""What a composed config must satisfy before anything loads: the rule of every setting (`known_settings.py`), the
+start-up check that applies them and each component's own rules (`check.py`), and what a plain command line adds for
+its machine (`command_line.py`); `as_dict`, the plain mapping of a config node."""
 
 from __future__ import annotations
 

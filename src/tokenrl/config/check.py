@@ -22,7 +22,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.config import as_dict
-from tokenrl.config.rules import OPTIONAL_DEPENDENCIES, RENAMED, RULES, TARGET_RULES, VLLM_INSTALL, renamed_problem
+from tokenrl.config.known_settings import (
+    OPTIONAL_DEPENDENCIES,
+    RENAMED,
+    RULES,
+    TARGET_RULES,
+    VLLM_INSTALL,
+    renamed_problem,
+)
 from tokenrl.records.rules import Rule, is_int
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
@@ -99,8 +106,8 @@ def typed_key(cfg: DictConfig, path: str) -> str:
 
 
 def target_rules(target: str) -> dict[str, Rule] | None:
-    """The keyword rules of a `_target_`: a third-party class's from config/rules.py, a tokenrl component's from its
-    class (`Configurable.config_rules`); None when it cannot be imported."""
+    """The keyword rules of a `_target_`: a third-party class's from config/known_settings.py, a tokenrl component's
+    from its class (`Configurable.config_rules`); None when it cannot be imported."""
     if target in TARGET_RULES:
         return TARGET_RULES[target]
     try:

@@ -137,7 +137,7 @@ def composition_problem(argv: list[str], config_name: str = "train") -> str | No
     from hydra.errors import ConfigCompositionException, OverrideParseException
     from omegaconf import OmegaConf
 
-    from tokenrl.config.rules import renamed_problem
+    from tokenrl.config.known_settings import renamed_problem
 
     for arg in overrides:
         problem = renamed_problem(*arg.lstrip("+~").split("=", 1)) if "=" in arg else None

@@ -53,7 +53,7 @@ class VLLMSettings:
     """The `vllm` engine's keys of the rollout node (configs/rollout/vllm.yaml documents each)."""
 
     max_model_len: int
-    dtype: Literal["float32", "bfloat16", "float16", "auto"]  # rollout.dtype's rule (config/rules.py)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"]  # rollout.dtype's rule (config/known_settings.py)
     kv_cache_gib: float
     gpu_memory_utilization: float
     enforce_eager: bool
