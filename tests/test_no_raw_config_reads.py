@@ -17,7 +17,9 @@ from tokenrl.config.known_settings import RENAMED
 
 PACKAGE, CONFIGS = ROOT / "src" / "tokenrl", ROOT / "configs"
 READERS = ("run", "cli", "config", "report")  # the folders that may read the config itself
-NODES = {"cfg", "config", "node", "settings", "model_cfg", "rollout_cfg", "model", "rollout"}  # config-like names
+NODES = {"cfg", "config", "node", "settings", "model", "rollout"}  # config-like names, and their `_cfg` /
+# `_settings` forms (`self.model_settings`)
+NODES |= {f"{node}{suffix}" for node in ("model", "rollout") for suffix in ("_cfg", "_settings")}
 CONSTRUCTORS = {"of", "from_node"}
 
 

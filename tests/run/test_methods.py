@@ -159,12 +159,12 @@ def replay(captured_step, *overrides: str, batch=None):
     algorithm = AlgorithmConfig.from_node(
         OmegaConf.to_container(cfg.algorithm, resolve=True), int(cfg.rollout.max_new_tokens)
     )
-    policy = build_model(module.model_cfg, seed=cfg.seed)
+    policy = build_model(module.model_settings, seed=cfg.seed)
     policy.load_state_dict(capture.before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
     backend = plain_backend(
-        policy, algorithm, module.sampling.temperature, optimizer, module.model_cfg.stats_chunk_size
+        policy, algorithm, module.sampling.temperature, optimizer, module.model_settings.stats_chunk_size
     )
     shuffle = torch.Generator().manual_seed(derived_seed(cfg.seed, "shuffle", 0))
     run = UpdateRun(instantiate(cfg.selector), algorithm, shuffle)

@@ -36,7 +36,7 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
     task = instantiate(cfg.task)
     spec = ModuleSpec.of(cfg, task, tokenizer, PromptFormatter(tokenizer, cfg.model.chat_template))
     assert spec.model == model  # no warm-up for this task
-    assert spec.algorithm["kl_coef"] == 0.0 and spec.rollout.max_new_tokens == 12
+    assert spec.algorithm.loss.kl_coef == 0.0 and spec.rollout.max_new_tokens == 12
     assert isinstance(spec.selector, ICTSelector) and spec.selector.ratio == 0.25
     assert spec.tokenizer is tokenizer
     assert isinstance(spec.optimizer, functools.partial) and spec.optimizer.func is torch.optim.AdamW

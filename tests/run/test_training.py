@@ -402,6 +402,7 @@ def test_lora_policy_trains_with_adapter_free_reference(tiny_cfg):
 def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
     from omegaconf import OmegaConf
 
+    from tokenrl.algorithms.config import AlgorithmConfig
     from tokenrl.records.settings import ModelSettings, RolloutSettings
     from tokenrl.run.module import GRPOModule
     from tokenrl.run.module_spec import ModuleSpec
@@ -418,7 +419,9 @@ def test_selector_needing_uncomputed_statistics_fails_at_start_up(tiny_cfg):
         GRPOModule(
             ModuleSpec(
                 ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)),
-                OmegaConf.to_container(cfg.algorithm, resolve=True),
+                AlgorithmConfig.from_node(
+                    OmegaConf.to_container(cfg.algorithm, resolve=True), cfg.rollout.max_new_tokens
+                ),
                 RolloutSettings.of(OmegaConf.to_container(cfg.rollout, resolve=True)),
                 NeedsFoo(),
                 tokenizer=None,

@@ -89,12 +89,12 @@ def captured(tmp_path_factory):
 def plain_update(cfg, module, train, stats, before):
     """`ppo_update` of `train` (π_old's statistics `stats`) from weights `before` with the plain backend and the
     module's shuffle; returns the result, the policy and its weights after each optimizer step."""
-    policy = build_model(module.model_cfg, seed=cfg.seed)
+    policy = build_model(module.model_settings, seed=cfg.seed)
     policy.load_state_dict(before)
     policy.train()
     optimizer = instantiate(cfg.algorithm.optimizer)([p for p in policy.parameters() if p.requires_grad])
     backend = plain_backend(
-        policy, module.cfg, module.sampling.temperature, optimizer, module.model_cfg.stats_chunk_size
+        policy, module.cfg, module.sampling.temperature, optimizer, module.model_settings.stats_chunk_size
     )
     snapshots = []
     step = backend.optimizer_step

@@ -366,9 +366,9 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
         if not trainer.is_global_zero:
             deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
             return None
-        policy, tokenizer = module.policy, saved_tokenizer(module.tokenizer, module.model_cfg)
+        policy, tokenizer = module.policy, saved_tokenizer(module.tokenizer, module.model_settings)
         origin = f"the end of its training run `{cfg.paths.output_dir}`"
-        card = model_card(RunConfig(cfg, module.model_cfg, choices), summary, origin, dtype)
+        card = model_card(RunConfig(cfg, module.model_settings, choices), summary, origin, dtype)
         return write_model_folder(out, weights, policy.config, policy.generation_config, tokenizer, dtype, card)
 
 

@@ -23,7 +23,6 @@ import torch
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from transformers import PreTrainedModel
 
-from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.logit_statistics import needs_js
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.models import build_model, build_reference
@@ -59,8 +58,8 @@ class GRPOModule(L.LightningModule):
     def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.model_cfg, self.rollout_cfg = spec.model, spec.rollout
-        self.cfg = AlgorithmConfig.from_node(spec.algorithm, spec.rollout.max_new_tokens)
+        self.model_settings, self.rollout_settings = spec.model, spec.rollout
+        self.cfg = spec.algorithm
         self.entropy_control = EntropyControl.of(self.cfg)
         self.selector, self.tokenizer, self.optimizer_factory = spec.selector, spec.tokenizer, spec.optimizer
         self.with_js = needs_js(spec.selector.requires, type(spec.selector).__name__, spec.js_diagnostics)
@@ -90,10 +89,10 @@ class GRPOModule(L.LightningModule):
         reference in `model.reference_dtype`; under Lightning's FSDP both sharded one unit per decoder layer."""
         if self.policy is not None:
             return
-        policy = build_model(self.model_cfg, seed=self.seed).train()
-        self.adapters.remember_base(policy, self.model_cfg, self.seed)
+        policy = build_model(self.model_settings, seed=self.seed).train()
+        self.adapters.remember_base(policy, self.model_settings, self.seed)
         references: list[torch.nn.Module] = (
-            [build_reference(policy, self.model_cfg.reference_dtype)]
+            [build_reference(policy, self.model_settings.reference_dtype)]
             if self.cfg.uses_reference and isinstance(policy, PreTrainedModel)  # LoRA: a PeftModel, no copy
             else []
         )
@@ -103,7 +102,7 @@ class GRPOModule(L.LightningModule):
         plan = ForwardPlan(
             self.sampling.temperature,
             self.cfg.batch.micro_batch_size,
-            self.model_cfg.stats_chunk_size,
+            self.model_settings.stats_chunk_size,
             self.with_js,
             self.selector.js_peers,
             self.cfg.batch.micro_batch_tokens,
@@ -118,10 +117,10 @@ class GRPOModule(L.LightningModule):
             self.collector.check_sizes(self.global_rank, self.trainer.world_size)
         for reference in (r for r in self._reference if not is_sharded(r)):  # FSDP placed a sharded one
             reference.to(self.device)
-        log.info("building the %s rollout engine", self.rollout_cfg.engine)
+        log.info("building the %s rollout engine", self.rollout_settings.engine)
         assert self.policy is not None  # built in configure_model
         self.engine = build_engine(
-            self.rollout_cfg,
+            self.rollout_settings,
             self.policy,
             self.tokenizer,
             self.run_state.optimizer_steps,

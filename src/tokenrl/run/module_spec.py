@@ -9,16 +9,16 @@ train (warmed up where the task asks), the validator, the sample writer and the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
+from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.config import as_dict
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.prompts import PromptFormatter
@@ -37,10 +37,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ModuleSpec:
-    """The settings and parts of one `GRPOModule`; `algorithm` is the resolved config node."""
+    """The settings and parts of one `GRPOModule`, each setting node a typed record read once."""
 
     model: ModelSettings  # a task's warm-up points it at the warmed-up folder
-    algorithm: Mapping[str, Any]  # read by `AlgorithmConfig.from_node`
+    algorithm: AlgorithmConfig
     rollout: RolloutSettings
     selector: TokenSelector
     tokenizer: PreTrainedTokenizerBase
@@ -64,10 +64,11 @@ class ModuleSpec:
         model = prepared_policy(ModelSettings.of(as_dict(cfg.model)), task, formatter, Path(cfg.paths.model_cache))
         checker = validator_for(cfg, task, formatter) if cfg.validation.every_n_steps else None
         selector = instantiate(cfg.selector)
+        rollout = RolloutSettings.of(as_dict(cfg.rollout))
         return cls(
             model=model,
-            algorithm=as_dict(cfg.algorithm),
-            rollout=RolloutSettings.of(as_dict(cfg.rollout)),
+            algorithm=AlgorithmConfig.from_node(as_dict(cfg.algorithm), rollout.max_new_tokens),
+            rollout=rollout,
             selector=selector,
             tokenizer=tokenizer,
             optimizer=instantiate(cfg.algorithm.optimizer),
