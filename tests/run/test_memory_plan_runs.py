@@ -13,7 +13,7 @@ from tests.helpers.forked_cli import forked_python
 
 pytestmark = pytest.mark.slow  # runs of train.py (README: `-m "not slow"` is the quick loop)
 
-# Qwen2's shape with a 32,768-token vocabulary, 8 layers of width 256 (15M parameters), random weights: responses
+# Qwen2's shape with a 32,768-token vocabulary, 4 layers of width 256 (12M parameters), random weights: responses
 # run to their 48-token budget like the plan's worst case, and logits, activations and the backward's gradient shares
 # all weigh in the update
 SMALL = [
@@ -21,7 +21,7 @@ SMALL = [
     "model.architecture.vocab_size=32768",
     "model.architecture.hidden_size=256",
     "model.architecture.intermediate_size=768",
-    "model.architecture.num_hidden_layers=8",
+    "model.architecture.num_hidden_layers=4",
     "task.max_new_tokens=48",
     "total_steps=2",  # the second step's update runs beside the optimizer's moments
     "validation.every_n_steps=0",
