@@ -9,6 +9,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from tokenrl.config.check import RunSettings
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.models import build_tokenizer
 from tokenrl.records.settings import ModelSettings
@@ -34,7 +35,7 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
     model = ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True))
     tokenizer = build_tokenizer(model)
     task = instantiate(cfg.task)
-    spec = ModuleSpec.of(cfg, task, tokenizer, PromptFormatter(tokenizer, cfg.model.chat_template))
+    spec = ModuleSpec.of(cfg, RunSettings.of(cfg), task, tokenizer, PromptFormatter(tokenizer, cfg.model.chat_template))
     assert spec.model == model  # no warm-up for this task
     assert spec.algorithm.loss.kl_coef == 0.0 and spec.rollout.max_new_tokens == 12
     assert isinstance(spec.selector, ICTSelector) and spec.selector.ratio == 0.25
@@ -50,5 +51,5 @@ def test_the_spec_reads_each_setting_from_the_key_users_write(tiny_cfg, tmp_path
 def test_no_validator_when_validation_is_off(tiny_cfg):
     cfg = tiny_cfg()  # validation.every_n_steps=0
     tokenizer = build_tokenizer(ModelSettings.of(OmegaConf.to_container(cfg.model, resolve=True)))
-    spec = ModuleSpec.of(cfg, instantiate(cfg.task), tokenizer, PromptFormatter(tokenizer, False))
+    spec = ModuleSpec.of(cfg, RunSettings.of(cfg), instantiate(cfg.task), tokenizer, PromptFormatter(tokenizer, False))
     assert spec.validator is None and spec.val_every_n_steps == 0

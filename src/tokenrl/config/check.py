@@ -3,17 +3,20 @@
 `check_config` collects every problem — a wrong type or range, a broken relation (k ≤ n, warm-up < total_steps, a
 mini-batch that the batch cannot be split into), an unknown key (a `+key` override that nothing reads, a keyword the
 `_target_` of its node does not take) with the nearest valid key — and raises one `ConfigError` that lists them,
-one line per key. It returns the warnings that do not stop a run (a selector warm-up over most of the run).
+one line per key. `checked_settings` returns what it validated, the setting nodes as typed records read once
+(`RunSettings`), with the warnings that do not stop a run (a selector warm-up over most of the run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
 import inspect
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -31,6 +34,7 @@ from tokenrl.config.known_settings import (
     renamed_problem,
 )
 from tokenrl.records.rules import Rule, is_int
+from tokenrl.records.settings import ModelSettings, RolloutSettings
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
 CLOSED_NODES = (
@@ -212,7 +216,25 @@ def _task_marks_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-def _relation_problems(cfg: DictConfig) -> list[str]:
+@dataclass(frozen=True)
+class RunSettings:
+    """The setting nodes of a train config as typed records, each read once (`of`), and the start-up check's
+    warnings (`checked_settings`)."""
+
+    model: ModelSettings
+    rollout: RolloutSettings
+    algorithm: AlgorithmConfig
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> RunSettings:
+        rollout = RolloutSettings.of(as_dict(cfg.rollout))
+        algorithm = AlgorithmConfig.from_node(as_dict(cfg.algorithm), rollout.max_new_tokens)
+        return cls(ModelSettings.of(as_dict(cfg.model)), rollout, algorithm)
+
+
+def _relation_problems(cfg: DictConfig, parsed: bool) -> list[str]:
+    """Relations between settings; those of the algorithm node only where its record parsed (`parsed`)."""
     problems = []
     n, ks = cfg.validation.n_samples, cfg.validation.ks
     bad_ks = [k for k in ks if not (is_int(k) and k >= 1 and (not is_int(n) or k <= n))]
@@ -221,12 +243,7 @@ def _relation_problems(cfg: DictConfig) -> list[str]:
             f"validation.ks={list(ks)}: each k must be an integer in [1, validation.n_samples={n}] "
             f"(unbiased pass@k needs k <= n); bad: {bad_ks}"
         )
-    try:
-        AlgorithmConfig.from_node(
-            as_dict(cfg.algorithm), int(cfg.rollout.max_new_tokens) if is_int(cfg.rollout.max_new_tokens) else 1
-        )
-    except ValueError as err:
-        problems.append(str(err))
+    if not parsed:
         return problems
     algorithm = cfg.algorithm
     rows = algorithm.prompts_per_step * algorithm.group_size
@@ -353,15 +370,26 @@ def _wired_key_problems(overrides: Iterable[str]) -> list[str]:
 
 
 def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
-    """Raises `ConfigError` listing every bad setting of the composed train config; returns the warnings.
-    `overrides`: the command line's overrides (Hydra's `overrides.task`), to find keys that `+` added."""
+    """Raises `ConfigError` listing every bad setting of the composed train config; returns the warnings."""
+    return list(checked_settings(cfg, overrides).warnings)
+
+
+def checked_settings(cfg: DictConfig, overrides: Iterable[str] = ()) -> RunSettings:
+    """The typed records of the composed train config, with the warnings; raises `ConfigError` listing every bad
+    setting. `overrides`: the command line's overrides (Hydra's `overrides.task`), to find keys that `+` added."""
     overrides = list(overrides)
     problems = _renamed_problems(cfg) + _wired_key_problems(overrides) + _value_problems(cfg)
     problems += _unknown_key_problems(cfg, overrides)
+    settings = None
     if not problems:  # relations read values whose types are now known to be right
-        problems += _relation_problems(cfg) + _component_problems(cfg) + _task_marks_problems(cfg)
+        try:
+            settings = RunSettings.of(cfg)
+        except ValueError as err:
+            problems.append(str(err))
+        problems += _relation_problems(cfg, settings is not None) + _component_problems(cfg)
+        problems += _task_marks_problems(cfg)
     problems += _dependency_problems(cfg)
-    if problems:
+    if problems or settings is None:
         raise ConfigError(problems)
     warnings = []
     warmup = cfg.selector.get("warmup_steps") if "selector" in cfg else None
@@ -370,7 +398,7 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
             f"selector_warmup_steps={warmup} covers most of total_steps={cfg.total_steps}: the selector "
             f"acts on only the last {cfg.total_steps - warmup} steps"
         )
-    return warnings
+    return dataclasses.replace(settings, warnings=tuple(warnings))
 
 
 def check_eval_config(cfg: DictConfig) -> None:

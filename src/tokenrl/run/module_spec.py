@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.config import as_dict
+from tokenrl.config.check import RunSettings
 from tokenrl.data.benchmarks import benchmark, expand
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import Task
@@ -57,18 +57,23 @@ class ModuleSpec:
 
     @classmethod
     def of(
-        cls, cfg: DictConfig, task: Task, tokenizer: PreTrainedTokenizerBase, formatter: PromptFormatter
+        cls,
+        cfg: DictConfig,
+        settings: RunSettings,
+        task: Task,
+        tokenizer: PreTrainedTokenizerBase,
+        formatter: PromptFormatter,
     ) -> ModuleSpec:
-        """The spec the composed train config describes, for the run's task, tokenizer and prompt formatter (built in
-        the order the seeded run draws from its random streams: the warm-up first)."""
-        model = prepared_policy(ModelSettings.of(as_dict(cfg.model)), task, formatter, Path(cfg.paths.model_cache))
+        """The spec the composed train config describes (its setting nodes read as `settings`), for the run's task,
+        tokenizer and prompt formatter (built in the order the seeded run draws from its random streams: the warm-up
+        first)."""
+        model = prepared_policy(settings.model, task, formatter, Path(cfg.paths.model_cache))
         checker = validator_for(cfg, task, formatter) if cfg.validation.every_n_steps else None
         selector = instantiate(cfg.selector)
-        rollout = RolloutSettings.of(as_dict(cfg.rollout))
         return cls(
             model=model,
-            algorithm=AlgorithmConfig.from_node(as_dict(cfg.algorithm), rollout.max_new_tokens),
-            rollout=rollout,
+            algorithm=settings.algorithm,
+            rollout=settings.rollout,
             selector=selector,
             tokenizer=tokenizer,
             optimizer=instantiate(cfg.algorithm.optimizer),

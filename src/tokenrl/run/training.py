@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig
 
 from tokenrl.config import as_dict
-from tokenrl.config.check import check_config
+from tokenrl.config.check import RunSettings, checked_settings
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.dataset_task import DatasetTask
 from tokenrl.data.prompts import PromptFormatter
@@ -51,10 +51,13 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, CheckpointWriteError)
 
 
-def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
-    """The module, data module and trainer that `cfg` describes; the module and the data module share the task, the
-    tokenizer and the prompt formatter."""
-    tokenizer = build_tokenizer(ModelSettings.of(as_dict(cfg.model)))
+def build_components(
+    cfg: DictConfig, settings: RunSettings | None = None
+) -> tuple[GRPOModule, RolloutDataModule, L.Trainer]:
+    """The module, data module and trainer that `cfg` describes, its setting nodes read as `settings` (None: read
+    now, unchecked); the module and the data module share the task, the tokenizer and the prompt formatter."""
+    settings = settings or RunSettings.of(cfg)
+    tokenizer = build_tokenizer(settings.model)
     task = instantiate(cfg.task)
     first_round = "gen_prompts_per_step" if cfg.algorithm.filter_groups else "prompts_per_step"  # dynamic sampling
     datamodule = RolloutDataModule(
@@ -67,7 +70,7 @@ def build_components(cfg: DictConfig) -> tuple[GRPOModule, RolloutDataModule, L.
     )
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     datamodule.attach_formatter(formatter)
-    module = GRPOModule(ModuleSpec.of(cfg, task, tokenizer, formatter))
+    module = GRPOModule(ModuleSpec.of(cfg, settings, task, tokenizer, formatter))
     return module, datamodule, build_trainer(cfg, module.preemption)
 
 
@@ -169,7 +172,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     line's, to find keys that `+` added. A preemption signal ends it with SystemExit(128 + the signal's number)
     after last.ckpt is written."""
     narrow_to_trainer_gpu(cfg)  # first: CUDA reads CUDA_VISIBLE_DEVICES once, when it starts
-    for warning in check_config(cfg, overrides):
+    settings = checked_settings(cfg, overrides)
+    for warning in settings.warnings:
         log.warning(warning)
     output_dir = Path(cfg.paths.output_dir)
     try:
@@ -182,8 +186,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     kept_rows = []
     if ckpt_path is not None:
         changed = check_resume_settings(ckpt_path, as_dict(cfg, resolve=False), steps_done, output_dir)
-        model = ModelSettings.of(as_dict(cfg.model))
-        check_checkpoint_matches(ckpt_path, model)  # before any load
+        check_checkpoint_matches(ckpt_path, settings.model)  # before any load
         remove_stale_temporaries(output_dir / "checkpoints")
         kept_rows = kept_metric_rows(output_dir / "csv" / "metrics.csv", steps_done)
         record_resume(output_dir, ckpt_path, steps_done, list(overrides), changed)
@@ -195,7 +198,7 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         cfg.model.get("source", "?"),
         cfg.model.init,
     )
-    module, datamodule, trainer = build_components(cfg)
+    module, datamodule, trainer = build_components(cfg, settings)
     plan = check_memory(cfg, datamodule, trainer)
     rows = data_rows(datamodule, announce=trainer.is_global_zero)
     for logger in trainer.loggers:
