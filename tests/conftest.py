@@ -116,7 +116,9 @@ def pytest_configure(config) -> None:
     """Every process of the run has tcmalloc preloaded, as `train.py` re-executes itself to have it (the xdist
     workers start after this hook and inherit it): tests run on the allocator users' runs run on (~10% faster here),
     and a CLI run forked from an imported process (tests/helpers/forked_cli.py) does not re-execute into a fresh
-    start-up. Under xdist each worker takes its share of the cores for its own tensors (not every core each)."""
+    start-up. Under xdist each worker takes its share of the cores for its own tensors (not every core each), and so
+    do the fresh processes its tests start (a DDP rank, a sweep's job: `OMP_NUM_THREADS`), which would otherwise each
+    take every core and thrash beside the other workers."""
     preloaded = with_tcmalloc(os.environ)
     if preloaded is not None:
         os.environ["LD_PRELOAD"] = preloaded["LD_PRELOAD"]
@@ -124,7 +126,9 @@ def pytest_configure(config) -> None:
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 # The modules of the longest tests (a minute or so each), longest first.
