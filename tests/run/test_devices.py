@@ -92,12 +92,12 @@ def test_the_run_narrows_before_anything_else_and_says_so(monkeypatch, caplog):
 
     seen = {}
 
-    def check_config(cfg, overrides):
+    def checked_settings(cfg, overrides):
         seen.update(visible=os.environ[VISIBLE], devices=list(cfg.trainer.devices))
         raise Stop
 
     monkeypatch.setenv(VISIBLE, "5,7")
-    monkeypatch.setattr(train, "check_config", check_config)
+    monkeypatch.setattr(train, "checked_settings", checked_settings)
     cfg = compose_config(["trainer=gpu", "trainer.devices=[1]"])
     with caplog.at_level(logging.INFO, logger="tokenrl.run.devices"), pytest.raises(Stop):
         train.run(cfg)
