@@ -58,13 +58,18 @@ def metrics(ks: list[str], forks: bool = False) -> dict[str, Metric]:
                     )
                     for name in ("ict", "entropy20", "stapo")
                 },
+                **{
+                    f"{title}, mean over the {window} {WINDOW} steps": partial(window_mean, key=key, window=window)
+                    for title, key in TIME_SERIES.items()
+                    for window in WINDOWS
+                },
             }
         )
     return table
 
 
 REWARD_THRESHOLD = 0.6
-ALL_STEPS = ", mean over all steps"  # the window of every forks/* table: each step's value, averaged over the run
+ALL_STEPS = ", mean over all steps"  # the forks/* tables' window: each step's value, averaged over the run
 FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the task's true forks, mean over every step
     "precision of updated tokens on true forks": "forks/precision",
     "recall of true forks": "forks/recall",
@@ -98,6 +103,20 @@ FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the tas
     "responses failing by a wrong branch (absolute)": "forks/fail_wrong_branch_of_all",
     "responses failing by an early stop (absolute)": "forks/fail_early_stop_of_all",
 }
+
+
+# as a time series: the mean over the run's first, middle and last WINDOW steps (issue #48: "drifts up" is measured)
+TIME_SERIES = {"sampled invalid letter at non-fork positions": "forks/invalid_nonfork"}
+WINDOWS, WINDOW = ("first", "middle", "last"), 50
+
+
+def window_mean(run: Run, key: str, window: str) -> float:
+    """Mean of `key` over the first, middle or last `WINDOW` of the run's steps that logged it (fewer steps: all of
+    them), nan where none did."""
+    steps = sorted(step for step, values in run.steps.items() if key in values)
+    start = {"first": 0, "middle": (len(steps) - WINDOW) // 2, "last": len(steps) - WINDOW}[window]
+    chosen = steps[max(start, 0) :][:WINDOW]
+    return sum(run.steps[step][key] for step in chosen) / len(chosen) if chosen else math.nan
 
 
 def step_mean(run: Run, value: Callable[[dict[str, float]], float]) -> float:
