@@ -42,6 +42,25 @@ def test_the_oracle_selects_exactly_the_true_forks_of_each_response(seed):
 
 
 @pytest.mark.parametrize("seed", range(5))
+def test_with_forced_the_oracle_also_selects_each_forced_position(seed):
+    """`with_forced`: the true forks and every position on the graph that is not a decision (one option), inside the
+    response: a loop over random marks, position by position."""
+    view = batch(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    on_graph, decisions = (torch.rand(view.response_mask.shape, generator=g) < share for share in (0.7, 0.5))
+    forks = view.forks.forks & decisions  # forks are decisions
+    view.forks = ForkMarks(forks, decisions, on_graph, view.forks.invalid, view.forks.decisive, view.forks.failure)
+    got = ForksOracleSelector(with_forced=True).select(view).weights
+    rows, width = view.response_mask.shape
+    for row in range(rows):
+        for t in range(width):
+            inside = bool(view.response_mask[row, t])
+            forced = bool(on_graph[row, t]) and not bool(decisions[row, t])
+            assert got[row, t] == float(inside and (bool(forks[row, t]) or forced)), (row, t)
+    assert torch.equal(ForksOracleSelector().select(view).weights.bool(), forks & view.response_mask.bool())
+
+
+@pytest.mark.parametrize("seed", range(5))
 def test_the_matched_control_has_the_oracles_count_per_response_reproducibly_per_seed_and_step(seed):
     view = batch(seed)
     chosen = ForksMatchedRandomSelector(seed=seed).mask(view).bool()

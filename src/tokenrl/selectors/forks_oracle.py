@@ -1,14 +1,16 @@
 """Controls of `task=forks` that read the truth: `forks_oracle` updates exactly the true forks F of each response
-(M = F); `forks_matched_random` updates, per response i, |F_i| tokens drawn uniformly among its response tokens
-(seeded by seed, step and row, as selectors/random_control.py). Together they bound what choosing tokens can gain
-on the task: the oracle is a selector that is never wrong, the matched control has its budget and no knowledge.
-Both need a task that names its forks (the start-up check refuses them elsewhere: config/check.py)."""
+(M = F; with `with_forced`, also its forced positions: on the graph and not a decision, records/marks.py — the start
+letter, a one-option step, the stop at the goal); `forks_matched_random` updates, per response i, |F_i| tokens drawn
+uniformly among its response tokens (seeded by seed, step and row, as selectors/random_control.py). Together they
+bound what choosing tokens can gain on the task: the oracle is a selector that is never wrong, the matched control has
+its budget and no knowledge. Both need a task that names its forks (the start-up check refuses them elsewhere:
+config/check.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from tokenrl.records.rules import integer
+from tokenrl.records.rules import integer, one_of
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.utils import derived_seed
@@ -25,9 +27,19 @@ class ForksOracleSelector(TokenSelector):
     name = "forks_oracle"
     row_local = True
     requires = frozenset({"forks"})
+    config_rules = {**TokenSelector.config_rules, "with_forced": one_of(True, False)}
+
+    def __init__(self, with_forced: bool = False, normalizer: str = "selected") -> None:
+        super().__init__(normalizer)
+        self.with_forced = with_forced
 
     def mask(self, batch: SelectionBatch) -> torch.Tensor:
-        return true_forks(batch, self.name).float()
+        chosen = true_forks(batch, self.name)
+        if self.with_forced:
+            assert batch.forks is not None  # true_forks refused a batch without them
+            forced = batch.forks.on_graph.bool() & ~batch.forks.decisions.bool()
+            chosen = chosen | (forced & batch.response_mask.bool())
+        return chosen.float()
 
 
 class ForksMatchedRandomSelector(TokenSelector):
