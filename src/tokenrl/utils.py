@@ -80,3 +80,14 @@ class StepTimer:
                 torch.cuda.synchronize()
                 self.peak_gib[phase] = max(self.peak_gib[phase], torch.cuda.max_memory_allocated() / 2**30)
             self.seconds[phase] += time.perf_counter() - start
+
+
+def as_dict(node: Any, *, resolve: bool = True) -> dict[str, Any]:
+    """`OmegaConf.to_container(node)` of a mapping node (its keys as strings), its interpolations resolved unless
+    `resolve=False`; TypeError for a node that is not a mapping."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(plain, dict):
+        raise TypeError(f"expected a config mapping, got {type(plain).__name__}: {plain!r}")
+    return {str(key): value for key, value in plain.items()}

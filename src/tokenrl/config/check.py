@@ -24,7 +24,6 @@ from hydra.utils import get_method, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.config import as_dict
 from tokenrl.config.known_settings import (
     OPTIONAL_DEPENDENCIES,
     RENAMED,
@@ -35,6 +34,7 @@ from tokenrl.config.known_settings import (
 )
 from tokenrl.records.rules import Rule, is_int
 from tokenrl.records.settings import ModelSettings, RolloutSettings
+from tokenrl.utils import as_dict
 
 # Nodes whose keys tokenrl reads itself: a key added to them with `+` is read by nothing.
 CLOSED_NODES = (

@@ -36,6 +36,7 @@ from tokenrl.models import DTYPES, _load_pretrained
 from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
 from tokenrl.records.settings import ModelSettings
+from tokenrl.utils import as_dict
 
 log = logging.getLogger(__name__)
 SHARD_BYTES = 5 * 2**30  # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
@@ -62,13 +63,8 @@ def export_dtype(cfg: DictConfig) -> str:
     if chosen:
         return str(chosen)
     on_gpu = str(OmegaConf.select(cfg, "trainer.accelerator")) in ("gpu", "cuda")
-    model = ModelSettings.of(plain(cfg.model))
+    model = ModelSettings.of(as_dict(cfg.model))
     return "bf16" if on_gpu or model.dtype == "bf16" else model.dtype
-
-
-def plain(node: Any) -> dict[str, Any]:
-    """A config node as the plain mapping of its resolved values."""
-    return cast("dict[str, Any]", OmegaConf.to_container(node, resolve=True))
 
 
 def generation_config(settings: ModelSettings, architecture: GenerationConfig) -> GenerationConfig:
@@ -235,7 +231,7 @@ def model_card(run: RunConfig, summary: Mapping[str, Any], origin: str, dtype: s
     """README.md of an exported folder: how the weights were made (base model, method, selector, steps, data,
     weights) and the run's key metrics at that point; `dtype` None: a LoRA adapter's folder (peft)."""
     cfg, model, choices, adapter_only = run.cfg, run.model, run.choices, dtype is None
-    resolved = {key: plain(cfg[key]) for key in ("selector", "task", "algorithm")}
+    resolved = {key: as_dict(cfg[key]) for key in ("selector", "task", "algorithm")}
     source, lora = model.source, model.lora
     hub_id = source and not Path(str(source)).expanduser().exists() and str(source).count("/") == 1
     selector = choices.get("selector") or cast(Any, get_class(_target(resolved["selector"]))).name

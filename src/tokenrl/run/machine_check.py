@@ -201,10 +201,10 @@ def default_plan(device: str) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from tokenrl.config import as_dict
     from tokenrl.paths import CONFIG_DIR
     from tokenrl.records.settings import ModelSettings
     from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
+    from tokenrl.utils import as_dict
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=["trainer=gpu" if device.startswith("cuda") else "trainer=cpu"])

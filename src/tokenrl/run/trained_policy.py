@@ -29,7 +29,6 @@ from tokenrl.export.hf_folder import (
     exported_from,
     generation_config,
     model_card,
-    plain,
     push_to_hub,
     saved_tokenizer,
     write_adapter_folder,
@@ -42,6 +41,7 @@ from tokenrl.records.settings import ModelSettings, RolloutSettings
 from tokenrl.rollout import build_engine
 from tokenrl.run.checkpointing import SHARDED_META, is_sharded_checkpoint, load_policy, policy_state_dict
 from tokenrl.run.resume import checkpoint_meta
+from tokenrl.utils import as_dict
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -113,7 +113,7 @@ def run_config(config: str | Path | None, run: Path | None, ckpt: Path) -> RunCo
         raise ValueError(f"{path} has no `model` settings: not a tokenrl training config (<run>/.hydra/config.yaml)")
     hydra_file = path.parent / "hydra.yaml"
     choices = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.choices") if hydra_file.is_file() else None
-    return RunConfig(cfg, ModelSettings.of(plain(cfg.model)), dict(choices) if choices else {}, str(config or path))
+    return RunConfig(cfg, ModelSettings.of(as_dict(cfg.model)), dict(choices) if choices else {}, str(config or path))
 
 
 def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -221,12 +221,12 @@ def evaluate_model(cfg: DictConfig) -> list[dict[str, Any]]:
     """pass@k of `model.*` (with `ckpt_path`'s policy) on each benchmark of `benchmark`, written in the run folder."""
     check_eval_config(cfg)
     names = expand(list(cfg.benchmark) if OmegaConf.is_list(cfg.benchmark) else str(cfg.benchmark))
-    settings = ModelSettings.of(plain(cfg.model))
+    settings = ModelSettings.of(as_dict(cfg.model))
     tokenizer = build_tokenizer(settings)
     model = build_model(settings, seed=cfg.seed)
     if cfg.ckpt_path:
         load_policy(model, cfg.ckpt_path, settings, cfg.seed)
     model.eval()
-    engine = build_engine(RolloutSettings.of(plain(cfg.rollout)), model, tokenizer)
+    engine = build_engine(RolloutSettings.of(as_dict(cfg.rollout)), model, tokenizer)
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
     return evaluate_benchmarks(cfg, names, engine, formatter, model_label(cfg))

@@ -18,7 +18,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig
 
-from tokenrl.config import as_dict
 from tokenrl.config.check import RunSettings, checked_settings
 from tokenrl.data.datamodule import RolloutDataModule
 from tokenrl.data.dataset_task import DatasetTask
@@ -43,6 +42,7 @@ from tokenrl.run.resume import (
     record_resume,
     resolve_checkpoint,
 )
+from tokenrl.utils import as_dict
 
 log = logging.getLogger(__name__)
 # checkpoints hold the state after step k's update, which is exactly what a resumed run continues from
