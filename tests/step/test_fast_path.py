@@ -59,7 +59,9 @@ def test_the_layout_auto_is_the_devices_measured_choice_and_the_log_says_so():
     assert (on_cpu.layout, on_gpu.layout) == (AUTO_LAYOUT["cpu"], AUTO_LAYOUT["cuda"]) == ("shared_prefix", "padded")
     assert on_cpu.layout_auto and on_gpu.layout_auto
     assert FastPath.from_node({"layout": "packed"}, on_gpu=True).layout == "packed"
-    policy = torch.nn.Linear(1, 1)
+    from tests.models.test_response_forward import tiny_qwen2
+
+    policy = tiny_qwen2()
     assert layouts(plan_of(on_gpu, policy)) == ("padded", "padded")
     assert layouts(plan_of(on_cpu, policy)) == ("shared_prefix", "shared_prefix")
     line = plan_of(on_gpu, policy).describe(None)

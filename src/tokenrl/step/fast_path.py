@@ -162,14 +162,10 @@ def layout_blocker(model: nn.Module, layout: str, with_grad: bool = True) -> str
 
 def fused_head_blocker(model: nn.Module, with_grad: bool = True) -> str | None:
     """Why a pass over `model` cannot take the fused head (None: it can): FSDP runs the update through the root's
-    own forward, which applies the head itself; an adapter-wrapped (or otherwise not plain linear) head. A model
-    without a causal LM's decoder/head pair (a stand-in in tests) is not refused."""
+    own forward, which applies the head itself; an adapter-wrapped (or otherwise not plain linear) head."""
     if with_grad and is_sharded(model):
         return "FSDP updates through the root module's own forward"
-    try:
-        _, head = decoder_and_head(model)
-    except AttributeError:
-        return None
+    _, head = decoder_and_head(model)
     if not fusable_head(head):
         return f"the output head is a {type(head).__name__}, not a plain nn.Linear"
     return None
