@@ -51,9 +51,11 @@ SETTINGS = {
     "forks_study": ("forks_tiny", "ForksTask", "UniformSelector"),
     "forks_oracle": ("forks_tiny", "ForksTask", "UniformSelector"),
     "forks_oracle_tune": ("forks_tiny", "ForksTask", "UniformSelector"),
+    "forks_mechanism": ("forks_tiny", "ForksTask", "UniformSelector"),
+    "forks_mechanism_tune": ("forks_tiny", "ForksTask", "UniformSelector"),
 }
 # forks_oracle's tuning stage: docs/forks.md lists it beside the study; the README lists studies with results
-NOT_IN_README = {"forks_oracle_tune"}
+NOT_IN_README = {"forks_oracle_tune", "forks_mechanism_tune"}
 FORKS_ARMS = "uniform,oracle,matched_random,ict,random,entropy20,ict_warmup"
 METHODS = (
     "uniform,random,ict,entropy20,stapo,entropy_bonus,entropy_adaptive,ict_entropy_bonus,clip_cov,kl_cov,archer,gtpo,"
@@ -81,6 +83,15 @@ SWEEPS = {
         "forks_arm": "uniform,oracle,matched_random",
         "algorithm.optimizer.lr": "5.0e-4,1.0e-3,2.0e-3",
         "seed": "1000",
+    },
+    "forks_mechanism": {
+        "forks_arm": "uniform,oracle,oracle_forced,matched_random,ict,uniform_at_oracle_lr,oracle_at_uniform_lr",
+        "seed": "range(100,132)",
+    },
+    "forks_mechanism_tune": {
+        "forks_arm": "uniform,oracle,oracle_forced,matched_random",
+        "algorithm.optimizer.lr": "2.5e-4,5.0e-4,1.0e-3,2.0e-3,4.0e-3",
+        "seed": "1000,1001,1002",
     },
 }
 

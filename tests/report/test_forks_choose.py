@@ -28,7 +28,7 @@ LENGTHS = [4, 5, 6]  # the oracle's recorded responses
 BUDGET = 0.32  # the oracle's select/fraction
 
 
-def write_tune_job(folder, job, arm, lr, seed=1000, complete=True):
+def write_tune_job(folder, job, arm, lr, seed=1000, complete=True, pass1=None, before=None):
     run = folder / str(job)
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "total_steps": 2}))
@@ -42,7 +42,9 @@ def write_tune_job(folder, job, arm, lr, seed=1000, complete=True):
         fraction = BUDGET if arm == "oracle" else 1.0
         writer.writerow({"train/rollout_step": 1, "train/reward": 0.1, "select/fraction": fraction - 0.02})
         writer.writerow({"train/rollout_step": 2, "train/reward": 0.2, "select/fraction": fraction + 0.02})
-        writer.writerow({"val/at_step": 2, "val/pass@1": PASS1[arm, lr]})
+        if before is not None:  # a validation before step 1: the curve's first point
+            writer.writerow({"val/at_step": 0, "val/pass@1": before})
+        writer.writerow({"val/at_step": 2, "val/pass@1": PASS1[arm, lr] if pass1 is None else pass1})
     if complete:
         (run / "summary.json").write_text(json.dumps({"rollout_steps": 2}))
     (run / "samples").mkdir()
@@ -96,8 +98,49 @@ def test_two_stages_choose_each_arms_lr_the_budget_and_the_ratio(tmp_path):
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(out.read_text())
     assert config["lr"]["ict"] == 5e-4 and config["ratio"] == 0.21 and config["lr"]["uniform"] == 1e-3
-    assert config["tuned"] is False and "still untuned: entropy20, ict_warmup, matched_random, random" in done.stdout
+    assert (
+        config["tuned"] is False
+        and "still untuned: entropy20, ict_warmup, matched_random, oracle_forced, random" in done.stdout
+    )
     assert "# Written by scripts/forks_choose.py" in out.read_text()
+
+
+def test_the_curve_auc_over_graphs_chooses_and_an_edge_winner_is_named(tmp_path):
+    """--metric pass@1_auc: per (arm, lr) the mean over the graphs of (before + after) / 2 (two validations: the
+    trapezoid's mean height), by hand; an arm whose winner is its grid's largest lr is named and not `tuned`."""
+    folder, out = tmp_path / "t1", tmp_path / "mechanism.yaml"
+    values = {}  # (arm, lr, seed) -> (before, after)
+    job = 0
+    for arm in ("uniform", "oracle"):
+        for lr in (5e-4, 1e-3, 2e-3):
+            for seed in (1000, 1001, 1002):
+                before, after = 0.1 * (seed - 999), 0.3 + 0.1 * ((job * 7) % 5)
+                values[arm, lr, seed] = (before, after)
+                write_tune_job(folder, job, arm, lr, seed=seed, pass1=after, before=before)
+                job += 1
+    done = choose(folder, "--metric", "pass@1_auc", "--arms", "uniform", "oracle", "--out", out)
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(out.read_text())
+    for arm in ("uniform", "oracle"):
+        auc = {lr: sum(sum(values[arm, lr, s]) / 2 for s in (1000, 1001, 1002)) / 3 for lr in (5e-4, 1e-3, 2e-3)}
+        best = min(auc, key=lambda lr: (-auc[lr], lr))
+        assert config["lr"][arm] == best
+        assert config["grid"][arm][best] == [pytest.approx(auc[best], abs=1e-6), 3]
+        assert (arm in config["edge"]) == (best in (5e-4, 2e-3))
+    assert config["tuned"] is (not config["edge"]) and config["metric"] == "pass@1_auc"
+    assert ("extend the grid past it" in done.stdout) == bool(config["edge"])
+
+
+def test_the_difficulty_scan_ranks_graphs_and_picks_three_that_span_them(tmp_path):
+    folder = tmp_path / "scan"
+    auc = {1000 + i: value for i, value in enumerate((0.9, 0.2, 0.5, 0.7, 0.1, 0.6, 0.3, 0.8, 0.4))}
+    for job, (seed, value) in enumerate(auc.items()):
+        write_tune_job(folder, job, "uniform", 1e-3, seed=seed, pass1=value, before=value)
+    done = choose("--difficulty", folder, "--metric", "pass@1_auc")
+    assert done.returncode == 0, done.stderr
+    ranked = sorted(auc, key=auc.get)  # hardest first: 0.1, 0.2, ..., 0.9
+    assert done.stdout.strip().splitlines()[-1] == f"tune on: seed={ranked[1]},{ranked[4]},{ranked[7]}"
+    assert [auc[s] for s in (ranked[1], ranked[4], ranked[7])] == [0.2, 0.5, 0.8]
 
 
 def test_a_sweep_without_the_tuning_overrides_is_one_error_line(tmp_path):
@@ -138,7 +181,43 @@ def test_the_study_and_its_tuning_stage_compose_as_designed():
         GlobalHydra.instance().clear()
     study_graphs = params["forks_oracle"]["seed"].split(",")
     assert len(study_graphs) >= 12 and params["forks_oracle_tune"]["seed"] not in study_graphs
-    arms = sorted(p.stem for p in (ROOT / "configs" / "forks_arm").glob("*.yaml"))
+    mechanism_only = {"oracle_forced", "uniform_at_oracle_lr", "oracle_at_uniform_lr"}
+    arms = sorted(p.stem for p in (ROOT / "configs" / "forks_arm").glob("*.yaml") if p.stem not in mechanism_only)
     assert sorted(params["forks_oracle"]["forks_arm"].split(",")) == arms
     tune = compose_config(["experiment=forks_oracle_tune"])
     assert tune.task.seed == 1000 and tune.total_steps == study.total_steps and tune.report is None
+
+
+def test_the_mechanism_study_holds_its_arms_swaps_and_new_graphs():
+    """experiment=forks_mechanism (issue #48): the swaps read the other arm's tuned lr, oracle_forced adds the forced
+    positions, the 32 graphs are none the earlier study or any tuning used, every arm is swept and contrasted."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tests.conftest import CONFIG_DIR
+
+    def arm(name):
+        return compose_config(["experiment=forks_mechanism", f"forks_arm={name}"])
+
+    lr = arm("uniform").forks_tuned.lr
+    assert arm("uniform_at_oracle_lr").algorithm.optimizer.lr == lr.oracle
+    assert arm("uniform_at_oracle_lr").selector._target_.endswith("UniformSelector")
+    assert arm("oracle_at_uniform_lr").algorithm.optimizer.lr == lr.uniform
+    assert arm("oracle_at_uniform_lr").selector._target_.endswith("ForksOracleSelector")
+    forced, oracle = arm("oracle_forced"), arm("oracle")
+    assert forced.selector.with_forced is True and oracle.selector.with_forced is False
+    assert forced.report.primary == "pass@1_auc" and forced.validation.every_n_steps == 25
+    params = {}
+    for name in ("forks_mechanism", "forks_mechanism_tune", "forks_oracle"):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=True)
+        params[name] = {k: str(v) for k, v in cfg.hydra.sweeper.params.items()}
+    GlobalHydra.instance().clear()
+    assert params["forks_mechanism"]["seed"] == "range(100,132)"
+    graphs = set(range(100, 132))
+    assert not graphs & {int(s) for s in params["forks_oracle"]["seed"].split(",")}
+    assert not graphs & {int(s) for s in params["forks_mechanism_tune"]["seed"].split(",")}
+    arms = params["forks_mechanism"]["forks_arm"].split(",")
+    contrasted = {side for text in oracle.report.contrasts for side in text.split("-", 1)}
+    assert set(arms) == contrasted and len(arms) == 7 and len(oracle.report.contrasts) == 8

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenrl.report.runs import Run
-from tokenrl.report.tables import TIME_SERIES, WINDOW, metric_table, metrics, window_mean
+from tokenrl.report.contrasts import contrast_metric, family
+from tokenrl.report.runs import WINDOW, Run, window_mean
+from tokenrl.report.tables import TIME_SERIES, metric_table, metrics
 
 KEY = TIME_SERIES["sampled invalid letter at non-fork positions"]
 STEPS = 170  # not a multiple of the window: the middle window is centred, the last one ends at the last step
@@ -75,3 +76,20 @@ def test_the_tables_show_a_planted_rise_and_a_flat_arm_as_flat():
     # the planted rate at the windows' centres: steps 25.4, 84.5 and 144.5 (of those that logged it), ± the noise
     assert rising == pytest.approx([0.01 + 4e-4 * 25.36, 0.01 + 4e-4 * 84.5, 0.01 + 4e-4 * 144.5], abs=1e-3)
     assert rising[0] < rising[1] < rising[2] and max(flat) - min(flat) < 1e-3
+
+
+def test_a_step_window_contrast_pairs_the_arms_window_means():
+    """`last:<key>` as a contrast metric (report/contrasts.py): per seed, the arms' last-window means, paired by hand;
+    `all:<key>` is the mean over every step that logged it."""
+    groups = {
+        "uniform": [planted("uniform", seed, 0.0) for seed in range(4)],
+        "oracle": [planted("oracle", seed, 4e-4 * (1 + seed)) for seed in range(4)],
+    }
+    (row,) = family(groups, ("oracle-uniform",), (f"last:{KEY}",))
+    by_hand = [brute_force(a, "last") - brute_force(b, "last") for a, b in zip(groups["oracle"], groups["uniform"])]
+    assert row["test"].mean == pytest.approx(sum(by_hand) / 4, abs=1e-12)
+    run = groups["oracle"][2]
+    every = [values[KEY] for values in run.steps.values() if KEY in values]
+    assert contrast_metric(f"all:{KEY}")[1](run) == pytest.approx(sum(every) / len(every), abs=1e-12)
+    with pytest.raises(ValueError, match="<all|first|middle|last>:<logged key>"):
+        contrast_metric("latest:forks/rate")

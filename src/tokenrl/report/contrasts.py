@@ -12,7 +12,8 @@ power given n and the observed SD of the paired differences (`stats.min_detectab
 
 Metric names: `pass@K` (held-out pass@K after training), `pass@K_auc` (the held-out pass@K curve's area over the
 validations from before step 0 to after the last, trapezoids, divided by the steps: its mean height) and
-`reward_auc` (the training reward's mean over every rollout step: the reward curve's area per step).
+`reward_auc` (the training reward's mean over every rollout step: the reward curve's area per step) and
+`<window>:<key>` (a logged step metric's mean over `all` steps or the `first`, `middle` or `last` 50: runs.window_mean).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from typing import Any
 
 import yaml
 
-from tokenrl.report.runs import Run, final_validation
+from tokenrl.report.runs import WINDOW, Run, final_validation, window_mean
 from tokenrl.report.stats import PairedTest, holm, min_detectable_effect, paired_t_test
 
 ALPHA = 0.05
 POWER = 0.8
 PASSK = re.compile(r"pass@(\d+)")
 PASSK_AUC = re.compile(r"pass@(\d+)_auc")
+STEP_WINDOW = re.compile(r"(all|first|middle|last):(\S+)")
 
 
 def validation_auc(run: Run, key: str) -> float:
@@ -61,7 +63,13 @@ def contrast_metric(name: str) -> tuple[str, Callable[[Run], float]]:
         return f"held-out pass@{match[1]}, curve AUC (mean over the validations)", lambda run: validation_auc(run, key)
     if name == "reward_auc":
         return "training reward, curve AUC (mean over rollout steps)", reward_auc
-    raise ValueError(f"contrast metric {name!r}: expected pass@K, pass@K_auc or reward_auc")
+    if match := STEP_WINDOW.fullmatch(name):
+        window, key = match[1], match[2]
+        steps = "all steps" if window == "all" else f"the {window} {WINDOW} steps"
+        return f"{key}, mean over {steps}", lambda run: window_mean(run, key, window)
+    raise ValueError(
+        f"contrast metric {name!r}: expected pass@K, pass@K_auc, reward_auc or <all|first|middle|last>:<logged key>"
+    )
 
 
 def parse_contrast(text: str, labels: list[str]) -> tuple[str, str]:

@@ -178,6 +178,19 @@ def last_mean(run: Run, key: str, last: int = 3) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+WINDOW = 50  # steps in a time series' first, middle and last window
+
+
+def window_mean(run: Run, key: str, window: str) -> float:
+    """Mean of `key` over the `first`, `middle` or `last` WINDOW of the run's steps that logged it (fewer steps: all
+    of them), or over `all` of them; nan where none did."""
+    steps = sorted(step for step, values in run.steps.items() if key in values)
+    if window != "all":
+        start = {"first": 0, "middle": (len(steps) - WINDOW) // 2, "last": len(steps) - WINDOW}[window]
+        steps = steps[max(start, 0) :][:WINDOW]
+    return sum(run.steps[step][key] for step in steps) / len(steps) if steps else math.nan
+
+
 def final_validation(run: Run) -> dict[str, float]:
     """The validation after the last update (`val/at_step` = total_steps), or {}."""
     return run.validation.get(run.total_steps, {})

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from tokenrl.report.runs import Run, final_validation, last_mean
+from tokenrl.report.runs import WINDOW, Run, final_validation, last_mean, window_mean
 from tokenrl.report.stats import Censored, Interval, censored_summary, format_censored, mean_ci, paired_difference
 
 Metric = Callable[[Run], float]
@@ -107,16 +107,7 @@ FORK_METRICS = {  # observe/diagnostics.py: the update's weights against the tas
 
 # as a time series: the mean over the run's first, middle and last WINDOW steps (issue #48: "drifts up" is measured)
 TIME_SERIES = {"sampled invalid letter at non-fork positions": "forks/invalid_nonfork"}
-WINDOWS, WINDOW = ("first", "middle", "last"), 50
-
-
-def window_mean(run: Run, key: str, window: str) -> float:
-    """Mean of `key` over the first, middle or last `WINDOW` of the run's steps that logged it (fewer steps: all of
-    them), nan where none did."""
-    steps = sorted(step for step, values in run.steps.items() if key in values)
-    start = {"first": 0, "middle": (len(steps) - WINDOW) // 2, "last": len(steps) - WINDOW}[window]
-    chosen = steps[max(start, 0) :][:WINDOW]
-    return sum(run.steps[step][key] for step in chosen) / len(chosen) if chosen else math.nan
+WINDOWS = ("first", "middle", "last")
 
 
 def step_mean(run: Run, value: Callable[[dict[str, float]], float]) -> float:

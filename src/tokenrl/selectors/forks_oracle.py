@@ -1,10 +1,10 @@
 """Controls of `task=forks` that read the truth: `forks_oracle` updates exactly the true forks F of each response
 (M = F; with `with_forced`, also its forced positions: on the graph and not a decision, records/marks.py — the start
 letter, a one-option step, the stop at the goal); `forks_matched_random` updates, per response i, |F_i| tokens drawn
-uniformly among its response tokens (seeded by seed, step and row, as selectors/random_control.py). Together they
-bound what choosing tokens can gain on the task: the oracle is a selector that is never wrong, the matched control has
-its budget and no knowledge. Both need a task that names its forks (the start-up check refuses them elsewhere:
-config/check.py)."""
+uniformly among its response tokens (seeded by seed, step and row, as selectors/random_control.py). The oracle
+is one fork-only mask, never wrong about where the forks are, at one budget: not an upper bound on what a selector can
+gain (other budgets, lrs or masks may do better). The matched control has its budget and no knowledge. Both need a
+task that names its forks (the start-up check refuses them elsewhere: config/check.py)."""
 
 from __future__ import annotations
 
