@@ -91,7 +91,7 @@ SWEEPS = {
     "forks_mechanism_tune": {
         "forks_arm": "uniform,oracle,oracle_forced,matched_random",
         "algorithm.optimizer.lr": "2.5e-4,5.0e-4,1.0e-3,2.0e-3,4.0e-3",
-        "seed": "1000,1001,1002",
+        "seed": "1005,1001,1007",
     },
 }
 
