@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 
@@ -368,3 +369,28 @@ def test_fork_tables_and_paired_differences_against_uniform_and_random(tmp_path)
     # ict's rewards 0, 0.233, 0.467, 0.7 never average 0.6 over 5 steps: censored at the 4 steps it ran, no mean ± CI
     assert "| ict | 3 | > 4 in 3 of 3 runs (censored); median > 4 | censored: no Δ | censored: no Δ |" in steps
     assert "--also-against random" in report
+
+
+def test_each_runs_lr_is_resolved_from_its_own_config_and_shown_with_its_updated_share(tmp_path):
+    """Provenance (issue #48): a run's lr is the value its saved config resolves `algorithm.optimizer.lr` to (here
+    through `${forks_tuned.lr.oracle}`), shown in the runs table and report.json beside its mean select/fraction."""
+    from tokenrl.report.runs import load_run
+    from tokenrl.report.tables import runs_section
+
+    folder = tmp_path / "0"
+    write_job(tmp_path, 0, "oracle", 3)
+    config = {
+        "seed": 3,
+        "total_steps": TOTAL_STEPS,
+        "forks_tuned": {"lr": {"oracle": 2.0e-3}},
+        "algorithm": {"optimizer": {"lr": "${forks_tuned.lr.oracle}"}},
+    }
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    run = load_run(folder)
+    fractions = [values["select/fraction"] for values in run.steps.values() if "select/fraction" in values]
+    assert run.lr == 2.0e-3 and fractions
+    assert run.updated_share == pytest.approx(sum(fractions) / len(fractions), abs=1e-12)
+    assert f"| 0 |  | 3 | 0.002 | {run.updated_share:.3f} | complete |" in runs_section([run], [])
+    config["algorithm"]["optimizer"]["lr"] = "${forks_tuned.lr.missing}"
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert math.isnan(load_run(folder).lr)  # does not resolve: nan, not a crash

@@ -128,7 +128,9 @@ def build_report(
         "baseline": baseline,
         "baselines": baselines,
         "runs": [
-            {"job": r.job, "label": r.label, "seed": r.seed, "status": r.status, "reason": r.reason} for r in runs
+            {"job": r.job, "label": r.label, "seed": r.seed, "status": r.status, "reason": r.reason}
+            | {"lr": r.lr, "updated_share": r.updated_share}
+            for r in runs
         ],
         "missing": missing,
         "metrics": records,

@@ -18,6 +18,8 @@ from pathlib import Path
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 
 @dataclass
@@ -32,6 +34,12 @@ class Run:
     steps: dict[int, dict[str, float]] = field(default_factory=dict)  # rollout step → train/select/time metrics
     validation: dict[int, dict[str, float]] = field(default_factory=dict)  # updates applied → val metrics
     label: str = ""
+    lr: float = math.nan  # algorithm.optimizer.lr as resolved in the run's own config
+
+    @property
+    def updated_share(self) -> float:
+        """The share of response tokens the selection updated (`select/fraction`), mean over the logged steps."""
+        return window_mean(self, "select/fraction", "all")
 
     @property
     def complete(self) -> bool:
@@ -87,6 +95,16 @@ def _failure(folder: Path) -> str:
     return ""
 
 
+def _resolved_lr(path: Path) -> float:
+    """algorithm.optimizer.lr of a saved config, its interpolations (`${forks_tuned.lr.oracle}`) resolved; nan where
+    it has none or it does not resolve."""
+    try:
+        value = OmegaConf.select(OmegaConf.load(path), "algorithm.optimizer.lr", default=None)
+        return math.nan if value is None else float(value)
+    except (OmegaConfBaseException, ValueError, TypeError):
+        return math.nan
+
+
 def load_run(folder: Path) -> Run:
     config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
     run = Run(
@@ -95,6 +113,7 @@ def load_run(folder: Path) -> Run:
         overrides=_overrides(folder),
         seed=int(config["seed"]),
         total_steps=int(config["total_steps"]),
+        lr=_resolved_lr(folder / ".hydra" / "config.yaml"),
     )
     run.steps, run.validation = _read_metrics(folder / "csv" / "metrics.csv")
     summary_path = folder / "summary.json"

@@ -257,10 +257,16 @@ def runs_section(runs: list[Run], missing: list[dict[str, str]]) -> str:
             )
         )
         lines.append("")
-    lines += ["| job | group | seed | status | steps logged | note |", "|---|---|---|---|---|---|"]
+    lines += [
+        "lr: `algorithm.optimizer.lr` as resolved in the run's own config; updated: the share of response tokens its "
+        "selection updated (`select/fraction`), mean over all its steps.",
+        "",
+        "| job | group | seed | lr | updated | status | steps logged | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         lines.append(
-            f"| {run.job} | {run.label} | {run.seed} | {run.status} | {len(run.steps)}/{run.total_steps} | "
-            f"{run.reason} |"
+            f"| {run.job} | {run.label} | {run.seed} | {run.lr:.3g} | {run.updated_share:.3f} | {run.status} | "
+            f"{len(run.steps)}/{run.total_steps} | {run.reason} |"
         )
     return "\n".join(lines)
