@@ -196,7 +196,7 @@ def steps(gpus: int, work: Path) -> list[Step]:
         ),
         bench("engines_vllm", 4, "scripts/bench/engines.py", *engines[2:], "--engines", "vllm", needs=("vllm",)),
         bench("attention", 4, "scripts/bench/attention_layouts.py", "--device", "cuda"),
-        bench("lm_head", 4, "scripts/bench/lm_head.py", "--device", "cuda"),
+        bench("lm_head", 4, "scripts/bench/lm_head.py", "--device", "cuda", "--liger"),
         gpu_step("update_0.5b_packed", 4, "qwen0.5b", "--override", "fast_path.layout=packed"),
         Step(
             "tests",

@@ -87,10 +87,11 @@ VLLM_DEPS=(
   "fastapi>=0.133,<0.137" "starlette>=1.0.1" "prometheus-fastapi-instrumentator>=8" watchfiles
   "gguf==0.19.0"
 )
-# tokenrl's requirements (requirements.txt pins) and TRL (the side-by-side benchmark), where the image lacks them
+# tokenrl's requirements (requirements.txt pins), TRL (the side-by-side benchmark) and Liger-Kernel (the LM-head
+# comparison: scripts/bench/lm_head.py --liger), where the image lacks them
 PROJECT_DEPS=(
   hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 latex2sympy2_extended==1.11.0
-  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 trl==1.16.0
+  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 trl==1.16.0 liger-kernel==0.8.5
 )
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)  # no wheel on PyPI: built here (pure python)
 

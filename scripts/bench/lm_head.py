@@ -9,6 +9,11 @@ Workload: N response tokens (rows of `--length` tokens, ragged: each stops at a 
 - `materialised`: today's update (step/passes.py): the (N, V) logits, their float32 log-softmax, log π and H from it,
   the statistics from the logits (algorithms/logit_statistics.py, `--stats-chunk` tokens at a time), autograd backward;
 - `fused`: `fused_head` (vocabulary chunks of `vocab_chunk(N, V)` columns), its chunked backward.
+With `--liger`, two more variants compare the fused head with Liger-Kernel's chunked selective log-prob (the
+log-prob head of its fused PPO/GRPO losses, `liger_kernel.chunked_loss.fused_linear_ppo`; plain torch, so it runs on
+the CPU too), on the one thing both compute, log π, back-propagating Σ g·log π only:
+- `liger_logp`: Liger's head (sequence × vocabulary chunks, log-sum-exp streamed, logits recomputed in backward);
+- `fused_logp`: `fused_head` without JS peers (it computes H and H₂ too: Liger has no entropy).
 Each (variant, N) runs in its own process. Peak memory: on the CPU the process's max RSS minus its RSS once the inputs
 (hidden states, head) exist; on a GPU `max_memory_allocated` minus the memory allocated then. Both include the head's
 gradient (V × d). `--materialised-max` skips the materialised head above that many tokens (on the CPU its logits
@@ -19,6 +24,7 @@ with the machine, date and versions (scripts/bench/machine.py).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -84,6 +90,28 @@ def fused(hidden, weight, targets, mask, group_ids, args):
     return out.logprobs.view(shape), out.entropy.view(shape), out.renyi2.view(shape), out.js.view(shape)
 
 
+def fused_logp(hidden, weight, targets, mask, group_ids, args):
+    from tokenrl.models.lm_head import fused_head
+
+    rows, length = targets.shape
+    out = fused_head(hidden, weight, targets.reshape(-1), args.temperature)
+    return out.logprobs.view(rows, length), out.entropy.view(rows, length), out.renyi2.view(rows, length), None
+
+
+def liger_logp(hidden, weight, targets, mask, group_ids, args):
+    from liger_kernel.chunked_loss.fused_linear_ppo import _ChunkedSelectiveLogProbFunction
+
+    rows, length = targets.shape
+    vocab_chunk = 4096  # Liger's default (_SELECTIVE_LOGPROB_VOCAB_CHUNK_SIZE)
+    logp = _ChunkedSelectiveLogProbFunction.apply(
+        hidden, weight, targets.reshape(-1).to(hidden.device), None, args.temperature, vocab_chunk
+    )
+    return logp.view(rows, length), None, None, None
+
+
+VARIANTS = {"materialised": materialised, "fused": fused, "fused_logp": fused_logp, "liger_logp": liger_logp}
+
+
 def run_variant(args) -> None:
     import torch
 
@@ -96,7 +124,8 @@ def run_variant(args) -> None:
     hidden.requires_grad_()
     weight.requires_grad_()
     cuda = device.type == "cuda"
-    step = {"materialised": materialised, "fused": fused}[args.variant]
+    step = VARIANTS[args.variant]
+    logp_only = args.variant.endswith("_logp")
     seconds = []
     for _ in range(args.repeats):
         hidden.grad = weight.grad = None
@@ -109,7 +138,8 @@ def run_variant(args) -> None:
         start = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda and args.bf16):
             logp, entropy, renyi2, js = step(hidden, weight, targets, mask, group_ids, args)
-        ((coef[0] * logp).sum() + (coef[1] * entropy).sum()).backward()
+        loss = (coef[0] * logp).sum() + (0.0 if logp_only else (coef[1] * entropy).sum())
+        loss.backward()
         if cuda:
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
@@ -122,6 +152,7 @@ def run_variant(args) -> None:
     values = {
         name: tensor.detach().float().cpu()[active.cpu()]
         for name, tensor in (("logprobs", logp), ("entropy", entropy), ("renyi2", renyi2), ("js", js))
+        if tensor is not None
     }
     values["grad_hidden_norm"] = hidden.grad.double().norm().cpu()
     values["grad_head_norm"] = weight.grad.double().norm().cpu()
@@ -145,7 +176,8 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="on a GPU: under bf16 autocast (the trainer's bf16-mixed)")
     parser.add_argument("--repeats", type=int, default=None, help="default: 1 on the CPU, 3 on a GPU (the best)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
-    parser.add_argument("--variant", choices=["materialised", "fused"])
+    parser.add_argument("--liger", action="store_true", help="also Liger-Kernel's log-prob head against fused_logp")
+    parser.add_argument("--variant", choices=list(VARIANTS))
     parser.add_argument("--save", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "lm_head.json")
     args = parser.parse_args()
@@ -167,9 +199,10 @@ def main() -> None:
     import torch
 
     results = []
+    variants = ("fused", "materialised") + (("fused_logp", "liger_logp") if args.liger else ())
     for n in tokens:
         saved = {}
-        for variant in ("fused", "materialised"):
+        for variant in variants:
             if variant == "materialised" and n > limit:
                 continue
             save = tmp / f"{variant}_{n}.pt"
@@ -185,15 +218,17 @@ def main() -> None:
             results.append(row)
             saved[variant] = torch.load(save)
             print(f"{variant:<13}N={n:<7}{row['seconds_best']:>9.2f} s{row['peak_mib']:>10.0f} MiB", flush=True)
-        if len(saved) == 2:
-            diff = {
-                name: float((saved["fused"][name] - saved["materialised"][name]).abs().max())
-                for name in ("logprobs", "entropy", "renyi2", "js")
-            }
-            for name in ("grad_hidden_norm", "grad_head_norm"):
-                a, b = float(saved["fused"][name]), float(saved["materialised"][name])
-                diff[name + "_rel"] = abs(a - b) / max(abs(b), 1e-30)
-            results[-1]["fused_vs_materialised_max_abs_diff"] = diff
+        for a, b in (("fused", "materialised"), ("liger_logp", "fused_logp")):
+            if a in saved and b in saved:
+                diff = {
+                    name: float((saved[a][name] - saved[b][name]).abs().max())
+                    for name in ("logprobs", "entropy", "renyi2", "js")
+                    if name in saved[a] and name in saved[b]
+                }
+                for name in ("grad_hidden_norm", "grad_head_norm"):
+                    x, y = float(saved[a][name]), float(saved[b][name])
+                    diff[name + "_rel"] = abs(x - y) / max(abs(y), 1e-30)
+                next(row for row in reversed(results) if row["variant"] == b)[f"{a}_vs_{b}_max_abs_diff"] = diff
     import transformers
 
     record = {
@@ -204,6 +239,7 @@ def main() -> None:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
+            **({"liger_kernel": importlib.metadata.version("liger-kernel")} if args.liger else {}),
             **({"cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()} if cuda else {}),
         },
         "workload": {
@@ -214,7 +250,8 @@ def main() -> None:
             "temperature": args.temperature,
             "dtype": "bf16 autocast, fp32 weights" if cuda and args.bf16 else "fp32",
             "stats_chunk_tokens_materialised": args.stats_chunk,
-            "statistics": "log π and H with gradient; H₂ and JS (peers all) detached; backward to hidden and head",
+            "statistics": "log π and H with gradient; H₂ and JS (peers all) detached; backward to hidden and head"
+            + ("; *_logp: log π only in the backward, no JS" if args.liger else ""),
             "peak": "above the inputs (hidden states, head), the head's gradient included",
         },
         "results": results,
