@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,8 @@ def test_experiment_runs_one_tiny_step(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(SWEEPS))
 def test_every_swept_value_composes(name):
     for key, values in SWEEPS[name].items():
-        for value in values.split(","):
+        bounds = re.fullmatch(r"range\((\d+),(\d+)\)", values)  # Hydra's range(a,b): its first and last value
+        for value in [bounds[1], str(int(bounds[2]) - 1)] if bounds else values.split(","):
             cfg = compose_config([f"experiment={name}", f"{key}={value}"])
             if key == "selector":
                 assert cfg.selector._target_ == compose_config([f"selector={value}"]).selector._target_
