@@ -1,15 +1,8 @@
-"""`tokenrl-doctor` (`python -m tokenrl.cli.doctor`): whether this machine runs tokenrl, in a few minutes.
-
-It reports the versions (Python, torch and its CUDA, the NVIDIA driver, vLLM and the model runner it will use,
-transformers, Lightning), the devices and their memory, the memory plan of the default run on the first device, and
-then runs two rollout steps of the tiny model on each engine and strategy the machine can run — `hf` on one device,
-`vllm` on one device (when installed), DDP over the available devices (two CPU processes without GPUs) — each in a
-fresh `python train.py` process, fp32 on both sides. A check passes when the run ends, its loss is finite, every
-weight in its last.ckpt is finite (so were the gradients), and the engine follows the weights: after the first
-update the engine's log-probs of its samples agree with the trainer's (`train/logprob_gap_max` ≤ 1e-3). It prints a
-table, writes a JSON to attach to a bug report, and exits with 1 when a check fails. The report goes to a folder of its
-own, `logs/doctor/<time>_<pid>-<4 hex>/doctor.json` (as a run's folder is named), or to `--out`; the last line says
-where.
+"""`tokenrl-doctor` (`python -m tokenrl.cli.doctor`): whether this machine runs tokenrl (docs/running.md). It reports
+the versions, the devices and the default run's memory plan, then runs two rollout steps of the tiny model on each
+engine and strategy the machine can run (`hf`, `vllm`, DDP): a check passes when loss and weights stay finite and the
+engine follows the weights. It prints a table, writes a JSON report (`logs/doctor/<time>_<pid>-<4 hex>/doctor.json`, or
+`--out`) and exits with 1 when a check fails.
 
     tokenrl-doctor [--out PATH] [--only hf vllm ddp] [--extra OVERRIDE ...]
 """

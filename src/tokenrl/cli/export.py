@@ -1,14 +1,9 @@
-"""`tokenrl-export SOURCE OUT` (`python -m tokenrl.cli.export`): a training checkpoint as a plain Hugging Face model
-folder, the same folder every run writes to `<run>/model/` at its end, from any checkpoint: `last.ckpt`, the best or a
-periodic `stepNNNN.ckpt`, a sharded FSDP checkpoint's folder, or a run folder (its `checkpoints/last.ckpt`). The
-architecture and tokenizer are rebuilt from the run's saved config (`<run>/.hydra/config.yaml`, or `--config`). A LoRA
-run's checkpoint holds the adapters alone: they go onto the base rebuilt from the config's `model.*`, refused unless it
-is the base they were trained on (run/trained_policy.py).
+"""`tokenrl-export SOURCE OUT` (`python -m tokenrl.cli.export`): a training checkpoint (a run folder, a .ckpt file or a
+sharded checkpoint's folder) as the plain Hugging Face model folder every run writes to `<run>/model/`, its architecture
+and tokenizer rebuilt from the run's saved config (docs/export.md).
 
     tokenrl-export logs/train/runs/<time> out/ [--dtype bf16|fp32|fp16] [--adapter-only] [--config YAML]
                    [--overwrite] [--push-to-hub USER/NAME [--private]]
-
-A bad input prints one `error:` line naming what is wrong and how to fix it, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
-        help="the weights' dtype (default: export.dtype of the "
-        "run; unset, bf16 for GPU runs and the model's dtype otherwise)",
+        help="the weights' dtype (default: the run's export.dtype; unset, bf16 for GPU runs, else the model's dtype)",
     )
     parser.add_argument("--adapter-only", action="store_true", help="a LoRA run's adapter alone (peft), not merged")
     parser.add_argument(

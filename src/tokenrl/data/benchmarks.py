@@ -1,13 +1,7 @@
-"""Benchmarks and train splits → one `Problem` shape, from the Hugging Face Hub (default) or local files.
-
-Two routes give the same rows: the pinned Hub dataset of each benchmark (HUB below: repository, configs, split,
-revision, column renames), cached as `datasets` caches; or, when `data_dir` is set (TOKENRL_DATA_DIR /
-paths.data_dir, the offline route, which wins), the files of the same benchmark under it (`LOCAL` below). One
-converter per benchmark turns the rows into problems, so both routes give the same records.
-Instructions follow docs/algorithms.md §6: GSM8K with verl's "####" prompt, math with \\boxed{}, multiple choice
-with a boxed letter. GPQA is read from its password zip (locally) or its gated Hub dataset, in memory; this module
-never writes its questions out.
-"""
+"""Benchmarks and train splits → one `Problem` shape, from the pinned Hugging Face Hub dataset (`HUB`) or, when
+`data_dir` is set, the same benchmark's files under it (`LOCAL`); one converter per benchmark gives both routes the same
+records (docs/data-and-evaluation.md "Where the data comes from"). GPQA is read in memory only: its questions are never
+written out."""
 
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenrl.data.hub import DataUnavailableError, HubSource, load_source
-from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl
+from tokenrl.data.jsonl import DataFormatError, Row, gsm8k_final_answer, json_error, read_file
 from tokenrl.records.problem import Problem
 from tokenrl.rewards.verifiers import check_golds
 
@@ -36,6 +30,7 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 CHOICE_INSTRUCTION = "Think step by step, then give the letter of the correct option within \\boxed{}."
 LETTERS = "ABCD"
+AIME = {"n_samples": 32, "max_new_tokens": 4096}  # the 30-problem AIME sets (docs/algorithms.md §6)
 GPQA_PASSWORD = b"deserted-untie-orchid"  # published by the GPQA authors for their own release
 MMLU_STEM = (
     "college_biology",
@@ -58,9 +53,8 @@ MMLU_STEM = (
     "college_computer_science",
 )  # the 18 subjects of Qwen2.5-Math's mmlu_stem, in its order
 
-# The Hub route: the datasets the field's evaluation code loads (docs/data-and-evaluation.md "Where the data comes
-# from"). Revisions are commits seen pinned or cached in public code; None where none could be found (the branch head is
-# used).
+# The Hub route: the datasets the field's evaluation code loads, at commits seen pinned or cached in public code (None
+# where none could be found: the branch head).
 HUB: dict[str, HubSource] = {
     "gsm8k": HubSource("openai/gsm8k", "test", ("main",), "cc7b047b6e5bb11b4f1af84efc572db110a51b3c"),
     "gsm8k_train": HubSource("openai/gsm8k", "train", ("main",), "cc7b047b6e5bb11b4f1af84efc572db110a51b3c"),
@@ -95,8 +89,6 @@ LOCAL: dict[str, str] = {
     "olympiadbench": "olympiadbench/test.jsonl",
 }
 
-Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "repo row n", the row)
-
 
 def _require(path: Path) -> Path:
     if not path.exists():
@@ -107,18 +99,8 @@ def _require(path: Path) -> Path:
     return path
 
 
-def _jsonl(path: Path) -> list[Row]:
-    return [(f"{path}:{lineno}", row) for lineno, row in read_jsonl(_require(path), ())]
-
-
-def _json_array(path: Path) -> list[Row]:
-    try:
-        rows = json.loads(_require(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise json_error(path, err) from None
-    if not isinstance(rows, list):
-        raise DataFormatError(f"{path}: expected a JSON array of records")
-    return [(f"{path}[{i}]", row) for i, row in enumerate(rows)]
+def _read(path: Path) -> list[Row]:
+    return read_file(_require(path))
 
 
 def _archive_member(archive: tarfile.TarFile, path: Path, member: tarfile.TarInfo) -> dict[str, Any]:
@@ -232,14 +214,8 @@ def mmlu_stem_problems(rows: list[Row]) -> list[Problem]:
         choices = list(_field(where, row, "choices"))
         if len(choices) != 4 or row.get("answer") not in range(4):
             raise DataFormatError(f"{where}: expected 4 choices and an answer index 0-3")
-        out.append(
-            Problem(
-                f"mmlu_stem-{index}",
-                _choice_question(_field(where, row, "question"), choices),
-                LETTERS[row["answer"]],
-                "choice",
-            )
-        )
+        question = _choice_question(_field(where, row, "question"), choices)
+        out.append(Problem(f"mmlu_stem-{index}", question, LETTERS[row["answer"]], "choice"))
     return out
 
 
@@ -247,20 +223,14 @@ def gpqa_problems(rows: list[Row], seed: int = 0) -> list[Problem]:
     """GPQA-Diamond; the four options are shuffled with a per-record seed."""
     out = []
     for where, row in rows:
-        options = [
-            row.get("Correct Answer"),
-            row.get("Incorrect Answer 1"),
-            row.get("Incorrect Answer 2"),
-            row.get("Incorrect Answer 3"),
-        ]
+        options = [row.get("Correct Answer")] + [row.get(f"Incorrect Answer {i}") for i in (1, 2, 3)]
         if not row.get("Question") or not all(isinstance(o, str) and o.strip() for o in options):
             raise DataFormatError(f"{where}: empty question or option")
         order = list(range(4))
         random.Random(f"{seed}-{row['Record ID']}").shuffle(order)
         choices = [str(options[i]).strip() for i in order]  # each a non-empty string (checked above)
-        out.append(
-            Problem(row["Record ID"], _choice_question(row["Question"], choices), LETTERS[order.index(0)], "choice")
-        )
+        question = _choice_question(row["Question"], choices)
+        out.append(Problem(row["Record ID"], question, LETTERS[order.index(0)], "choice"))
     return out
 
 
@@ -289,54 +259,32 @@ def aime23_problems(rows: list[Row]) -> list[Problem]:
     ]
 
 
-def aime24_problems(rows: list[Row]) -> list[Problem]:
-    return [
-        Problem(
-            f"aime24-{row.get('id', index)}",
-            _field(where, row, "problem"),
-            _number_text(_field(where, row, "answer")),
-            "math",
-        )
-        for index, (where, row) in enumerate(rows, 1)
-    ]
+def numeric_problems(
+    name: str, question: str = "problem", ids: bool = True, repair: bool = False
+) -> Callable[[list[Row]], list[Problem]]:
+    """`math` problems whose answer is a number, with ids `<name>-<the row's id, or its number>` (`ids` False: always
+    its number); the question is field `problem`, else `question`, with `repair` the upstream JSON-escaping bug of
+    aime25 (also on the Hub) undone: U+000C was '\\f', TAB was '\\t'."""
 
+    def convert(rows: list[Row]) -> list[Problem]:
+        out = []
+        for index, (where, row) in enumerate(rows, 1):
+            text = row.get("problem") or _field(where, row, question)
+            answer = _number_text(_field(where, row, "answer"))
+            uid = row.get("id", index) if ids else index
+            if repair:
+                text = text.replace("\x0c", "\\f").replace("\t", "\\t")
+            out.append(Problem(f"{name}-{uid}", text, answer, "math"))
+        return out
 
-def repair_control_characters(text: str) -> str:
-    """Undo the upstream JSON-escaping bug of aime25 (also on the Hub): U+000C was '\\f', TAB was '\\t'."""
-    return text.replace("\x0c", "\\f").replace("\t", "\\t")
-
-
-def aime25_problems(rows: list[Row]) -> list[Problem]:
-    return [
-        Problem(
-            f"aime25-{index}",
-            repair_control_characters(_field(where, row, "problem")),
-            _number_text(_field(where, row, "answer")),
-            "math",
-        )
-        for index, (where, row) in enumerate(rows, 1)
-    ]
-
-
-def amc23_problems(rows: list[Row]) -> list[Problem]:
-    return [
-        Problem(
-            f"amc23-{row.get('id', index)}",
-            row.get("problem") or _field(where, row, "question"),
-            _number_text(_field(where, row, "answer")),
-            "math",
-        )
-        for index, (where, row) in enumerate(rows, 1)
-    ]
+    return convert
 
 
 def olympiadbench_problems(rows: list[Row]) -> list[Problem]:
     out = []
     for index, (where, row) in enumerate(rows, start=1):
-        answers = [a.strip().strip("$") for a in _field(where, row, "final_answer")]
-        out.append(
-            Problem(f"olympiadbench-{row.get('id', index)}", _field(where, row, "question"), ", ".join(answers), "math")
-        )
+        answers = ", ".join(a.strip().strip("$") for a in _field(where, row, "final_answer"))
+        out.append(Problem(f"olympiadbench-{row.get('id', index)}", _field(where, row, "question"), answers, "math"))
     return out
 
 
@@ -369,17 +317,11 @@ class Benchmark:
                     f"benchmark {self.name!r} is not available. Hub route: {self.hub.describe()}: {err} Local route: "
                     f"set TOKENRL_DATA_DIR (or paths.data_dir=...) to a folder holding {LOCAL[self.name]}."
                 ) from None
+        fix = "Check that the data is this benchmark's."
         if verifier:
             problems = [replace(p, verifier=verifier) for p in problems]
-        check_golds(
-            problems,
-            f"{self.name} ({source})",
-            fix=(
-                "Set task.verifier to one that reads these answers (null: the benchmark's own)."
-                if verifier
-                else "Check that the data is this benchmark's."
-            ),
-        )
+            fix = "Set task.verifier to one that reads these answers (null: the benchmark's own)."
+        check_golds(problems, f"{self.name} ({source})", fix=fix)
         return problems
 
     def load_hub(self, path: str | None = None, cache_dir: str | None = None) -> list[Problem]:
@@ -391,17 +333,17 @@ class Benchmark:
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in [
-        Benchmark("gsm8k", _jsonl, gsm8k_problems("test"), GSM8K_INSTRUCTION),
-        Benchmark("gsm8k_train", _jsonl, gsm8k_problems("train"), GSM8K_INSTRUCTION),
-        Benchmark("math500", _jsonl, math500_problems, BOXED_INSTRUCTION),
+        Benchmark("gsm8k", _read, gsm8k_problems("test"), GSM8K_INSTRUCTION),
+        Benchmark("gsm8k_train", _read, gsm8k_problems("train"), GSM8K_INSTRUCTION),
+        Benchmark("math500", _read, math500_problems, BOXED_INSTRUCTION),
         Benchmark("math_train", _math_tar, math_train_problems, BOXED_INSTRUCTION),
-        Benchmark("mmlu_stem", _jsonl, mmlu_stem_problems, CHOICE_INSTRUCTION),
+        Benchmark("mmlu_stem", _read, mmlu_stem_problems, CHOICE_INSTRUCTION),
         Benchmark("gpqa", _gpqa_zip, gpqa_problems, CHOICE_INSTRUCTION),
-        Benchmark("aime23", _json_array, aime23_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-        Benchmark("aime24", _jsonl, aime24_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-        Benchmark("aime25", _jsonl, aime25_problems, BOXED_INSTRUCTION, n_samples=32, max_new_tokens=4096),
-        Benchmark("amc23", _jsonl, amc23_problems, BOXED_INSTRUCTION),
-        Benchmark("olympiadbench", _jsonl, olympiadbench_problems, BOXED_INSTRUCTION),
+        Benchmark("aime23", _read, aime23_problems, BOXED_INSTRUCTION, **AIME),
+        Benchmark("aime24", _read, numeric_problems("aime24"), BOXED_INSTRUCTION, **AIME),
+        Benchmark("aime25", _read, numeric_problems("aime25", ids=False, repair=True), BOXED_INSTRUCTION, **AIME),
+        Benchmark("amc23", _read, numeric_problems("amc23", "question"), BOXED_INSTRUCTION),
+        Benchmark("olympiadbench", _read, olympiadbench_problems, BOXED_INSTRUCTION),
     ]
 }
 PAPER = ("gsm8k", "math500", "mmlu_stem", "gpqa", "aime23", "aime24", "aime25")  # the ICT paper's seven
@@ -415,11 +357,8 @@ def benchmark(name: str) -> Benchmark:
 
 def expand(names: str | list[str]) -> list[str]:
     """'paper' → the seven of the paper; 'a,b' or [a, b] → both; every name is checked."""
-    items = names.split(",") if isinstance(names, str) else list(names)
-    out: list[str] = []
-    for item in (i.strip() for i in items):
-        for name in PAPER if item == "paper" else (item,):
-            benchmark(name)
-            if name not in out:
-                out.append(name)
+    items = [item.strip() for item in (names.split(",") if isinstance(names, str) else names)]
+    out = list(dict.fromkeys(name for item in items for name in (PAPER if item == "paper" else (item,))))
+    for name in out:
+        benchmark(name)  # an unknown name fails, listing the valid ones
     return out

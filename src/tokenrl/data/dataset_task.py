@@ -1,15 +1,9 @@
-"""`task=dataset`: train on any dataset — a Hub id (or a folder laid out as a Hub repository) or a local
-.jsonl / .json / .parquet / .csv file — with the question and answer fields named in the config.
-
-An embedded answer is cut out by `answer_pattern` (a regex; its first group, else the whole match, of the last match)
-or a named `answer_extractor`; rows without an answer are skipped and counted in one warning. The test split is a
-named split (Hub), a second file (local), or a seeded held-out fraction of the train rows.
-"""
+"""`task=dataset`: train on any dataset — a Hub id, a folder laid out as a Hub repository, or local .jsonl / .json /
+.parquet / .csv files — with the fields named in the config and the answer cut out by `answer_pattern` or
+`answer_extractor` (docs/data-and-evaluation.md "Train on your own data")."""
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import random
 import re
@@ -19,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenrl.data.hub import DataUnavailableError, load_rows
-from tokenrl.data.jsonl import DataFormatError, gsm8k_final_answer, json_error, read_jsonl, require_data
+from tokenrl.data.jsonl import FILE_SUFFIXES, DataFormatError, Row, gsm8k_final_answer, read_file
 from tokenrl.data.tasks import Task
 from tokenrl.records.problem import Problem
 from tokenrl.records.rules import FREE_TEXT, TEXT, Rule, integer, number, one_of, optional
@@ -27,17 +21,11 @@ from tokenrl.rewards.verifiers import check_golds, last_boxed
 
 log = logging.getLogger(__name__)
 
-FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "source split row n", the row)
-
-
 EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "gsm8k": gsm8k_final_answer,  # the number after the last "####", thousands separators dropped
     "boxed": last_boxed,  # the content of the last \boxed{...}
 }
 LOOKS_FOR = {"gsm8k": "a '####' followed by the answer", "boxed": "a \\boxed{...}"}  # what each extractor needs
-
-
 GLOB_CHARACTERS = ("*", "?", "[")
 
 
@@ -89,53 +77,6 @@ def unreadable_folder(source: str, split: str, reason: str) -> DataFormatError:
         f"task.source={source} is a folder that `datasets` cannot read as split {split!r} ({reason}); name a file in "
         f"it ({', '.join(FILE_SUFFIXES)}) or a glob of its files, e.g. task.source='{folder / '*.jsonl'}'"
     )
-
-
-def read_file(path: Path) -> list[Row]:
-    """Rows of a local .jsonl / .json (an array of objects) / .parquet / .csv file; errors name the file and line
-    (and the column of a JSON error), or say that the file is empty."""
-    require_data(path)
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return [(f"{path}:{lineno}", row) for lineno, row in read_jsonl(path, ())]
-    if suffix == ".json":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is dropped
-        except json.JSONDecodeError as err:
-            raise json_error(path, err) from None
-        except UnicodeDecodeError:
-            raise DataFormatError(f"{path}: not UTF-8 text") from None
-        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-            raise DataFormatError(f"{path}: expected a JSON array of objects (one per problem)")
-        return [(f"{path}[{i}]", row) for i, row in enumerate(rows)]
-    if suffix == ".csv":
-        out = []
-        try:
-            with path.open(encoding="utf-8-sig", newline="") as handle:
-                reader = csv.DictReader(handle, strict=True)
-                for row in reader:
-                    out.append((f"{path}:{reader.line_num}", row))
-        except csv.Error as err:
-            raise DataFormatError(f"{path}:{reader.line_num + 1}: not valid CSV ({err})") from None
-        except UnicodeDecodeError:
-            raise DataFormatError(f"{path}:{reader.line_num + 1}: not UTF-8 text") from None
-        return out
-    if suffix == ".parquet":
-        import pyarrow
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except (pyarrow.ArrowInvalid, OSError) as err:
-            raise DataFormatError(f"{path}: not a readable parquet file ({err})") from None
-        return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
-
-
-def _answer_text(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return "" if value is None else str(value).strip()
 
 
 class DatasetTask(Task):
@@ -204,7 +145,6 @@ class DatasetTask(Task):
                     raise unreadable_folder(source, split, reason)
         self.fields = {"question": question_field, "answer": answer_field}
         self.extractor = answer_extractor
-        self.extract = EXTRACTORS.get(answer_extractor or "")
         self.config, self.revision = config, revision
         self.train_split, self.test_split = train_split, test_split
         self.test_fraction, self.split_seed, self.limit = test_fraction, split_seed, limit
@@ -252,12 +192,14 @@ class DatasetTask(Task):
         return [(f"{source} {split} row {i}", row) for i, row in enumerate(rows, start=1)]
 
     def _answer(self, value: Any) -> str:
-        text = _answer_text(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        text = "" if value is None else str(value).strip()
         if text and self.pattern:
             matches = list(self.pattern.finditer(text))
             text = (matches[-1].group(1) if self.pattern.groups else matches[-1].group(0)).strip() if matches else ""
-        elif text and self.extract:
-            text = (self.extract(text) or "").strip()
+        elif text and self.extractor:
+            text = (EXTRACTORS[self.extractor](text) or "").strip()
         return text
 
     def _problems(self, rows: list[Row], label: str, source: str) -> list[Problem]:
@@ -284,7 +226,7 @@ class DatasetTask(Task):
             how = (
                 " or no match of task.answer_pattern"
                 if self.pattern
-                else (" or nothing to extract" if self.extract else "")
+                else (" or nothing to extract" if self.extractor else "")
             )
             log.warning(
                 "%s (%s): skipped %d of %d rows without an answer (field %r empty%s)",
@@ -307,12 +249,10 @@ class DatasetTask(Task):
                 f"{source} ({label}): no row has an answer in field {self.fields['answer']!r}: {how}; "
                 "check task.answer_field and how the answer is cut out of it"
             )
-        check_golds(
-            out,
-            f"{source} ({label})",
-            where,
-            fix=f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final "
-            f"answer out of it with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or "
-            f"task.answer_pattern, or set task.verifier to one that reads them.",
+        fix = (
+            f"The gold answers are field {self.fields['answer']!r} (task.answer_field): cut the final answer out of it "
+            f"with task.answer_extractor ({' or '.join(sorted(EXTRACTORS))}) or task.answer_pattern, or set "
+            "task.verifier to one that reads them."
         )
+        check_golds(out, f"{source} ({label})", where, fix=fix)
         return out

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import socket
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -23,9 +21,8 @@ class DataUnavailableError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class HubSource:
-    """Where a benchmark lives on the Hub: repository, config(s) (rows are concatenated in this order), split,
-    pinned revision (None where no commit could be found), and `columns` renaming Hub columns to the fields the
-    local files use."""
+    """Where a benchmark lives on the Hub: repository, split, config(s) (rows concatenated in order), pinned revision
+    (None: the branch head), and `columns` renaming Hub columns to the fields the local files use."""
 
     repo: str
     split: str
@@ -56,18 +53,6 @@ def hub_reachable() -> bool:
     return True
 
 
-@contextmanager
-def _datasets_offline(offline: bool) -> Iterator[None]:
-    import datasets
-
-    saved = datasets.config.HF_HUB_OFFLINE
-    datasets.config.HF_HUB_OFFLINE = offline
-    try:
-        yield
-    finally:
-        datasets.config.HF_HUB_OFFLINE = saved
-
-
 def load_rows(
     path: str, config: str | None, split: str, revision: str | None = None, cache_dir: str | None = None
 ) -> list[dict[str, Any]]:
@@ -79,9 +64,10 @@ def load_rows(
 
     offline = datasets.config.HF_HUB_OFFLINE or constants.is_offline_mode()
     unreachable = not offline and not Path(path).is_dir() and not hub_reachable()
+    saved = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = offline or unreachable
     try:
-        with _datasets_offline(offline or unreachable):
-            dataset = datasets.load_dataset(path, config, split=split, revision=revision, cache_dir=cache_dir)
+        dataset = datasets.load_dataset(path, config, split=split, revision=revision, cache_dir=cache_dir)
     except (ConnectionError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as err:
         if unreachable:
             reason = f"the Hub ({constants.ENDPOINT}) does not answer and `datasets` has no cached copy"
@@ -90,25 +76,24 @@ def load_rows(
         else:
             reason = str(err).splitlines()[0].rstrip(".")
         raise DataUnavailableError(reason + ".") from None
+    finally:
+        datasets.config.HF_HUB_OFFLINE = saved
     return dataset.to_list()
 
 
 def load_source(source: HubSource, path: str | None = None, cache_dir: str | None = None) -> list[dict[str, Any]]:
-    """The rows of `source` (its configs concatenated), columns renamed to the local fields. `path` replaces the repo
-    id (a local folder laid out as the Hub repository), through the same code."""
+    """The rows of `source` (its configs concatenated), columns renamed to the local fields; `path` replaces the repo
+    id (a local folder laid out as the Hub repository)."""
     rows: list[dict[str, Any]] = []
     for config in source.configs:
         try:
             part = load_rows(path or source.repo, config, source.split, source.revision, cache_dir)
         except DataUnavailableError as err:
-            access = (
-                (
-                    f" {source.repo} is gated: accept its terms at https://huggingface.co/datasets/{source.repo}, "
-                    f"then `huggingface-cli login` (or set HF_TOKEN)."
-                )
-                if source.gated
-                else ""
-            )
-            raise DataUnavailableError(f"{err}{access}") from None
+            if not source.gated:
+                raise
+            raise DataUnavailableError(
+                f"{err} {source.repo} is gated: accept its terms at https://huggingface.co/datasets/{source.repo}, "
+                "then `huggingface-cli login` (or set HF_TOKEN)."
+            ) from None
         rows.extend({source.columns.get(key, key): value for key, value in row.items()} for row in part)
     return rows

@@ -1,11 +1,16 @@
-"""GSM8K's final-answer rule and a JSONL reader whose errors name file, line and column."""
+"""Data files (.jsonl, .json, .parquet, .csv) read into rows whose errors name file, line and column, and GSM8K's
+final-answer rule."""
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "source split row n", the row)
 
 
 def gsm8k_final_answer(text: str) -> str | None:
@@ -41,10 +46,9 @@ def require_data(path: Path) -> Path:
     raise DataFormatError(f"{path} is empty")
 
 
-def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, row) of a JSONL file (a UTF-8 BOM and CRLF line ends accepted); an empty file, a malformed
-    row or a missing field raises naming file:line (and the column of a JSON error)."""
-    with require_data(path).open("rb") as handle:
+def read_jsonl(path: Path) -> Iterator[Row]:
+    """The rows of a JSONL file (a UTF-8 BOM and CRLF line ends accepted); errors name file:line (and JSON's column)."""
+    with path.open("rb") as handle:
         for lineno, raw in enumerate(handle, start=1):
             try:
                 line = raw.decode("utf-8-sig").rstrip("\r\n")  # a BOM (Windows tools write one) is dropped
@@ -58,7 +62,44 @@ def read_jsonl(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dic
                 raise json_error(path, err, lineno) from None
             if not isinstance(row, dict):
                 raise DataFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [key for key in required if not row.get(key) and row.get(key) != 0]
-            if missing:
-                raise DataFormatError(f"{path}:{lineno}: missing or empty field(s) {missing}")
-            yield lineno, row
+            yield f"{path}:{lineno}", row
+
+
+def read_file(path: Path) -> list[Row]:
+    """Rows of a local .jsonl / .json (an array of objects) / .parquet / .csv file; errors name the file and line."""
+    require_data(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return list(read_jsonl(path))
+    if suffix == ".json":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is dropped
+        except json.JSONDecodeError as err:
+            raise json_error(path, err) from None
+        except UnicodeDecodeError:
+            raise DataFormatError(f"{path}: not UTF-8 text") from None
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise DataFormatError(f"{path}: expected a JSON array of objects (one per problem)")
+        return [(f"{path}[{i}]", row) for i, row in enumerate(rows)]
+    if suffix == ".csv":
+        out = []
+        try:
+            with path.open(encoding="utf-8-sig", newline="") as handle:
+                reader = csv.DictReader(handle, strict=True)
+                for row in reader:
+                    out.append((f"{path}:{reader.line_num}", row))
+        except csv.Error as err:
+            raise DataFormatError(f"{path}:{reader.line_num + 1}: not valid CSV ({err})") from None
+        except UnicodeDecodeError:
+            raise DataFormatError(f"{path}:{reader.line_num + 1}: not UTF-8 text") from None
+        return out
+    if suffix == ".parquet":
+        import pyarrow
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except (pyarrow.ArrowInvalid, OSError) as err:
+            raise DataFormatError(f"{path}: not a readable parquet file ({err})") from None
+        return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)]
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")

@@ -1,8 +1,6 @@
-"""Training tasks: where problems come from, the instruction appended to each question, and the verifier.
-
-`arithmetic` is the offline default (procedural, seeded); `BenchmarkTask` trains on a benchmark split
-(GSM8K, MATH) from the Hub or the local data folder; `DatasetTask` (data/dataset_task.py) on any dataset.
-"""
+"""Training tasks: where problems come from, the instruction appended to each question, and the verifier. `arithmetic`
+is the offline default (procedural, seeded); `BenchmarkTask` trains on a benchmark split (GSM8K, MATH) from the Hub or
+the local data folder; `DatasetTask` (data/dataset_task.py) on any dataset."""
 
 from __future__ import annotations
 
@@ -62,10 +60,8 @@ class Task(Configurable, ABC):
         return with_instruction(problem.question, self.instruction)
 
     def forks_of(self, problem: Problem, response: str, ended: bool = True) -> CharMarks | None:
-        """For each character of `response` and its end (the stop decision; `ended`: the end token was written),
-        whether the outcome is decided there (a fork), whether a choice is made there (a decision), where the path
-        leaves what the task allows, and how the response fails (records/marks.py); None where the task cannot name
-        its forks (task=forks can: data/forks.py)."""
+        """The forks, decisions and failure of `response` and its end (`ended`: the end token was written) as
+        records/marks.py marks them; None where the task cannot name its forks (task=forks can: data/forks.py)."""
         return None
 
     def warmup_example(self, rng: random.Random) -> tuple[str, str]:
@@ -122,9 +118,8 @@ class ArithmeticTask(Task):
 
 
 class BenchmarkTask(Task):
-    """Train on one benchmark split and validate on another, from the Hub or, when `data_dir` is set, from local
-    files (see data/benchmarks.py): gsm8k = gsm8k_train / gsm8k, math = math_train / math500.
-    `instruction`/`verifier` null keep the benchmark's."""
+    """Train on one benchmark split and validate on another (data/benchmarks.py): gsm8k = gsm8k_train / gsm8k, math =
+    math_train / math500. `instruction`/`verifier` null keep the benchmark's."""
 
     config_rules = {
         **Task.config_rules,

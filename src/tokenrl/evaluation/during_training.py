@@ -42,18 +42,16 @@ class PeriodicValidation(L.Callback):
     def validate(self, trainer: L.Trainer, module: Any) -> None:
         start = time.perf_counter()
         with module.engine_context():
-            metrics = {
-                f"val/{key}": value for key, value in self.validator(module.engine, module.collector.scorer).items()
-            }
+            results = self.validator(module.engine, module.collector.scorer)
+        metrics = {f"val/{key}": value for key, value in results.items()}
         module.check_preempted()  # a signal cut its generation short: its numbers are not a validation
         if trainer.world_size > 1:
             metrics = {
                 key: float(module.all_gather(torch.tensor(value, device=module.device)).mean())
                 for key, value in metrics.items()
             }
-        metrics.update(
-            {"val/at_step": float(module.run_state.rollout_step), "time/validate": time.perf_counter() - start}
-        )
+        metrics["val/at_step"] = float(module.run_state.rollout_step)
+        metrics["time/validate"] = time.perf_counter() - start
         module.last_validation = metrics
         if trainer.is_global_zero:
             log.info(self.line(metrics))

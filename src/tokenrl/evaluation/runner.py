@@ -1,9 +1,6 @@
-"""Evaluation: sample n completions per problem with a rollout engine, score them (time-limited) and compute pass@k
-(`evaluate`); during training on held-out sets (`Validator`); and `python eval.py`'s benchmarks (`evaluate_benchmarks`),
-written under the run folder: results.json (all benchmarks), <benchmark>.json, <benchmark>.samples.jsonl (one line per
-sample: id, sample index, score, answer, finish reason, response — never the question text) and summary.md (a table).
-Each benchmark's result carries a `reproduce` record (`reproduction_record`), as the harnesses' results files do.
-"""
+"""Evaluation: sample n completions per problem, score them (time-limited) and compute pass@k (`evaluate`); during
+training on held-out sets (`Validator`); and `python eval.py`'s benchmarks (`evaluate_benchmarks`), written under the
+run folder with a `reproduce` record each (docs/data-and-evaluation.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -70,9 +68,7 @@ def evaluate(
     samples_path: Path | None = None,
 ) -> dict:
     """pass@k for k in settings.ks, avg@n and counts; one JSON line per sample in `samples_path` (no question text).
-    Once it has run `PROGRESS_AFTER_S`, a line per batch of prompts says how far it is and about how long is left.
-
-    Prompts longer than `max_prompt_length` tokens are skipped (counted in `skipped_long_prompts`)."""
+    Prompts over `max_prompt_length` tokens are skipped; after `PROGRESS_AFTER_S`, each batch logs its progress."""
     if any(k > settings.n_samples for k in settings.ks):
         raise ValueError(
             f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} (got {settings.n_samples})"
@@ -87,24 +83,16 @@ def evaluate(
     if skipped:
         log.warning("%s: skipped %d prompts longer than %d tokens", name, skipped, settings.max_prompt_length)
     params = SamplingParams(
-        n=settings.n_samples,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        max_new_tokens=settings.max_new_tokens,
+        settings.n_samples, settings.temperature, settings.top_p, settings.top_k, settings.max_new_tokens
     )
     metrics = {k: PassAtK(k) for k in settings.ks}
     correct_total, tokens, start = 0.0, 0, time.perf_counter()
-    handle = samples_path.open("w") if samples_path else None
-    try:
+    with samples_path.open("w") if samples_path else nullcontext() as handle:
         batches = range(0, len(kept), settings.batch_prompts)
         for done, first in enumerate(batches, start=1):
-            chunk = kept[first : first + settings.batch_prompts]
-            rollouts = engine.generate(
-                prompts[first : first + settings.batch_prompts],
-                params,
-                seed=derived_seed(settings.seed, "eval", name, first),
-            )
+            batch = slice(first, first + settings.batch_prompts)
+            chunk = kept[batch]
+            rollouts = engine.generate(prompts[batch], params, seed=derived_seed(settings.seed, "eval", name, first))
             answers = [p for p in chunk for _ in range(settings.n_samples)]
             scores = scorer.score([(p.verifier, text, p.answer) for p, text in zip(answers, rollouts.texts)])
             per_problem = torch.tensor(scores).reshape(len(chunk), settings.n_samples)
@@ -126,28 +114,19 @@ def evaluate(
                     elapsed / done * (len(batches) - done),
                 )
             if handle:
-                for row, (problem, text, score, reason) in enumerate(
-                    zip(answers, rollouts.texts, scores, rollouts.finish_reasons)
-                ):
-                    handle.write(
-                        json.dumps(
-                            {
-                                "id": problem.id,
-                                "sample": row % settings.n_samples,
-                                "score": score,
-                                "answer": problem.answer,
-                                "finish_reason": reason,
-                                "response": text,
-                            }
-                        )
-                        + "\n"
-                    )
-    finally:
-        if handle:
-            handle.close()
-    seconds = time.perf_counter() - start
+                rows = zip(answers, rollouts.texts, scores, rollouts.finish_reasons)
+                for row, (problem, text, score, reason) in enumerate(rows):
+                    sample = {
+                        "id": problem.id,
+                        "sample": row % settings.n_samples,
+                        "score": score,
+                        "answer": problem.answer,
+                        "finish_reason": reason,
+                        "response": text,
+                    }
+                    handle.write(json.dumps(sample) + "\n")
     n_problems = len(kept)
-    result = {
+    return {
         "benchmark": name,
         "problems": n_problems,
         "skipped_long_prompts": skipped,
@@ -157,9 +136,8 @@ def evaluate(
         f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
         **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
         "generated_tokens": tokens,
-        "seconds": seconds,
+        "seconds": time.perf_counter() - start,
     }
-    return result
 
 
 @dataclass(frozen=True)
@@ -185,23 +163,13 @@ class Validator:
 
     def __call__(self, engine: RolloutEngine, scorer: SafeScorer) -> dict[str, float]:
         out = {}
-        for validation_set in self.sets:
+        for held_out in self.sets:
+            name = f"val/{held_out.prefix}".rstrip("/")
             result = evaluate(
-                f"val/{validation_set.prefix}".rstrip("/"),
-                validation_set.problems,
-                validation_set.instruction,
-                engine,
-                self.formatter,
-                scorer,
-                self.settings,
+                name, held_out.problems, held_out.instruction, engine, self.formatter, scorer, self.settings
             )
-            out.update(
-                {
-                    f"{validation_set.prefix}{key}": float(value)
-                    for key, value in result.items()
-                    if key.startswith(("pass@", "avg@"))
-                }
-            )
+            scores = {key: float(value) for key, value in result.items() if key.startswith(("pass@", "avg@"))}
+            out.update({f"{held_out.prefix}{key}": value for key, value in scores.items()})
         return out
 
 
@@ -260,9 +228,8 @@ def data_record(bench: Benchmark, data_dir: str | None) -> dict[str, Any]:
 def reproduction_record(
     cfg: DictConfig, bench: Benchmark, settings: EvalSettings, formatter: PromptFormatter, verifiers: list[str]
 ) -> dict[str, Any]:
-    """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`): the model, the data (the
-    local file's sha256, or the Hub revision), the prompt's template, the sampling and how each batch's seed derives,
-    the engine, the verifiers, the command line, the versions and the tokenrl commit."""
+    """Everything needed to reproduce one benchmark's numbers (results.json's `reproduce`): model, data (the local
+    file's sha256 or the Hub revision), prompt template, sampling and seeds, engine, verifiers, command and versions."""
     model = ModelSettings.of(cast("dict[str, Any]", OmegaConf.to_container(cfg.model, resolve=True)))
     rollout = cast("dict[str, Any]", OmegaConf.to_container(cfg.rollout, resolve=True))
     # without Hydra's runtime (tests, scripts): the process's command line
@@ -297,7 +264,6 @@ def reproduction_record(
             "batch_seed": "derived_seed(seed, 'eval', benchmark, index of the batch's first prompt)",
             "stop": "the tokenizer's and generation config's EOS tokens",
         },
-        # the evaluation samples by `eval.*` (recorded under "sampling")
         "engine": {key: value for key, value in rollout.items() if key not in TRAINING_SAMPLING},
         "verifiers": verifiers,
         "reward_timeout_s": float(cfg.reward_timeout_s),
@@ -334,9 +300,7 @@ def evaluate_benchmarks(
     try:
         for name in names:
             bench = benchmark(name)
-            problems = bench.load(cfg.paths.data_dir)
-            if cfg.eval.limit:
-                problems = problems[: int(cfg.eval.limit)]
+            problems = bench.load(cfg.paths.data_dir)[: int(cfg.eval.limit) if cfg.eval.limit else None]
             settings = EvalSettings(
                 n_samples=int(cfg.eval.n_samples or bench.n_samples),
                 ks=tuple(cfg.eval.ks),

@@ -1,13 +1,7 @@
-"""The trained policy as a plain Hugging Face model folder (docs/export.md): safetensors files in the export dtype
-(the copies a tied head shares with the embeddings left out: `from_pretrained` ties them again), config.json,
-generation_config.json, the tokenizer and a model card (README.md) naming the base model, method, selector, steps,
-data and metrics. Written into a temporary folder beside the target that replaces it once complete.
-
-`export_run` writes `<run>/model/` at the end of every run; `tokenrl-export` (run/trained_policy.py) the same from any
-checkpoint, or a LoRA run's adapter alone (`write_adapter_folder`), and pushes it to the Hub (`push_to_hub`). The
-weights come from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so the exporting rank holds at
-most one safetensors file of copies, never a second full model.
-"""
+"""The trained policy as a plain Hugging Face model folder (docs/export.md), written into a temporary folder beside the
+target that replaces it once complete: `export_run` at the end of every run, `tokenrl-export` (run/trained_policy.py)
+from any checkpoint. The weights stream from `served_weights` (LoRA merged; under FSDP gathered one unit at a time), so
+the exporting rank holds at most one safetensors file of copies, never a second full model."""
 
 from __future__ import annotations
 
@@ -80,8 +74,7 @@ def causal_lm_class(config: PretrainedConfig) -> type:
 
 
 def tied_copies(config: PretrainedConfig) -> set[str]:
-    """The weights a causal LM of `config` ties to another one (the head to the embeddings with
-    `tie_word_embeddings`): left out of the files, as `save_pretrained` leaves them out."""
+    """The weights a causal LM of `config` ties to another (a tied head): left out, as `save_pretrained` leaves them."""
     if not getattr(config, "tie_word_embeddings", False):
         return set()
     return set(getattr(causal_lm_class(config), "_tied_weights_keys", None) or ())
@@ -107,8 +100,7 @@ def _shards(
 
 
 def write_weights(weights: Iterable[tuple[str, torch.Tensor]], folder: Path, dtype: str, skip: set[str]) -> int:
-    """`model.safetensors`, or `model-0000i-of-0000n.safetensors` and their index, as `save_pretrained` names them;
-    returns the bytes written."""
+    """`model.safetensors` or `model-0000i-of-0000n.safetensors` + index (as `save_pretrained`); the bytes written."""
     files: list[tuple[Path, list[str]]] = []
     total = 0
     for number, shard in enumerate(_shards(weights, DTYPES[dtype], skip), 1):
@@ -153,8 +145,7 @@ def write_model_folder(
 
 
 def write_adapter_folder(out: Path, peft: Any, tokenizer: PreTrainedTokenizerBase, card: str, base: str | None) -> Path:
-    """A LoRA run's adapter alone at `out` (the PeftModel `peft`'s `save_pretrained`, as trained; its base named
-    `base`), with the tokenizer and card."""
+    """A LoRA run's adapter alone at `out` (`peft.save_pretrained`, its base named `base`), tokenizer and card."""
     peft.peft_config["default"].base_model_name_or_path = base
     with staged(out) as folder:
         peft.save_pretrained(folder)
@@ -318,10 +309,8 @@ def exported_from(folder: str | Path) -> str | None:
     card = Path(folder).expanduser() / "README.md"
     if not card.is_file():
         return None
-    lines = card.read_text(encoding="utf-8").splitlines()
-    return next(
-        (line.removeprefix(EXPORTED_FROM).removesuffix(".") for line in lines if line.startswith(EXPORTED_FROM)), None
-    )
+    origins = [line for line in card.read_text(encoding="utf-8").splitlines() if line.startswith(EXPORTED_FROM)]
+    return origins[0].removeprefix(EXPORTED_FROM).removesuffix(".") if origins else None
 
 
 def _folder_use(name: str) -> list[str]:
@@ -369,8 +358,8 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
 
 
 def push_to_hub(folder: Path, repo: str, private: bool) -> str:
-    """Upload `folder` to the Hub model repository `repo` (created if missing) with huggingface_hub's `upload_folder`;
-    the token of `hf auth login` or HF_TOKEN. Returns the commit's URL."""
+    """Upload `folder` to the Hub model repository `repo` (created if missing; the token of `hf auth login` or HF_TOKEN)
+    with huggingface_hub's `upload_folder`; the commit's URL."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 

@@ -1,2 +1,1 @@
-"""What a step shows besides its loss: the selection's diagnostics against the true forks, and the samples a run
-writes."""
+"""What a step shows besides its loss: selection diagnostics against the true forks, and the samples a run writes."""

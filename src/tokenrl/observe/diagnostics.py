@@ -1,33 +1,12 @@
-"""Per-step diagnostics of a token selection (docs/algorithms.md §2.6 "log/monitor", issue: selectors).
+"""Per-step diagnostics of a token selection (docs/algorithms.md §2.6 "log/monitor"): selected fraction, mean π(o_t) of
+selected tokens (ICT paper: 0.18 ± 0.09), entropy and Rényi-2 of selected vs all tokens, JS quantiles, and the Jaccard
+overlap |A∩B| / |A∪B| with each reference selector (`selectors.reference_selectors`).
 
-Selected fraction; mean π(o_t) of selected tokens (ICT paper: 0.18 ± 0.09); entropy and Rényi-2 of selected
-vs all tokens; JS quantiles; Jaccard overlap |A∩B| / |A∪B| with what each reference selector would choose
-(`selectors.reference_selectors`: `entropy20`, `stapo`, and `ict` when JS is computed).
-
-Where the task names the true forks (task=forks: data/forks_graph.py, records/marks.py), `forks/*` scores each
-selection against them. R: the response tokens; F: the true forks; D: the decisions (tokens where the path is still
-on the graph and the node has ≥ 2 options; F ⊂ D); S: a selection (tokens of non-zero weight); suffix `_<name>`: a
-reference selector's S instead of the run's.
-  precision |S∩F| / |S|, recall |S∩F| / |F|, weight_on_forks Σ_{t∈F} w_t / Σ_t w_t, rate |F| / |R| (a random
-  selection's expected precision), entropy and JS at forks vs elsewhere (`{signal}_forks`, `{signal}_other`);
-  decision_rate |D| / |R|; rate_in_decisions |F∩D| / |D| (the null among decisions: tokens with no choice to make
-  are neither forks nor picks a score should get credit for avoiding);
-  precision_in_decisions |S∩F∩D| / |S∩D| and lift_in_decisions = precision_in_decisions − rate_in_decisions;
-  for each reference score σ (js when computed, entropy, renyi2, surprisal −log π(o_t)):
-    auroc_σ: P(σ at a fork > σ at a non-fork decision) + ½ P(tie), over F vs D∖F (Mann–Whitney U / (|F|·|D∖F|));
-    precision_in_decisions_σ@k: the same ratio for σ's top-k response tokens, k = |S| of the run (`@run`, with
-    its lift) and k = ⌈f·|R|⌉ for f in `BUDGETS` (`@10`, `@20`, `@30`); tokens tied at the k-th score share the
-    remaining budget equally (the expectation under a random tie-break), so selectors compare at equal budgets;
-  the token that leaves the graph (a letter that is not an option, or the end token at a non-goal), per kind of
-  on-graph position: invalid_at_forks, invalid_at_decisions (D∖F), invalid_at_forced (on the graph, not in D) and
-  invalid_nonfork (on the graph, not in F): |invalid ∩ K| / |K| of the sampled tokens;
-  among the responses that fail (reward 0), the share by way of failing (records/marks.py `FAILURES`): fail_<way>,
-  the invalid letters split by the kind of their position (fail_invalid_letter_{fork,decision,forced}),
-  fail_at_fork: the share decided at a fork token, and fail_decided_updated (the deciding-token reach): of the
-  failures decided at a token, the share whose deciding token the run's selection updates; beside these shares of
-  the failures, absolute rates over every response: fail_rate (the share that fails) and fail_<way>_of_all,
-  fail_invalid_letter_{fork,decision,forced}_of_all (present whenever the step has a response, 0 when none fails).
-A ratio with an empty divisor is absent, as are all `forks/*` on tasks that cannot name their forks.
+Where the task names the true forks (task=forks), `forks/*` scores a selection S against them (R: response tokens, F:
+true forks, D: decisions, F ⊂ D); each metric and its formula is tabled in docs/forks.md. auroc_σ is Mann–Whitney U /
+(|F|·|D∖F|); top-k picks tied at the k-th score share the remaining budget equally (the expectation under a random
+tie-break), so selectors compare at equal budgets. A ratio with an empty divisor is absent, as are all `forks/*` on
+tasks that cannot name their forks.
 """
 
 from __future__ import annotations
@@ -109,16 +88,11 @@ def auroc(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor) 
     return u / (pos.numel() * neg.numel())
 
 
-def _ratio(out: dict[str, float], key: str, part: torch.Tensor, whole: torch.Tensor) -> None:
-    if whole.any():
-        out[key] = float((part & whole).sum()) / float(whole.sum())
-
-
 def decision_scores(
-    chosen: torch.Tensor, marks: ForkMarks, valid: torch.Tensor, null: float | None, suffix: str = ""
+    chosen: torch.Tensor, forks: torch.Tensor, decisions: torch.Tensor, null: float | None, suffix: str = ""
 ) -> dict[str, float]:
-    """precision_in_decisions and lift_in_decisions of the selection `chosen` (keys end with `suffix`)."""
-    precision = precision_in_decisions(chosen & valid, marks.forks & valid, marks.decisions & valid)
+    """precision_in_decisions of the selection `chosen`, and its lift over a `null`; keys end with `suffix`."""
+    precision = precision_in_decisions(chosen, forks, decisions)
     if precision is None:
         return {}
     out = {f"forks/precision_in_decisions{suffix}": precision}
@@ -129,7 +103,7 @@ def decision_scores(
 
 def failure_anatomy(marks: ForkMarks, chosen: torch.Tensor) -> dict[str, float]:
     """`forks/fail_*` over the responses that fail, and the same counts over every response (`forks/fail_rate`,
-    `forks/fail_*_of_all`: absolute rates beside the shares; module docstring)."""
+    `forks/fail_*_of_all`: absolute rates beside the shares; docs/forks.md)."""
     failed = marks.failure != FAILURES.index("none")
     count, responses = int(failed.sum()), failed.numel()
     decisive = marks.decisive & failed[:, None]
@@ -156,16 +130,14 @@ def failure_anatomy(marks: ForkMarks, chosen: torch.Tensor) -> dict[str, float]:
 def fork_diagnostics(
     weights: torch.Tensor, stats: TokenStats, valid: torch.Tensor, marks: ForkMarks, references: dict[str, torch.Tensor]
 ) -> dict[str, float]:
-    """`forks/*` of the update's `weights`, of each reference selector's mask and of each reference score (module
-    docstring)."""
+    """`forks/*` of the update's `weights`, each reference selector's mask and each reference score (docs/forks.md)."""
     forks, decisions = marks.forks.bool() & valid, marks.decisions.bool() & valid
-    other = valid & ~forks
     out = {"forks/rate": float(forks.sum() / valid.sum().clamp_min(1)), **fork_scores(weights, forks, valid)}
     for name, mask in references.items():
         out.update(fork_scores(mask, forks, valid, f"_{name}"))
     signals = {"entropy": stats.entropy, **({"js": stats.js} if stats.js is not None else {})}
     for signal, values in signals.items():
-        for where, cells in (("forks", forks), ("other", other)):
+        for where, cells in (("forks", forks), ("other", valid & ~forks)):
             if cells.any():
                 out[f"forks/{signal}_{where}"] = float(values[cells].mean())
     out["forks/decision_rate"] = float(decisions.sum()) / max(float(valid.sum()), 1.0)
@@ -173,31 +145,29 @@ def fork_diagnostics(
     if null is not None:
         out["forks/rate_in_decisions"] = null
     chosen = (weights != 0) & valid
-    out.update(decision_scores(chosen, marks, valid, null))
+    out.update(decision_scores(chosen, forks, decisions, null))
     for name, mask in references.items():
-        out.update(decision_scores(mask.bool(), marks, valid, null, f"_{name}"))
+        out.update(decision_scores(mask.bool(), forks, decisions, null, f"_{name}"))
     budgets = {"run": int(chosen.sum())} | {f"{round(f * 100)}": top_count(f, int(valid.sum())) for f in BUDGETS}
     for score, values in score_signals(stats).items():
         area = auroc(values, forks & decisions, decisions & ~forks)
         if area is not None:
             out[f"forks/auroc_{score}"] = area
         for budget, k in budgets.items():
-            precision = precision_in_decisions(top_k_shares(values, valid, k), forks, decisions)
-            if precision is None:
-                continue
-            out[f"forks/precision_in_decisions_{score}@{budget}"] = precision
-            if budget == "run" and null is not None:
-                out[f"forks/lift_in_decisions_{score}@run"] = precision - null
+            shares = top_k_shares(values, valid, k)
+            run_null = null if budget == "run" else None  # the lift only at the run's own budget
+            out.update(decision_scores(shares, forks, decisions, run_null, f"_{score}@{budget}"))
     on_graph = marks.on_graph.bool() & valid
     invalid = marks.invalid.bool() & valid
     kinds = {
-        "forks": forks,
-        "decisions": decisions & ~forks,
-        "forced": on_graph & ~decisions,
-        "nonfork": on_graph & ~forks,
+        "invalid_at_forks": forks,
+        "invalid_at_decisions": decisions & ~forks,
+        "invalid_at_forced": on_graph & ~decisions,
+        "invalid_nonfork": on_graph & ~forks,
     }
-    for kind, cells in kinds.items():
-        _ratio(out, f"forks/invalid_at_{kind}" if kind != "nonfork" else "forks/invalid_nonfork", invalid, cells)
+    for key, cells in kinds.items():
+        if cells.any():
+            out[f"forks/{key}"] = float((invalid & cells).sum()) / float(cells.sum())
     out.update(failure_anatomy(marks, chosen))
     return out
 
@@ -219,8 +189,7 @@ def selection_diagnostics(
         "select/renyi2_all": _mean(stats.renyi2, valid),
     }
     if stats.js is not None and valid.any():
-        values = stats.js[valid]
-        for q, value in zip(JS_QUANTILES, torch.quantile(values.float(), torch.tensor(JS_QUANTILES))):
+        for q, value in zip(JS_QUANTILES, torch.quantile(stats.js[valid].float(), torch.tensor(JS_QUANTILES))):
             out[f"select/js_q{int(q * 100)}"] = float(value)
         out["select/js_selected"] = _mean(stats.js, chosen)
     references = {name: selector.mask(batch) for name, selector in reference_selectors(stats.js is not None).items()}

@@ -1,7 +1,6 @@
-"""`logger=mlflow`: Lightning's MLflow logger with the run's resolved config as the MLflow run's parameters and the
-metric names the other loggers write, as far as MLflow allows them. MLflow's names hold letters, digits, `_ - . /`
-and spaces (mlflow/utils/validation.py); Lightning drops any other character, so `val/pass@4` became `val/pass4`.
-Here `@` is spelled `_at_`, as MLflow's own autologging spells it (`val/pass_at_4`)."""
+"""`logger=mlflow`: Lightning's MLflow logger with the run's resolved config as its parameters and the metric names the
+other loggers write. MLflow refuses `@` (mlflow/utils/validation.py), which Lightning drops (`val/pass4`); here it is
+spelled `_at_`, as MLflow's own autologging spells it (`val/pass_at_4`)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def config_params(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MLflowLogger(MLFlowLogger):
-    """`MLFlowLogger` whose metric names keep `@` as `_at_` (the module's docstring); the run logs its config as the
-    parameters (`config_params`, run/training.py)."""
+    """`MLFlowLogger` whose metric names keep `@` as `_at_`; the run logs `config_params` (run/training.py)."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         super().log_metrics({mlflow_name(name): value for name, value in metrics.items()}, step)

@@ -1,13 +1,10 @@
 """Rollout samples with per-token statistics and token choices, for the report's "branching tokens" view.
 
-On the first rollout step and every `every_n_steps`-th after it, the first `rows` responses of the batch (the first
-group(s), so the rollouts of one prompt sit side by side) go to `<run>/samples/step_NNNN.jsonl`, NNNN the step counted
-from 1 as the console and metrics.csv count it (`step_0001.jsonl` is the first step), one JSON object per response:
-the decoded prompt and token pieces, reward, advantage, per-token entropy (and JS when computed), the mask this
-run's selector actually updated (`updated`), and what each reference selector would choose on the same tokens
-(`would_select`: `selectors.reference_selectors`, ICT top-10% per response without warm-up when JS is there,
-20-Entropy, STAPO; a reference named like the run's own selector but at another ratio is named with its ratio,
-`ict@0.1`), and the true forks (`forks`, 0/1 per token) where the task names them (task=forks).
+On the first rollout step and every `every_n_steps`-th after it, the first `rows` responses (the first group(s): one
+prompt's rollouts side by side) go to `<run>/samples/step_NNNN.jsonl`, NNNN the step counted from 1 as the console
+counts, one JSON object per response: the prompt and token pieces, reward, advantage, per-token entropy and JS, the
+run's token weights (`updated`), what each reference selector would choose (`would_select`; `name@ratio` beside a run
+selector of that name at another ratio) and the true forks (`forks`, task=forks).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors import reference_selectors
 from tokenrl.step.train_batch import TrainBatch
@@ -31,8 +27,7 @@ def _rounded(values: torch.Tensor) -> list[float | None]:
 
 
 class SampleWriter:
-    """Writes the first `rows` responses of the first and every `every_n_steps`-th rollout step after it (0 turns it
-    off)."""
+    """Writes the module docstring's files; `every_n_steps` or `rows` 0 turns it off."""
 
     def __init__(
         self,
@@ -48,10 +43,6 @@ class SampleWriter:
         self.folder, self.every, self.rows = Path(folder), every_n_steps, rows
         self.tokenizer, self.selector_name, self.selector_ratio = tokenizer, selector_name, selector_ratio
 
-    def due(self, step: int) -> bool:
-        """Whether the rollout step of 0-based index `step` is written."""
-        return self.every > 0 and self.rows > 0 and step % self.every == 0
-
     @staticmethod
     def reference_masks(batch: SelectionBatch) -> dict[str, torch.Tensor]:
         """What each reference selector would update in `batch`. Call it on every rank: a `global` scope
@@ -61,52 +52,28 @@ class SampleWriter:
             for name, selector in reference_selectors(batch.stats.js is not None).items()
         }
 
-    def reference_name(self, name: str, ratio: float | None) -> str:
-        """`name`, or `name@ratio` when the run's own selector has that name at another ratio (ICT at 0.3 beside the
-        reference ICT at the paper's 0.1)."""
-        differs = name == self.selector_name and ratio is not None and ratio != self.selector_ratio
-        return f"{name}@{ratio:g}" if differs else name
-
     def record(self, train: TrainBatch, update: UpdateResult, whole: SelectionBatch, rank: int) -> None:
-        """The step's rows, when a page is due: every rank computes the reference selections (they may gather across
-        ranks), rank 0 writes."""
-        if not self.due(train.step):
+        """The step's file, when one is due: every rank computes the reference selections (they may gather across
+        ranks), rank 0 writes. `whole` is the selector's view of the whole rollout batch; `shaping`: per-token ε_high,
+        KL weights, advantages, drift penalty."""
+        if self.every == 0 or self.rows == 0 or train.step % self.every:
             return
         references = reference_selectors(whole.stats.js is not None)
-        would = {
-            self.reference_name(name, getattr(references[name], "ratio", None)): mask
-            for name, mask in self.reference_masks(whole).items()
-        }
-        if rank == 0:
-            self.write(
-                train.step + 1,
-                train.rollouts,
-                train.rewards,
-                whole,
-                update.first_epoch_weights,
-                would,
-                update.first_epoch_shaping,
-                None if train.forks is None else train.forks.forks,
-            )
-
-    def write(
-        self,
-        step: int,
-        rollouts: RolloutBatch,
-        rewards: torch.Tensor,
-        batch: SelectionBatch,
-        updated: torch.Tensor,
-        would: dict[str, torch.Tensor],
-        shaping: dict[str, torch.Tensor] | None = None,
-        forks: torch.Tensor | None = None,
-    ) -> Path:
-        """One JSONL file for rollout step `step` (counted from 1); `batch` is the selector's view of the whole rollout
-        batch, `updated` the run's token weights (0/1 for a mask), `would` its `reference_masks`, `shaping` the
-        per-token fields the run's selections set (per-token ε_high, KL weights, advantages, drift penalty)."""
+        would = {}
+        for name, mask in self.reference_masks(whole).items():
+            ratio = getattr(references[name], "ratio", None)
+            # `name@ratio` beside the run's own selector of that name at another ratio (ICT at 0.3 beside ICT at 0.1)
+            differs = name == self.selector_name and ratio is not None and ratio != self.selector_ratio
+            would[f"{name}@{ratio:g}" if differs else name] = mask
+        if rank != 0:
+            return
+        step = train.step + 1  # counted from 1, as the console counts
+        rollouts = train.rollouts
+        forks = None if train.forks is None else train.forks.forks
+        shaping = update.first_epoch_shaping
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / f"step_{step:04d}.jsonl"
         prompt_texts = self.tokenizer.batch_decode(rollouts.prompt_ids[: self.rows], skip_special_tokens=True)
-        with path.open("w") as handle:
+        with (self.folder / f"step_{step:04d}.jsonl").open("w") as handle:
             for row in range(min(self.rows, len(rollouts.texts))):
                 length = int(rollouts.response_mask[row].sum())
                 ids = rollouts.response_ids[row, :length].tolist()
@@ -117,18 +84,17 @@ class SampleWriter:
                     "selector": self.selector_name,
                     "prompt": prompt_texts[row],
                     "tokens": [self.tokenizer.decode([token]) for token in ids],
-                    "reward": float(rewards[row]),
-                    "advantage": round(float(batch.advantages[row]), 5),
+                    "reward": float(train.rewards[row]),
+                    "advantage": round(float(whole.advantages[row]), 5),
                     "finish_reason": rollouts.finish_reasons[row],
-                    "entropy": _rounded(batch.stats.entropy[row, :length]),
-                    "js": None if batch.stats.js is None else _rounded(batch.stats.js[row, :length]),
-                    "updated": _weights(updated[row, :length]),
-                    "shaping": {name: _rounded(values[row, :length]) for name, values in (shaping or {}).items()},
+                    "entropy": _rounded(whole.stats.entropy[row, :length]),
+                    "js": None if whole.stats.js is None else _rounded(whole.stats.js[row, :length]),
+                    "updated": _weights(update.first_epoch_weights[row, :length]),
+                    "shaping": {name: _rounded(values[row, :length]) for name, values in shaping.items()},
                     "would_select": {name: [int(v) for v in mask[row, :length]] for name, mask in would.items()},
                     "forks": None if forks is None else [int(v) for v in forks[row, :length]],
                 }
                 handle.write(json.dumps(record) + "\n")
-        return path
 
 
 def _weights(values: torch.Tensor) -> list[float]:

@@ -1,15 +1,12 @@
-"""Read a boxed math answer as LaTeX a grader can trust: reject malformed text, normalise legitimate variants.
+"""Read a boxed math answer as LaTeX a grader can trust: reject malformed text, normalise legitimate variants. Regex
+only: nothing here evaluates the text; the cases: tests/rewards/test_verifiers.py.
 
 `math_forms(text)` returns the LaTeX readings of an answer (two for a percentage: N and N/100), or None when it is
-malformed: a Python operator or float literal (`**`, `//`, `%` inside, `1e3`), a stray `$`, unbalanced brackets, a
-dangling operator (`x+`, `= 5`), an empty group (`\\sqrt{}`), a number with two decimal points or after a prime
-(`1.5.3`, `5'7`), numbers side by side (`3 4`, `5 \\quad 6`, `3 \\phantom{0} 4`: the LaTeX parser adds them), text
-holding a number beside other content (`6 \\text{ or 7}`: the parser drops it as a unit), a chained equation
-(`x = 5 = 6`), or, against a gold that is not an equation, an equation (`=`, `\\approx`) whose left side is not a
-name (`1+1=6`, `x^2 = 25`, `6 \\approx 7`).
-Variants it rewrites: thousands grouped by `\\,` `{,}` `,\\!` `~` or spaces, plain unit words (`18 dollars`),
-`\\varnothing`, a leading `\\approx`, unbraced fractions (`\\frac 3 8`), a trailing `\\%` or "percent", and `3(4)`
-as a product. Regex only: nothing here evaluates the text.
+malformed: Python syntax (`**`, `//`, `1e3`), a stray `$` or `%`, unbalanced brackets, a dangling operator, an empty
+group, a malformed number (`1.5.3`), numbers side by side (`3 4`: the LaTeX parser adds them), text holding a number
+beside other content (`6 \\text{ or 7}`: the parser drops it as a unit), a chained equation, or, against a gold that is
+not an equation, an equation whose left side is not a name (`1+1=6`). It rewrites thousands separators, unit words,
+unbraced fractions, a leading `\\approx`, a trailing percent and `3(4)` as a product.
 """
 
 from __future__ import annotations
@@ -95,16 +92,8 @@ def math_forms(text: str, gold_is_equation: bool = False) -> list[str] | None:
     percent = _PERCENT.search(text)
     if percent:
         text = text[: percent.start()].strip()
-    if (
-        not text
-        or "$" in text
-        or "%" in text
-        or _PYTHON.search(text)
-        or _BAD_NUMBER.search(text)
-        or _EMPTY_GROUP.search(text)
-        or _DANGLING.search(text)
-        or not _balanced(text)
-    ):
+    malformed = (_PYTHON, _BAD_NUMBER, _EMPTY_GROUP, _DANGLING)
+    if not text or "$" in text or "%" in text or any(p.search(text) for p in malformed) or not _balanced(text):
         return None
     text = _LATEX_THOUSANDS.sub(lambda m: m.group(1) + re.sub(r"\D", "", m.group(2)), text)
     if _SPACED_THOUSANDS.fullmatch(text):

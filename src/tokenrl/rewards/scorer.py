@@ -1,16 +1,11 @@
-"""Score responses in a separate worker process with a per-answer time limit.
+"""Score responses in a worker process with a per-answer time limit (docs/data-and-evaluation.md "Verifiers and the
+safety of rewards"); model text is only parsed, never executed.
 
-A check that raises scores 0 with a warning; a check that exceeds `timeout_s` gets its worker killed
-and replaced, scores 0 with a warning, and scoring goes on with the next answer. The limit counts the worker's own
-time: its CPU time plus the time it sleeps, not the time it waits for a CPU (Linux's /proc/<pid>/stat, sampled every
-`SLICE` seconds; wall time elsewhere), so a loaded machine does not fail fast checks (a trivial check scored 0 after
-5 s on a 2-core machine at load 13); `STALL_CAP` × `timeout_s` of wall time bounds a check in any case.
-Model text is only ever parsed, never executed; the worker process also keeps a pathological parse from stalling
-training.
-
-Workers are forked from multiprocessing's fork server, a clean process (no torch threads, no CUDA, no engine) started
-once per trainer process with the answer parsers already imported (`PRELOAD`): a replacement after a timeout, or the
-worker of the next run in the same process, starts in milliseconds instead of a fresh interpreter's import time.
+A check that raises or runs over `timeout_s` scores 0 with a warning (a slow check's worker is replaced) and scoring
+goes on. The limit counts the worker's own time, CPU plus sleep (/proc/<pid>/stat every `SLICE` s; wall time elsewhere),
+not its wait for a CPU, so a loaded machine does not fail fast checks; `STALL_CAP` × `timeout_s` of wall time bounds a
+check in any case. Workers fork from a fork server (no torch threads, no CUDA) with the parsers imported (`PRELOAD`), so
+a replacement starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -100,8 +95,7 @@ class SafeScorer:
 
     def score(self, items: list[tuple[str, str, str]]) -> list[float]:
         """Scores in order. At most `WINDOW` checks are in flight: sending every item before reading any result
-        deadlocks once both pipes fill (the worker blocks sending results the trainer is not reading yet, the
-        trainer blocks sending items the worker is not reading) — a batch of ~1,000 long responses did."""
+        deadlocks once both pipes fill (each side blocks sending what the other is not reading)."""
         scores = [0.0] * len(items)
         pending = 0
         while pending < len(items):

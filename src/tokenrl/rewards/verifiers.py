@@ -1,18 +1,11 @@
-"""Answer verifiers: (response text, reference answer) -> score in [0, 1]. None executes model text.
-
-- `gsm8k_strict`: the last `#### <number>` line holds exactly one number, equal to the answer (verl's strict
-  reward, made sound: `#### 5-3`, `#### 2**3`, `#### 5 or 6`, `#### 1,2` do not score).
-- `gsm8k_flexible`: the last number in the response equals the answer, and is a number on its own: not part
-  of a name (`H2O`), not an operand (`5-3`, `x**2`, `2^3`, `\\frac{1}{2}`), commas only grouping thousands.
-- `math`: every non-empty `\\boxed{...}` is equal to the answer (math-verify's LaTeX parser, with no fallback to
-  a number picked out of unparsable text): malformed boxes (`normalize.math_forms`) score 0, so do two boxes with
-  different answers, a set against an interval or pair, and a number in another base (`2516_9` for `2516_8`).
-- `choice`: the chosen letter equals the answer: every non-empty box holds that letter, or, with no box, the
-  last "answer is X" / "Answer: X" names it without a hedge ("A or B").
-The rules behind each decision are tabled, case by case, in tests/rewards/test_verifiers.py.
-A verifier may also be named as `package.module:function`.
-`check_golds` reports, at load time, the gold answers a verifier could never match (`#### many` for gsm8k).
-"""
+"""Answer verifiers: (response text, reference answer) -> score in [0, 1]; they only parse, nothing executes model text.
+`gsm8k_strict`: verl's strict `#### <number>` reward, made sound (`#### 5-3`, `#### 5 or 6` do not score);
+`gsm8k_flexible`: the last number, not part of a name nor an operand; `math`: every non-empty `\\boxed{...}` equal to
+the answer by math-verify's LaTeX parser, with no fallback to a number picked out of unparsable text (malformed boxes:
+`normalize.math_forms`); `choice`: the option letter the boxes or a last "answer is X" commit to, without a hedge. A
+verifier may also be named as `package.module:function`. What each accepts: docs/algorithms.md §6; the rules, case by
+case: tests/rewards/test_verifiers.py. `check_golds` reports, at load time, the gold answers a verifier could never
+match."""
 
 from __future__ import annotations
 
@@ -154,13 +147,8 @@ def _parse_forms(forms: list[str], trusted: bool) -> list:
     to picking a number out of it (that fallback is what scored `x**2 - 1` as 1)."""
     from math_verify import LatexExtractionConfig, parse
 
-    parsed = []
-    for form in forms:
-        if trusted:
-            parsed += parse(f"${form}$")
-        else:
-            parsed += parse(f"${form}$", extraction_config=[LatexExtractionConfig()], fallback_mode="no_fallback")
-    return parsed
+    options = {} if trusted else {"extraction_config": [LatexExtractionConfig()], "fallback_mode": "no_fallback"}
+    return [value for form in forms for value in parse(f"${form}$", **options)]
 
 
 def _gold(answer: str) -> tuple[str, bool]:
