@@ -176,8 +176,7 @@ def tokens_of(args) -> dict:
     _, batch = workload(argparse.Namespace(**{**vars(args), "device": "cpu", "vocab": 16, "layers": 1}))
     cut = trimmed(batch)
     first, owner = prompt_owners(cut)
-    layout = pack(cut.prompt_ids, cut.prompt_mask, cut.response_ids, cut.response_mask, owner, first,
-                  torch.device("cpu"), "gather")  # fmt: skip
+    layout = pack(cut, owner, first, torch.device("cpu"), "gather")
     return {
         "padded": int(cut.prompt_ids.numel() + cut.response_ids.numel()),
         "shared_prefix": int(cut.prompt_ids[first].numel() + cut.response_ids[:, :-1].numel()),

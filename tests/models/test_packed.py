@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.helpers.packed import dense_mask
 from tests.models.test_response_forward import (
     TEMPERATURE,
     VOCAB,
@@ -54,16 +55,7 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
 
 def layout_of_batch(batch, backend: str = "gather"):
     first, owner = prompt_owners(batch)
-    return pack(
-        batch.prompt_ids,
-        batch.prompt_mask,
-        batch.response_ids,
-        batch.response_mask,
-        owner,
-        first,
-        torch.device("cpu"),
-        backend,
-    )
+    return pack(batch, owner, first, torch.device("cpu"), backend)
 
 
 def check_packed_equals_padded(model, batch, seed: int) -> None:
@@ -233,7 +225,7 @@ def test_layout_tokens_positions_and_mask(seed):
     layout = layout_of_batch(batch)
     assert layout.length == len(tokens)
     assert layout.position_ids[0].tolist() == [t[3] for t in tokens]
-    torch.testing.assert_close(layout.dense_mask(), expected, rtol=0, atol=0)
+    torch.testing.assert_close(dense_mask(layout), expected, rtol=0, atol=0)
     from_gather = torch.zeros_like(expected)
     q_valid = torch.zeros(layout.q_index.shape, dtype=torch.bool)
     q_valid[layout.back_row, layout.back_slot] = True

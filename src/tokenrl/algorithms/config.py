@@ -1,18 +1,7 @@
-"""`AlgorithmConfig`: the `algorithm` node as one frozen, validated record, built once at start-up.
-
-The YAML stays flat (`algorithm.clip_low`); the record groups its keys by who reads them: `batch` (how a step is cut
-into prompts, groups, mini- and micro-batches and generation rounds), `loss` (the surrogate, its clip, KL, entropy
-bonus and aggregation: what `policy_loss` reads), `engine_is` (the engine's importance weights), `shaping` (rewards
-and advantages before the loss: normalisation, overlong shaping, dynamic sampling's filter) and `schedule` (what
-changes over steps or acts on the gradient: lr warm-up, gradient clip, the adaptive entropy coefficient).
-Each group checks its own fields (`validate`), `AlgorithmConfig.validate` the rules across groups, and every error
-names the key as the command line writes it (`algorithm.dual_clip=0.5 …`), so a bad run fails before a model is
-loaded; the hot path reads typed attributes. The valid `algorithm.policy_loss` values are the registered surrogates
-and `package.module:function` paths (algorithms/surrogates.py). The math each field controls: docs/algorithms.md
-§1.2–1.4 (GRPO, DAPO pieces, the masked loss), §1.6 and §11.13 (the engine's importance weights: truncated or masked,
-per token or per sequence), §11 (loss variants — GSPO, CISPO, DPPO, SAPO —, KL estimators, the entropy bonus and its
-adaptive coefficient).
-"""
+"""`AlgorithmConfig`: the `algorithm` node as one frozen, validated record, built once at start-up. The YAML stays
+flat (`algorithm.clip_low`); the record groups its keys by who reads them (`batch`, `loss`, `engine_is`, `shaping`,
+`schedule`), each group checks its own fields and every error names the key as the command line writes it, so a bad
+run fails before a model is loaded. The math each field controls: docs/algorithms.md §1.2–1.4, §1.6, §11."""
 
 from __future__ import annotations
 
@@ -197,17 +186,9 @@ class AlgorithmConfig:
 
     def replace(self, **values: Any) -> AlgorithmConfig:
         """A copy with flat keys changed (`cfg.replace(kl_coef=0.0)`), unchecked."""
-        fields = self.fields()
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError(f"algorithm.{unknown[0]} is not a setting of the algorithm (settings: {sorted(fields)})")
-        changes = {}
-        for name in self.GROUPS:
-            group = getattr(self, name)
-            own = {key: value for key, value in values.items() if key in {f.name for f in dataclasses.fields(group)}}
-            if own:
-                changes[name] = dataclasses.replace(group, **own)
-        return dataclasses.replace(self, **changes)
+        groups = [getattr(self, name) for name in self.GROUPS]
+        current = {field.name: getattr(group, field.name) for group in groups for field in dataclasses.fields(group)}
+        return self.of(**{**current, **values})
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any], max_new_tokens: int) -> AlgorithmConfig:

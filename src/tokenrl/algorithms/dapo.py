@@ -1,15 +1,10 @@
 """DAPO pieces (arXiv 2503.14476; docs/algorithms.md §1.3): overlong reward shaping and dynamic sampling's group filter.
 
-Overlong shaping (Eq. 13, verl's `overlong_buffer`):
-
-    R_len(y) = min(0, −(|y| − (L_max − L_cache)) / L_cache) · factor
-
+Overlong shaping (Eq. 13, verl's `overlong_buffer`): R_len(y) = min(0, −(|y| − (L_max − L_cache)) / L_cache) · factor,
 0 up to L_max − L_cache tokens, falling linearly to −factor at L_max = `rollout.max_new_tokens`, with
 L_cache = `algorithm.overlong_buffer` (0 = off) and factor = `algorithm.overlong_penalty_factor`.
-
 Dynamic sampling keeps a group only if 0 < |{o_i correct}| < G (Eq. 11); verl's `filter_groups` generalises it to
-"the metric is not the same for every response" (`acc`: the verifier says correct; `reward`: the shaped reward).
-"""
+"the metric is not the same for every response" (`acc`: the verifier says correct; `reward`: the shaped reward)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""GRPO math in one place: group advantages, the per-token policy loss — the surrogate of algorithms/surrogates.py
-(clipped PPO, GSPO-token or -sequence, CISPO, DPPO, SAPO or a registered one) with its KL, entropy and drift terms —,
-loss aggregation, and the engine's importance weights.
-
-Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and
-token-mean; docs/algorithms.md §1.4 for the masked interface and §11 for the token-level terms implemented here.
-"""
+"""GRPO math in one place (docs/algorithms.md §1.4, §11): group advantages, the per-token policy loss (a surrogate of
+algorithms/surrogates.py with its KL, entropy and drift terms), loss aggregation and the engine's importance weights.
+Sources: DeepSeekMath (arXiv 2402.03300) §4.1 for GRPO; DAPO (arXiv 2503.14476) for clip-higher and token-mean."""
 
 from __future__ import annotations
 

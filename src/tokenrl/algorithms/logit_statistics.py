@@ -1,15 +1,9 @@
-"""Per-response-token statistics and log-probs from logits, at the sampling temperature: the math, a pure function
-of tensors (the pass that runs the policy to get the logits is step/statistics.py).
-
-Group by group and chunk by chunk, so that at most `chunk_size` response tokens have logits at a time: peak memory
-O(chunk × vocab), never O(batch × length × vocab) (the failure users report most with Qwen's 151,936 vocab).
-With π = softmax(z / T), T the sampling temperature (docs/algorithms.md §1.5, §2.2–2.3):
-  log π(o_t);  Shannon H = −Σ π log π;  Rényi-2 H₂ = −log Σ π²;
-  ICT uniqueness u_{i,t} = JS(π_{i,t} ‖ π̄_t), π̄_t = mean of π_{j,t} over the group's rollouts j still
-  active at position t (`js_peers=all`, j = i included, docs/algorithms.md §2.3/§7.4) or over the others only
-  (`others`, j ≠ i: "the mean distribution of the same prompt's other rollouts"),
-  JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one rollout of the group is active.
-"""
+"""Per-response-token statistics and log-probs from logits at the sampling temperature, a pure function of tensors
+(the pass that runs the policy: step/statistics.py), group by group and chunk by chunk so that at most `chunk_size`
+response tokens have logits at a time (peak memory O(chunk × vocab)). With π = softmax(z / T) (docs/algorithms.md
+§1.5, §2.2–2.3): log π(o_t); Shannon H = −Σ π log π; Rényi-2 H₂ = −log Σ π²; ICT uniqueness u_{i,t} = JS(π_{i,t} ‖ π̄_t),
+π̄_t the mean of π_{j,t} over the group's rollouts j active at position t (`js_peers=all`, j = i included) or over the
+others only (`others`), JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natural log; u = 0 where only one is active."""
 
 from __future__ import annotations
 
@@ -49,11 +43,11 @@ def group_statistics(
     response_mask: torch.Tensor,
     temperature: float,
     chunk_size: int,
-    with_js: bool,
     out: dict[str, torch.Tensor],
     js_peers: str = "all",
 ) -> None:
-    """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk.
+    """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk (JS where `out`
+    holds it).
 
     A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
     at most G·C ≤ max(chunk_size, G) rows of V logits (plus C rows for the group mean).
@@ -72,7 +66,7 @@ def group_statistics(
         out["logprobs"][row, pos] = logp.gather(-1, response_ids[row, pos].to(device)[:, None]).squeeze(-1).cpu()
         out["entropy"][row, pos] = -(p * logp).sum(-1).cpu()
         out["renyi2"][row, pos] = -torch.log((p * p).sum(-1)).cpu()
-        if not with_js:
+        if "js" not in out:
             continue
         offset = offset.to(device)
         counts = block.sum(0).to(device)  # active rollouts per position
@@ -121,7 +115,6 @@ def stats_from_logits(
             response_mask,
             temperature,
             chunk_size,
-            with_js,
             out,
             js_peers,
         )

@@ -1,20 +1,14 @@
-"""The policy-gradient surrogates, one registry, one signature (docs/algorithms.md §1.2, §11.2, §11.10–§11.12).
-
-A surrogate turns one micro-batch's `LossInputs` and the loss settings (`AlgorithmConfig.loss`) into per-token terms
-`SurrogateTerms(pg, clipped, dual_clipped)`, before any weight: `policy_loss` (algorithms/grpo.py) adds the drift
-penalty, multiplies by the engine's importance weights and the selection's weights, and aggregates. `clipped` marks
-the tokens whose clip (or drop) is active, for `train/clip_frac`; `dual_clipped` those the dual clip caps.
+"""The policy-gradient surrogates, one registry, one signature (docs/algorithms.md §1.2, §11.2, §11.10–§11.12), in
+the manner of verl's `register_policy_loss` and prime-rl's `LossInputs` / `LossOutputs`. A surrogate turns one
+micro-batch's `LossInputs` and `LossSettings` into per-token `SurrogateTerms` before any weight (`policy_loss` adds the
+rest):
 
     @register_surrogate("reinforce", refuses_dual_clip="…")
     def reinforce(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms: ...
 
-makes `algorithm.policy_loss=reinforce` valid (the start-up check reads `SURROGATES`); a function in user code is
-reached as `algorithm.policy_loss=package.module:function`, as `task.verifier` (each process that reads the setting
-imports it: a sweep's fresh processes too). Its `metrics` are logged as `train/surrogate/<name>`. Dual clip (arXiv
-1912.09729; verl's `clip_ratio_c`): a surrogate either caps its own pg with `dual_clip` or names why it refuses the
-setting (`refuses_dual_clip`), and the start-up check then refuses `algorithm.dual_clip` with it. In the manner of
-verl's `register_policy_loss` and prime-rl's `LossInputs` / `LossOutputs`.
-"""
+makes `algorithm.policy_loss=reinforce` valid; user code is reached as `algorithm.policy_loss=package.module:function`
+(each process that reads the setting imports it). Dual clip (arXiv 1912.09729; verl's `clip_ratio_c`): a surrogate
+either caps its own pg with `dual_clip` or names why it refuses the setting, and the start-up check refuses it then."""
 
 from __future__ import annotations
 
@@ -79,9 +73,6 @@ def get_surrogate(name: str) -> Surrogate:
     raise ValueError(f"algorithm.policy_loss={name!r} {problem}")
 
 
-# ------------------------------------------------------------------------------------------------------------ helpers
-
-
 def clip_ratio(ratio: torch.Tensor, inputs: LossInputs, settings: LossSettings) -> torch.Tensor:
     """clip(r, 1 − ε_low, 1 + ε_high) with the inputs' ε where set (a float or a per-token tensor), else the settings'
     (ε_high = inf: no upper bound)."""
@@ -140,9 +131,6 @@ def dppo_dropped(
         else:
             raise ValueError(f"algorithm.dppo_divergence={divergence!r} is not one of {DPPO_DIVERGENCES}")
         return ((adv > 0) & (p > p_old) & (distance > high)) | ((adv < 0) & (p < p_old) & (distance > low))
-
-
-# --------------------------------------------------------------------------------------------------------- surrogates
 
 
 @register_surrogate("ppo")

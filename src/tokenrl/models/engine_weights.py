@@ -22,17 +22,11 @@ PEFT_PREFIX = "base_model.model."  # a PeftModel's keys = this + the base model'
 @contextmanager
 def served_weights(model: nn.Module) -> Iterator[Iterable[tuple[str, torch.Tensor]]]:
     """(name, tensor) of the weights vLLM should serve, every state-dict entry once under the base model's name, for
-    the duration of the block, with PEFT adapters merged. The model is left bit for bit as it was: an adapter is
-    merged into the base weights, they are copied out, and the base weights are restored from a copy taken before
-    (unmerging rounds: W + ΔW − ΔW ≠ W, and a frozen base that moved by that each sync would drift over a run).
-
-    Unsharded: the model's own tensors in state-dict order, no copies, except each LoRA layer's merged base weights
-    (a lazy stream: one layer merged at a time).
-    FSDP (`model` an FSDP root, tokenrl.models.sharding): a lazy stream gathered one FSDP unit at a time — the root
-    unit's tensors (embeddings, final norm, head), then each decoder layer's — so at most one unit is ever full on a
-    rank. They are copies, because the gathered storage is freed when the next unit is gathered while a consumer may
-    still hold a bucket of earlier tensors. Every rank must consume the whole stream, in the same order (all-gathers).
-    """
+    the duration of the block, with PEFT adapters merged (one layer at a time) and the base weights restored from a
+    copy afterwards, bit for bit (unmerging rounds: W + ΔW − ΔW ≠ W, and a base that moved by that each sync would
+    drift). Unsharded: the model's own tensors, no copies but the merged layers. FSDP: a lazy stream gathered one unit
+    at a time (the root's, then each decoder layer's), copied, since the gathered storage is freed when the next unit
+    is gathered; every rank must consume the whole stream, in the same order (all-gathers)."""
     if is_sharded(model):
         yield _gathered_unit_by_unit(model)
     elif hasattr(model, "merge_adapter"):  # a PEFT model

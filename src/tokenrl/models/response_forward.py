@@ -1,20 +1,9 @@
-"""How a sub-batch of rollouts runs through the policy: the hidden states that predict its response tokens.
-
-Three layouts (`LAYOUTS`), equal in exact arithmetic (tests/models/test_response_forward.py and
-tests/models/test_packed.py check values and gradients in float64):
-- `padded`: every row is its prompt (left-padded) + response (right-padded), one forward over (b, P + T).
-- `shared prefix`: the rows of one group answer the same prompt token for token, so each distinct prompt is encoded
-  once (`use_cache`) and its keys/values are indexed out to its rows; the responses then run against them. Gradients
-  through the shared keys/values are the sum over the group's rows, as in the padded layout. Prompt tokens are half of
-  a short step's rows (the project's CPU step: ≈ 52 of ≈ 104), a quarter or more with GSM8K prompts and 300-token
-  answers. Prefix sharing across rollouts is the idea of Prefix Grouper (arXiv 2506.05433); here it runs through the
-  model's own KV cache, so every attention kernel and decoder of transformers serves it unchanged.
-- `packed`: one row per micro-batch, per group its prompt once and then its responses without padding, positions
-  restarting per response at the prompt's length, attention in one call with a block mask (same group; key in the
-  prompt or in the query's own response; causal): models/packed.py, docs/algorithms.md §12.4.
-With `trim`, each forward is cut to its own rows' longest prompt and response (columns that are padding in every
-row are never computed).
-"""
+"""How a sub-batch of rollouts runs through the policy: the hidden states that predict its response tokens, in one of
+three layouts (`LAYOUTS`, equal in exact arithmetic; docs/algorithms.md §12.1, §12.4): `padded` (each row its
+left-padded prompt + right-padded response), `shared_prefix` (each distinct prompt encoded once through the model's own
+KV cache, its keys/values indexed out to the group's rows, so gradients sum over them as in the padded layout; the idea
+of Prefix Grouper, arXiv 2506.05433) and `packed` (models/packed.py). With `trim`, each forward is cut to its own rows'
+longest prompt and response."""
 
 from __future__ import annotations
 
@@ -99,11 +88,9 @@ def prompt_owners(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def shared_prefix_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.device) -> torch.Tensor:
-    """`padded_hidden` with each group's prompt encoded once: (b, T, H), equal up to rounding.
-
-    The last prompt position predicts response token 0; response tokens 0..T−2 run against the prompt's cached
-    keys/values (indexed out to the rows, so gradients flow back through the cache) and predict tokens 1..T−1.
-    """
+    """`padded_hidden` with each group's prompt encoded once: (b, T, H), equal up to rounding. The last prompt
+    position predicts response token 0; response tokens 0..T−2 run against the prompt's cached keys/values (indexed
+    out to the rows, so gradients flow back through the cache) and predict tokens 1..T−1."""
     first, owner = prompt_owners(batch)
     prompt_mask = batch.prompt_mask[first].to(device)
     encoded = decoder(
@@ -135,16 +122,7 @@ def packed_hidden(decoder: nn.Module, batch: RolloutBatch, device: torch.device,
     response token, 0 beyond each row's length. `backend`: models/packed.py's `auto` (flex on a GPU, else gather),
     `flex` or `gather`."""
     first, owner = prompt_owners(batch)
-    layout = pack(
-        batch.prompt_ids,
-        batch.prompt_mask,
-        batch.response_ids,
-        batch.response_mask,
-        owner,
-        first,
-        device,
-        resolve_backend(backend, device, torch.is_grad_enabled()),
-    )
+    layout = pack(batch, owner, first, device, resolve_backend(backend, device, torch.is_grad_enabled()))
     with packed_attention(decoder):
         hidden = decoder(
             input_ids=layout.input_ids,

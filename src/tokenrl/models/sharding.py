@@ -1,19 +1,11 @@
 """FSDP for the policy and the reference model: one unit per decoder layer and a root unit around the causal LM.
 
-Lightning's `FSDPStrategy` wraps the whole LightningModule in one root unless a submodule is already FSDP
-(`FSDPStrategy._setup_model`). `GRPOModule` generates, scores, runs a statistics pass and several forward/backward
-micro-batches inside one `training_step`, which a root around the LightningModule cannot serve: its parameters
-(embeddings, final norm, head) are full only inside its forward, and its backward hooks expect one backward per
-forward. So `GRPOModule.configure_model` wraps the causal LM itself (`shard`) and Lightning uses the module as it is:
-- passes with gradients go through the root's own forward (the model's forward: FSDP gathers the root's parameters
-  there and reduce-scatters their gradients in the backward that follows);
-- passes without gradients (statistics, reference log-probs, `generate` of the hf engine) run inside
-  `gathered_root`: the root's parameters gathered, each decoder layer gathering itself in its own forward — what TRL
-  does around `generate` (`FSDP.summon_full_params(model, recurse=False)`, trl/trainer/grpo_trainer.py).
-The root wraps the model object itself, so its full state dict has the plain model's keys (checkpoints load into an
-unwrapped model) and `generate` sees an FSDP-managed module (transformers then keeps the ranks' decoding steps in
-lockstep, `synced_gpus`).
-"""
+`GRPOModule` generates, scores and runs several forwards and backwards inside one `training_step`, which a root around
+the LightningModule (what Lightning's `FSDPStrategy` builds) cannot serve: the root's parameters (embeddings, final
+norm, head) are full only inside its forward, and its backward hooks expect one backward per forward. So
+`GRPOModule.configure_model` wraps the causal LM itself (`shard`): passes with gradients go through the root's own
+forward, passes without run inside `gathered_root` (as TRL does around `generate`). Wrapping the model object keeps the
+plain model's state-dict keys, and `generate` keeps the ranks' decoding steps in lockstep (`synced_gpus`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""A supervised warm-up of a randomly initialised policy on a task's own examples, cached by what determines it.
-
-Loss: the mean over response tokens (and the end-of-sequence token) of −log π(o_t | prompt, o_<t); AdamW with a linear
-lr warm-up over the first tenth of the steps; seeded.
-The result is an HF model folder under `cache_root`, named by a hash of the architecture, the settings and the task's
-description, written under a temporary name and renamed when complete: a second run with the same key loads it
-instead of training again, and an interrupted warm-up never leaves a folder that would be loaded.
-"""
+"""A supervised warm-up of a randomly initialised policy on a task's own examples (loss: the mean over response tokens
+and the end-of-sequence token of −log π(o_t | prompt, o_<t); AdamW with a linear lr warm-up over the first tenth of the
+steps; seeded), cached as an HF model folder named by a hash of what determines it. The folder is written under a
+temporary name and renamed when complete, so an interrupted warm-up never leaves a folder that would be loaded."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The contract of a setting: a `Rule` says which values a config key accepts, in words the error repeats.
-
-Components built from a config node (selectors, tasks) declare theirs beside their keywords
-(`Configurable.config_rules`); the start-up check (`config/check.py`) gathers every rule and checks the composed config
-before anything loads, and a test walks every leaf key of every shipped config and fails on one without a rule or an
-explicit `FREE_TEXT` mark.
-"""
+"""The contract of a setting: a `Rule` says which values a config key accepts, in words the error repeats. Components
+built from a config node declare theirs beside their keywords (`Configurable.config_rules`); the start-up check
+(config/check.py) checks the composed config with every rule before anything loads."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The `model`, `rollout` and `task.warmup` nodes as frozen records, each read once from the resolved config.
-
-`of(node)` takes the plain mapping `OmegaConf.to_container(node, resolve=True)` gives and refuses an unknown key, or a
-missing one without a default, naming it as the command line writes it (`model.<key>`). Below `run/` code reads the
-records' attributes, never a config key (tests/test_no_raw_config_reads.py).
-"""
+"""The `model`, `rollout` and `task.warmup` nodes as frozen records, each read once from the resolved config; `of(node)`
+refuses an unknown key, or a missing one without a default, naming it as the command line writes it (`model.<key>`)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""DAPO dynamic sampling (arXiv 2503.14476 §3.2, Eq. 11; verl's `filter_groups`; docs/algorithms.md §1.3).
-
-Generate rounds of prompts, keep the groups whose filter metric varies (0 < #correct < G for `acc`: the others
-have zero advantage and give no gradient), until `quota` groups are kept; train on the first `quota` of them.
-After `max_rounds` rounds a short batch is topped up with the earliest filtered groups and the caller warns
-(verl raises instead; a long run should not die on one hard step).
-
-Every rank runs the same number of rounds (`everyone_done` is an all-ranks AND) and draws every round's prompts,
-even when it already has its quota and skips generating, so the prompt stream's position stays one number
-shared by all ranks.
-"""
+"""DAPO dynamic sampling (arXiv 2503.14476 §3.2, Eq. 11; verl's `filter_groups`; docs/algorithms.md §1.3): generate
+rounds of prompts and keep the groups whose filter metric varies (the others have zero advantage) until `quota` groups
+are kept. After `max_rounds` rounds a short batch is topped up with the earliest filtered groups and the caller warns
+(verl raises instead; a long run should not die on one hard step). Every rank runs the same rounds (`everyone_done`)
+and draws every round's prompts, even with its quota full, so the prompt stream's position stays shared by all ranks."""
 
 from __future__ import annotations
 
@@ -58,11 +52,6 @@ def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
     return ScoredRollouts(rollouts, torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]), forks)
 
 
-def filter_metric(scored: ScoredRollouts, metric: str) -> torch.Tensor:
-    """`acc`: 1 where the verifier says correct (score ≥ 1); `reward`: the shaped reward."""
-    return (scored.scores >= 1.0).float() if metric == "acc" else scored.rewards
-
-
 def collect_varied_groups(
     first: PromptBatch,
     quota: int,
@@ -87,7 +76,8 @@ def collect_varied_groups(
             prompts = refill()
         if n_kept < quota:
             scored = generate(prompts, round_index)
-            varied = varied_groups(filter_metric(scored, metric), scored.rollouts.group_ids)
+            values = (scored.scores >= 1.0).float() if metric == "acc" else scored.rewards  # acc: verified correct
+            varied = varied_groups(values, scored.rollouts.group_ids)
             good, bad = scored.rows(varied.nonzero().squeeze(1)), scored.rows((~varied).nonzero().squeeze(1))
             kept.append(good)
             spare.append(bad.first_groups(quota - n_spare))

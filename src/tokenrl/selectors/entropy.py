@@ -1,12 +1,8 @@
-"""`entropy20`: the top ρ = 20% highest-entropy "forking" tokens ("Beyond the 80/20 Rule", arXiv 2506.01939).
-
-Exact top-⌈ρN⌉ over the response tokens of the PPO mini-batch of all ranks (`scope=global`, the project's choice
-for results independent of the micro-batch size and world size, as TRL gathers; docs/algorithms.md §7.12), or of this
-rank's mini-batch (`batch`; the official code's `get_global_entropy_top_mask` ranks per micro-batch per GPU).
-Normaliser `selected` is the official code (token-mean over selected tokens), `all` the paper's formula
-(docs/algorithms.md §3, §7.11–12). Entropy is the
-current training policy's (`stats_policy=current`), as the official code takes it from the training forward pass.
-"""
+"""`entropy20`: the top ρ = 20% highest-entropy "forking" tokens ("Beyond the 80/20 Rule", arXiv 2506.01939;
+docs/algorithms.md §3, §7.11–12). Exact top-⌈ρN⌉ over the response tokens of the PPO mini-batch of all ranks
+(`scope=global`: results independent of the micro-batch size and world size, as TRL gathers) or of this rank's
+(`batch`; the official code ranks per micro-batch per GPU). Normaliser `selected` is the official code's, `all` the
+paper's formula. The entropy is the current policy's (`stats_policy=current`), as the official code's."""
 
 from __future__ import annotations
 

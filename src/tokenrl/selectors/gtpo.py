@@ -1,18 +1,14 @@
 """`gtpo`: token advantages shaped by entropy (GTPO, "GTPO and GRPO-S: Token and Sequence-Level Reward Shaping with
 Policy Entropy", Tan et al., arXiv 2508.04349; docs/algorithms.md §11.8).
 
-Within a group, O+ are the rows with Â_i > 0 and O− those with Â_i < 0 (for 0/1 rewards: the correct and the wrong
-answers of a mixed group); rows with Â_i = 0 get advantage 0. At position t, over the rows of each set still active
-at t (d_t of them in O+, h_t in O−), with H the entropy of π_old:
+Within a group, O+ are the rows with Â_i > 0 and O− those with Â_i < 0; rows with Â_i = 0 get advantage 0. At position
+t, over the rows of each set still active at t (d_t of them in O+, h_t in O−), with H the entropy of π_old:
     O+:  r̃_{i,t} = α1 + α2 · d_t · H_{i,t} / Σ_{k∈O+_t} H_{k,t}          (high-entropy tokens of good answers gain most)
     O−:  r̃_{j,t} = −α1 − α2 · h_t · H_{j,t}⁻¹ / Σ_{k∈O−_t} H_{k,t}⁻¹     (confident tokens of bad answers lose)
 (H⁻¹ = 1/(H + ε); an all-zero entropy sum shares equally.) The token advantages are the r̃ standardised over the
 group's tokens: `joint` (default) over both sets together, so every token of a good answer ranks above every token of
-a bad one (and, unless one set's tokens far outnumber the other's, good answers' tokens are positive and bad answers'
-negative); `separate` over each set on its own (the paper's Eq. 6 as reconstructed, which gives about half of a good
-answer's tokens a negative advantage). Computed once per rollout step over whole groups from π_old's entropy
-(`stats_policy=old`, step/update.py), whatever the number of mini-batches.
-"""
+a bad one; `separate` over each set on its own (the paper's Eq. 6 as reconstructed, which gives about half of a good
+answer's tokens a negative advantage)."""
 
 from __future__ import annotations
 

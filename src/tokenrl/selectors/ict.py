@@ -1,11 +1,9 @@
 """`ict`: Independent Combinatorial Tokens ("Beyond Entropy", arXiv 2606.19771; docs/algorithms.md §2).
-
 u_{i,t} = JS(π_{i,t} ‖ π̄_t) against the mean distribution of the group's active rollouts at position t (itself
-included, `js_peers=all`, docs/algorithms.md §7.4; or the others only, `others`);
-after Θ warm-up steps with every token, each response keeps its top ⌈ratio · T_i⌉ positions by u
-(`scope=sequence`, the paper's reading) and the Sparse-GRPO loss averages over the selected tokens.
-`ict_complement` keeps the other (1 − ratio) "frequent" tokens: the paper's 90%-frequent ablation.
-"""
+included, `js_peers=all`, docs/algorithms.md §7.4; or the others only, `others`); after Θ warm-up steps with every
+token, each response keeps its top ⌈ratio · T_i⌉ positions by u (`scope=sequence`, the paper's reading) and the
+Sparse-GRPO loss averages over the selected tokens. `ict_complement` keeps the other (1 − ratio) "frequent" tokens:
+the paper's 90%-frequent ablation."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Exact top-fraction selection shared by the selectors.
-
-k = ⌈fraction · n⌉ (at least 1 when n > 0) of the n candidates with the highest score; ties are broken
-by position (earlier row-major position first), so every scope is deterministic and a global selection
-over ranks equals the selection on the concatenated batch.
-"""
+"""Exact top-fraction selection shared by the selectors: k = ⌈fraction · n⌉ (at least 1 when n > 0) of the n
+candidates with the highest score; ties are broken by position (earlier row-major position first), so every scope is
+deterministic and a global selection over ranks equals the selection on the concatenated batch."""
 
 from __future__ import annotations
 

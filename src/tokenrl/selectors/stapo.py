@@ -1,11 +1,8 @@
-"""`stapo`: silence spurious tokens (STAPO / S2T, arXiv 2602.15620; docs/algorithms.md §4, §7.13–14).
-
-Candidates: Â_i > 0 ∧ π(o_t) < τ_p. τ_h = the q-quantile of entropy over the candidates (`candidates`,
-later revision, default) or over all response tokens of the mini-batch (`all_tokens`, v1 reading); the
-candidates with H ≤ τ_h — the ⌈q·n⌉ lowest-entropy ones, ties at τ_h included — are dropped from the loss,
-and the loss is renormalised over the kept tokens. p and H are the current policy's (`stats_policy=current`,
-Algorithm 1 takes them at update time; docs/algorithms.md §7.14).
-"""
+"""`stapo`: silence spurious tokens (STAPO / S2T, arXiv 2602.15620; docs/algorithms.md §4, §7.13–14). Candidates:
+Â_i > 0 ∧ π(o_t) < τ_p. τ_h = the q-quantile of entropy over the candidates (`candidates`, later revision, default) or
+over all response tokens of the mini-batch (`all_tokens`, v1 reading); the candidates with H ≤ τ_h — the ⌈q·n⌉
+lowest-entropy ones, ties at τ_h included — are dropped from the loss, which is renormalised over the kept tokens.
+p and H are the current policy's (`stats_policy=current`: Algorithm 1 takes them at update time)."""
 
 from __future__ import annotations
 

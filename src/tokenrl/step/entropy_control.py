@@ -1,12 +1,10 @@
-"""The entropy bonus's coefficient α, fixed or steered toward a target entropy (docs/algorithms.md §11.5).
-
-Adaptive rule of Skywork-OR1 (arXiv 2505.22312; its `EntController`): after rollout step k, with e_k the mean entropy
+"""The entropy bonus's coefficient α, fixed or steered toward a target entropy (docs/algorithms.md §11.5) by the
+adaptive rule of Skywork-OR1 (arXiv 2505.22312; its `EntController`): after rollout step k, with e_k the mean entropy
 of π_old over the step's response tokens,
     c_{k+1} = clip(c_k + Δ·(+1 if e_k < target else −1), 0, c_max),   on_{k+1} = [e_k < target],
 and step k+1 applies α = c_{k+1}·on_{k+1} (on_0 = 1, c_0 = `algorithm.entropy_coef`). Skywork-OR1 measures e_k as the
 sampled-token estimate −mean log π_old(o_t); tokenrl uses the full-vocabulary entropy its statistics already hold
-(the same quantity in expectation, without the sampling noise).
-"""
+(the same quantity in expectation, without the sampling noise)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each on by default (the layout chosen per
-device by measurement, the fused head on a GPU only) and taken only where it is exact. This module alone decides which
-path a step takes: `ForwardPlan` resolves once per run which forwards the model allows (the layout: `layout_blocker`;
-the fused LM head: `fused_head_blocker`) and how each pass cuts its rows; `statistics_blocker` says per step whether
-π_old's statistics come from the update's own forward (`fused_blocker`). step/update.py only runs the path chosen."""
+"""`fast_path`: the update's exact shortcuts (docs/algorithms.md §12), each taken only where it is exact. This module
+alone decides which path a step takes: `ForwardPlan` resolves once per run which forwards the model allows and how each
+pass cuts its rows; `statistics_blocker` says per step whether π_old's statistics come from the update's own forward.
+step/update.py only runs the path chosen."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.micro_batches import MicroBatchCut
 
-# `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.4). CPU: the step of
-# scripts/bench/step.py in each layout (benchmarks/step_layouts.json); cuda: on an H200 the shared prefix made the
-# update 2x slower than the padded layout (§12.1), and the packed layout has not run on a GPU yet.
+# `fast_path.layout: auto`, by device: the fastest layout measured there (docs/algorithms.md §12.1, §12.4)
 AUTO_LAYOUT = {"cpu": "shared_prefix", "cuda": "padded"}
 
 
@@ -49,10 +46,7 @@ def fused_blocker(
     cfg: AlgorithmConfig, selector: TokenSelector, with_js: bool, rows: int, budget: TokenBudgetCut | None = None
 ) -> str | None:
     """Why the statistics cannot come from the update's forward for a batch of `rows` rows on this rank (None: they
-    can, exactly). The first optimizer step must be the only one (π_θ = π_old), and the selection of each micro-batch
-    must be the mini-batch's: one micro-batch, or a selector that chooses row by row (`row_local`) on micro-batches of
-    whole groups when it compares a row with its group — groups no larger than the micro-batch the setting asks for;
-    the gradient can be divided afterwards only by one normaliser. `budget`: with `algorithm.micro_batch_tokens`, how
+    can, exactly; the three conditions of docs/algorithms.md §12.2). `budget`: with `algorithm.micro_batch_tokens`, how
     the fused update would cut this batch (the micro-batches then depend on the lengths, not the row count)."""
     if cfg.batch.optimizer_steps > 1:
         return (
@@ -103,13 +97,10 @@ def fused_blocker(
 
 @dataclass(frozen=True)
 class FastPath:
-    """layout: the forwards' layout (models/response_forward.py's `LAYOUTS`: each group's prompt once in
-    `shared_prefix` and `packed`); fused_statistics: π_old's statistics from the update's own forward
-    (step/update.py); pack: micro-batches of similar lengths, each forward cut to its own longest prompt and response
-    (step/micro_batches.py). fused_head: log π, the entropy and the statistics from the hidden states through the
-    fused, chunked head (models/lm_head.py), never the full logits. `layout_auto` / `fused_head_auto` record that the
-    setting was `auto`, resolved for the run's device (`AUTO_LAYOUT`; the head on a GPU only); they are not part of
-    the record's equality."""
+    """The `fast_path` node (docs/algorithms.md §12): the forwards' `layout` (`LAYOUTS`), π_old's statistics from the
+    update's own forward (`fused_statistics`), micro-batches by length (`pack`), the fused LM head (`fused_head`).
+    `layout_auto` / `fused_head_auto` record that the setting was `auto`, resolved for the run's device; they are not
+    part of the record's equality."""
 
     layout: str = AUTO_LAYOUT["cpu"]
     fused_statistics: bool = True
@@ -145,9 +136,7 @@ class FastPath:
 def layout_blocker(model: nn.Module, layout: str, with_grad: bool = True) -> str | None:
     """Why a pass over `model` cannot run `layout` (None: it can; the padded layout always can): FSDP runs every pass
     through the root's single forward; in the update (`with_grad`), gradient checkpointing turns transformers' KV cache
-    off (the shared prefix) and recomputes the layers outside the packed attention (the no-grad passes pause it:
-    step/passes.py's `checkpointing_paused`); the packed layout needs full attention in every layer
-    (`packed_blocker`)."""
+    off (the shared prefix) and recomputes the layers outside the packed attention (`packed_blocker`)."""
     if layout == "padded":
         return None
     if is_sharded(model):

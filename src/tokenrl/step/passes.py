@@ -13,20 +13,12 @@ import torch
 from torch import nn
 
 from tokenrl.algorithms.logit_statistics import check_js_peers, stats_from_logits
-from tokenrl.models.lm_head import HeadOutput, fused_head, response_slots
-from tokenrl.models.response_forward import (
-    decoder_and_head,
-    forward_response_logits,
-    response_hidden,
-    response_logits,
-    response_logprobs,
-    shannon_entropy,
-)
+from tokenrl.models.response_forward import forward_response_logits, response_logits, response_logprobs, shannon_entropy
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.step.fast_path import ForwardPlan
-from tokenrl.step.statistics import compute_token_stats
+from tokenrl.step.statistics import compute_token_stats, fused_response_head, head_statistics
 
 
 @dataclass
@@ -37,41 +29,6 @@ class UpdateForward:
     logprobs: torch.Tensor
     stats: TokenStats | None = None
     entropy: torch.Tensor | None = None
-
-
-def fused_response_head(
-    model: nn.Module, batch: RolloutBatch, plan: ForwardPlan, with_grad: bool, with_js: bool = False
-) -> tuple[HeadOutput, RolloutBatch]:
-    """The fused head (models/lm_head.py) over every (row, position) of `batch`'s response grid in the plan's layout
-    for the pass (`with_grad`), flattened row-major: ((b·T') per-token outputs, the batch they belong to: trimmed to
-    T' with the plan's `trim`); with `with_js`, JS over the batch's groups (whole groups: the caller's)."""
-    hidden, batch = response_hidden(model, batch, trim=plan.trim, layout=plan.layout(with_grad))
-    rows, width, _ = hidden.shape
-    _, head = decoder_and_head(model)
-    assert isinstance(head, nn.Linear)  # the plan fuses only a plain linear head (`fusable_head`)
-    groups = response_slots(batch.group_ids, width, batch.response_mask, plan.js_peers) if with_js else None
-    out = fused_head(
-        hidden.reshape(rows * width, -1),
-        head.weight,
-        batch.response_ids.reshape(-1),
-        plan.temperature,
-        head.bias,
-        groups=groups,
-    )
-    return out, batch
-
-
-def head_statistics(out: HeadOutput, batch: RolloutBatch, length: int) -> TokenStats:
-    """The (b, length) float32 host `TokenStats` of the fused head's detached outputs over `batch`'s (b, T') grid (0 on
-    padding and beyond T')."""
-    rows, width = batch.response_ids.shape
-    mask = batch.response_mask.bool()
-
-    def grid(values: torch.Tensor) -> torch.Tensor:
-        values = values.detach().reshape(rows, width).float().cpu()
-        return nn.functional.pad(torch.where(mask, values, torch.zeros_like(values)), (0, length - width))
-
-    return TokenStats(grid(out.logprobs), grid(out.entropy), grid(out.renyi2), None if out.js is None else grid(out.js))
 
 
 @contextmanager
@@ -137,9 +94,10 @@ class PolicyPasses:
         else:
             logits = response_logits(self.policy, part, trim=plan.trim, layout=plan.layout(with_grad=True))
         width = logits.shape[1]
+        pad = (0, part.response_ids.shape[1] - width)
         log_pi = torch.log_softmax(logits.float() / plan.temperature, dim=-1)  # shared by log π(o_t) and H_t
         logp = log_pi.gather(-1, part.response_ids[:, :width, None].to(logits.device)).squeeze(-1)
-        logp = nn.functional.pad(logp, (0, part.response_ids.shape[1] - width))
+        entropy = nn.functional.pad(shannon_entropy(log_pi), pad) if with_entropy else None
         stats = None
         if with_stats:
             stats = stats_from_logits(
@@ -152,10 +110,7 @@ class PolicyPasses:
                 plan.with_js,
                 plan.js_peers,
             )
-        entropy = None
-        if with_entropy:
-            entropy = nn.functional.pad(shannon_entropy(log_pi), (0, part.response_ids.shape[1] - width))
-        return UpdateForward(logp, stats, entropy)
+        return UpdateForward(nn.functional.pad(logp, pad), stats, entropy)
 
     def fused_update_forward(self, part: RolloutBatch, with_stats: bool, with_entropy: bool) -> UpdateForward:
         """`update_forward` through the fused head: the same log π_θ(o_t), statistics and H_t, without the logits."""

@@ -1,11 +1,8 @@
-"""Learning-rate schedule: constant after a linear warm-up counted in rollout steps.
-
-    lr(s) = lr · s / W for s < W, lr afterwards   (s = rollout steps done, W = `algorithm.lr_warmup_steps`)
-
-As verl's `get_constant_schedule_with_warmup` (stepped once per training step), which the DAPO-based recipes of
-20-Entropy (W = 10) and STAPO (W = 10) use; DAPO §4.1 warms up over 20 rollout steps (docs/algorithms.md §1.3, §3.2,
-§4.5). W = 0 is a constant lr. Note the first step (s = 0) updates with lr 0, as verl does.
-"""
+"""Learning-rate schedule: constant after a linear warm-up counted in rollout steps,
+    lr(s) = lr · s / W for s < W, lr afterwards   (s = rollout steps done, W = `algorithm.lr_warmup_steps`),
+as verl's `get_constant_schedule_with_warmup`, which the DAPO-based recipes of 20-Entropy (W = 10) and STAPO (W = 10)
+use; DAPO §4.1 warms up over 20 rollout steps (docs/algorithms.md §1.3, §3.2, §4.5). W = 0 is a constant lr. The
+first step (s = 0) updates with lr 0, as verl does."""
 
 from __future__ import annotations
 

@@ -21,15 +21,10 @@ from tokenrl.step.passes import PolicyPasses
 
 @dataclass
 class TrainBatch:
-    """Row-aligned (B = prompts × G rows, group-major) tensors of one rollout step on this rank.
-
-    rollouts: prompts, responses and the engine's sampling log-probs; scores: the verifier's; rewards: scores plus
-    the overlong shaping; advantages: group-normalised rewards (docs/algorithms.md §1.2); ref_logprobs: the frozen
-    reference's log-probs (None without a KL term); row_offset: global index of this rank's first row (seeds row-wise
-    choices); forks: the true forks, decisions and failures of each response (`ForkMarks`: rollout/fork_marks.py)
-    where the task names them (task=forks), else None. The statistics of π_old, the policy that generated, come with
-    the update (step/update.py's `UpdatePath`), which computes them.
-    """
+    """Row-aligned (B = prompts × G rows, group-major) tensors of one rollout step on this rank: scores are the
+    verifier's, rewards add the overlong shaping, advantages are group-normalised (docs/algorithms.md §1.2),
+    ref_logprobs None without a KL term, row_offset the global index of this rank's first row (seeds row-wise
+    choices), forks the `ForkMarks` where the task names them. π_old's statistics come with the update (UpdatePath)."""
 
     step: int
     rollouts: RolloutBatch

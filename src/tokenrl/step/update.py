@@ -1,19 +1,10 @@
-"""The PPO update of one rollout step: `ppo_epochs` × `mini_batches` optimizer steps over a `TrainBatch`.
-
-Per mini-batch (docs/algorithms.md §1.2–1.4, §11): the selector weighs tokens on its view of the rows (and may set
-per-token clip ranges, KL weights, advantages, a drift penalty) and names its loss normaliser, which is counted over
-the whole mini-batch (on every rank: `local_normalizer`, summed by `Backend.reduce_normalizer`), then each micro-batch's
-share of the loss is back-propagated (`Backend.backward` is told which one is the last, so DDP all-reduces once), and
-one optimizer step follows. Lightning supplies the `Backend` in `GRPOModule`, a plain loop can supply another
-(tests/step/test_update.py runs it with no Trainer).
-
-`UpdatePath` owns where a step's π_old statistics come from: a separate no-grad pass before the update
-(`ppo_update`), or, where step/fast_path.py says that is exact, the update's own forward (`fused_update`,
-docs/algorithms.md §12) — with one epoch and one mini-batch the update's weights are π_old's. There each micro-batch
-selects on its own statistics, back-propagates its loss as a plain sum and, once every micro-batch has selected, the
-gradients are divided by the mini-batch's normaliser (the loss is linear in 1/N, so this equals dividing first).
-Either way the result carries the statistics.
-"""
+"""The PPO update of one rollout step: `ppo_epochs` × `mini_batches` optimizer steps over a `TrainBatch`
+(docs/algorithms.md §1.2–1.4, §11). The loss normaliser is counted over the whole mini-batch on every rank, so the
+micro-batches' shares sum to the full loss; `Backend.backward` is told the last micro-batch, so DDP all-reduces once,
+and a plain loop can supply the `Backend` that `GRPOModule` builds from Lightning. `UpdatePath` takes π_old's
+statistics from a separate no-grad pass (`ppo_update`) or, where step/fast_path.py says that is exact, from the
+update's own forward (`fused_update`, §12.2): there the gradients are divided by the normaliser afterwards (the loss is
+linear in 1/N)."""
 
 from __future__ import annotations
 
@@ -78,10 +69,9 @@ class UpdateRun:
 
 @dataclass
 class UpdateResult:
-    """Metrics of the update (mean loss per optimizer step, clip fractions over selected tokens, TIS weights), the
-    first epoch's token weights over the whole batch (diagnostics, samples: a mask's are 0/1) and the per-token fields
-    its selections set (`SHAPING`, for the samples), the optimizer steps taken, π_old's statistics of the whole batch
-    and whether they came from the update's own forward."""
+    """Metrics of the update, the first epoch's token weights over the whole batch and the per-token fields its
+    selections set (`SHAPING`; diagnostics and samples), the optimizer steps taken, π_old's statistics of the whole
+    batch and whether they came from the update's own forward."""
 
     metrics: dict[str, float]
     first_epoch_weights: torch.Tensor
@@ -233,8 +223,7 @@ def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateR
     divisor = max(backend.reduce_normalizer(local).pg, 1.0)
     backend.scale_gradients(1.0 / divisor)
     backend.optimizer_step()
-    if terms:
-        terms = [{**term, "loss": term["loss"] / divisor} for term in terms]
+    terms = [{**term, "loss": term["loss"] / divisor} for term in terms]
     stats = TokenStats.scatter(shape, parts, part_stats)
     return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping, True)
 
@@ -265,10 +254,8 @@ def micro_batch_loss(
     settings: LossSettings,
     is_weights: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> LossOutput:
-    """`policy_loss` of the micro-batch `rows` under `settings` (`cfg.loss`, with this step's entropy coefficient): its
-    `LossInputs` are the forward's log-probs and entropy, π_old's and the reference's log-probs, the rows' advantages
-    and the selection's weights and per-token fields where it sets them; `is_weights`: the engine's (weights,
-    outside) of the batch."""
+    """`policy_loss` of the micro-batch `rows` under `settings` (`cfg.loss`, with this step's entropy coefficient);
+    `is_weights`: the engine's (weights, outside) of the batch."""
     logp = forward.logprobs
     device = logp.device
 
