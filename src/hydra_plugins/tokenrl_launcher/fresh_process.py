@@ -1,21 +1,9 @@
-"""Run each job of a Hydra multirun in a new process, `n_jobs` at a time, in Hydra's multirun folder layout.
-
-Why: an in-process vLLM engine never gives all of its memory back (vllm#21073), a
-second engine in the same process fails to start on a GPU, and vLLM's sleep mode allows one engine per process.
-Hydra's basic launcher runs every job in the launching process, and joblib's loky workers are reused across jobs;
-here every job gets a spawned process of its own that exits after it, so job k starts as clean as job 0.
-Each job goes through Hydra's own `run_job` (as the joblib launcher does), so `<sweep.dir>/<n>/`, the job's
-`.hydra/` folder, logging and return values are what the basic launcher gives.
-
-Devices: with `gpus_per_job` = g > 0 and GPUs visible, the i-th of the `n_jobs` parallel slots gets GPUs
-i·g … i·g + g − 1 of the visible ones as its `CUDA_VISIBLE_DEVICES` (every job of that slot, one after another), so
-parallel jobs never share a GPU; without GPUs nothing is set. Threads: with n_jobs > 1 parallel jobs each get
-`OMP_NUM_THREADS` = ⌊cores / n_jobs⌋ (at least 1) unless the environment already sets it, so that jobs side by side do
-not oversubscribe the cores (each job's torch would otherwise start one thread per core).
-
-A job whose launcher dies (killed, its shell gone) gets SIGTERM within `ORPHAN_POLL_S`: the run's own preemption
-handling stops it at its next safe point, instead of training on unwatched for hours (a pool worker runs its job to
-the end before it notices its parent is gone).
+"""Run each job of a Hydra multirun in a new process, `n_jobs` at a time, in Hydra's multirun folder layout
+(docs/sweeps.md). Why: an in-process vLLM engine never gives all of its memory back (vllm#21073) and sleep mode allows
+one engine per process, while Hydra's basic launcher runs every job in the launching process (and joblib's workers are
+reused). Each job goes through Hydra's own `run_job`, so its folder, `.hydra/`, logging and return are the basic
+launcher's. Parallel slots share neither GPUs nor cores (`slot_devices`, `slot_threads`); a job whose launcher dies
+gets SIGTERM, so that the run's preemption handling stops it (a pool worker would run its job to the end unwatched).
 """
 
 from __future__ import annotations
@@ -47,9 +35,8 @@ ORPHAN_POLL_S = 1.0
 
 
 def _run_one_job(payload: bytes) -> bytes:
-    """In the fresh process: restore Hydra's global state and run one job exactly as Hydra's launchers do. Both ways
-    go through cloudpickle: the task function is a decorated module attribute, and Hydra's plugin scan re-imports
-    the config classes that a `JobReturn` holds, so plain pickle refuses both."""
+    """In the fresh process: restore Hydra's global state and run one job as Hydra's launchers do. Both ways go through
+    cloudpickle: pickle refuses the decorated task function and the config classes Hydra re-imports (`JobReturn`)."""
     index, overrides, hydra_context, config, task_function, singleton_state = cloudpickle.loads(payload)
     setup_globals()
     Singleton.set_state(singleton_state)
@@ -57,9 +44,8 @@ def _run_one_job(payload: bytes) -> bytes:
     with open_dict(sweep_config):
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{index}"
         sweep_config.hydra.job.num = index
-        # Lightning's DDP launcher starts ranks 1.. as `sys.argv[0] sys.argv[1:] hydra.run.dir=<hydra.run.dir>`: make
-        # that this job's own overrides and folder, not the sweep's command line (`-m`, the lists), which the spawned
-        # process inherited and which re-ran the whole sweep in every rank
+        # Lightning's DDP launcher starts ranks 1.. as `sys.argv hydra.run.dir=<hydra.run.dir>`: make that this job's
+        # overrides and folder, not the inherited sweep command line (`-m`, the lists: the whole sweep in every rank)
         sweep_config.hydra.run.dir = str(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
     sys.argv = [sys.argv[0], *overrides]
     HydraConfig.instance().set_config(sweep_config)
@@ -89,8 +75,7 @@ def _prepare_job_process(values: dict[str, str]) -> None:
 
 
 def _in_fresh_process(payload: bytes, environment: dict[str, str]) -> JobReturn:
-    """One job in a newly spawned process that exits after it (spawn: never fork a parent holding CUDA state), with
-    `environment` set in it first."""
+    """One job in a newly spawned process that exits after it (spawn: never fork a parent holding CUDA state)."""
     with ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
@@ -125,20 +110,10 @@ def slot_devices(n_jobs: int, gpus_per_job: int, visible: list[str]) -> list[dic
 
 
 def slot_threads(n_jobs: int, cores: int, environ: dict[str, str]) -> dict[str, str]:
-    """The thread setting each of `n_jobs` parallel slots gets on `cores` cores: ⌊cores / n_jobs⌋ OpenMP threads
-    (at least 1); nothing for one job at a time or where `environ` already sets `OMP_NUM_THREADS`."""
+    """Each parallel slot's OpenMP threads, ⌊cores / n_jobs⌋ (at least 1); none for one job or if `environ` has them."""
     if n_jobs < 2 or "OMP_NUM_THREADS" in environ:
         return {}
     return {"OMP_NUM_THREADS": str(max(1, cores // n_jobs))}
-
-
-def _died(index: int, overrides: Sequence[str], error: BaseException) -> JobReturn:
-    """The return of a job whose process died without reporting (killed for memory, a crash in native code)."""
-    failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-    failed._return_value = RuntimeError(
-        f"sweep job #{index} ({' '.join(overrides)}) died without finishing: {type(error).__name__}: {error}"
-    )
-    return failed
 
 
 class FreshProcessLauncher(Launcher):
@@ -167,22 +142,11 @@ class FreshProcessLauncher(Launcher):
             self.n_jobs,
             sweep_dir,
         )
+        shared = (self.hydra_context, self.config, self.task_function, Singleton.get_state())
+        payloads = []
         for offset, overrides in enumerate(job_overrides):
             log.info("\t#%d : %s", initial_job_idx + offset, " ".join(filter_overrides(overrides)))
-        singleton_state = Singleton.get_state()
-        payloads = [
-            cloudpickle.dumps(
-                (
-                    initial_job_idx + offset,
-                    list(overrides),
-                    self.hydra_context,
-                    self.config,
-                    self.task_function,
-                    singleton_state,
-                )
-            )
-            for offset, overrides in enumerate(job_overrides)
-        ]
+            payloads.append(cloudpickle.dumps((initial_job_idx + offset, list(overrides), *shared)))
         free: queue.Queue[dict[str, str]] = queue.Queue()
         threads = slot_threads(self.n_jobs, len(os.sched_getaffinity(0)), dict(os.environ))
         for environment in slot_devices(self.n_jobs, self.gpus_per_job, visible_gpus()):
@@ -201,6 +165,11 @@ class FreshProcessLauncher(Launcher):
             for offset, (future, overrides) in enumerate(zip(futures, job_overrides)):
                 try:
                     returns.append(future.result())
-                except BrokenProcessPool as err:
-                    returns.append(_died(initial_job_idx + offset, overrides, err))
+                except BrokenProcessPool as err:  # its process died without reporting (killed for memory, a crash)
+                    failed = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+                    failed._return_value = RuntimeError(
+                        f"sweep job #{initial_job_idx + offset} ({' '.join(overrides)}) died without finishing: "
+                        f"{type(err).__name__}: {err}"
+                    )
+                    returns.append(failed)
         return returns

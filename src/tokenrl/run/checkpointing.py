@@ -1,13 +1,7 @@
-"""Checkpoints: atomic writes (a temporary file in the same folder, fsync, then a rename over the target; a sharded FSDP
-checkpoint's folder likewise: AtomicFSDPStrategy), the run's checkpoint policy (`RunCheckpoint`: periodic step files,
-the newest `checkpoint.keep_last_k` and the best kept, and exactly one `last.ckpt` holding the final state, a hard link
-of the newest step file where that holds the same state), clean-up of the temporaries a killed save leaves (the RNG
-states a checkpoint carries: utils.rng_state), and the policy's weights of any checkpoint read in one process
-(`policy_state_dict`, `load_policy`; a LoRA run's checkpoint holds its adapters and its base's reference, not the base:
-models/base_weights.py).
-
-An interrupted save never leaves a truncated `last.ckpt`; the previous one stays valid until replaced.
-"""
+"""Checkpoints (docs/running.md#resume-and-preemption): atomic writes of a file or a sharded FSDP checkpoint's folder (a
+temporary next to the target, fsync, a rename over it: an interrupted save never leaves a truncated checkpoint), the
+run's checkpoint policy (`RunCheckpoint`), clean-up after a killed save, and the policy's weights of any checkpoint
+(`policy_state_dict`, `load_policy`; a LoRA one holds its adapters and its base's reference: models/base_weights.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +30,8 @@ from tokenrl.records.settings import ModelSettings
 
 log = logging.getLogger(__name__)
 TEMPORARY_GLOB = ".*.ckpt.*.tmp"  # what a save writes before its rename: `.<name>.<random>.tmp`, a file or a folder
-# A sharded checkpoint is a folder (Lightning's layout, FSDPStrategy.save_checkpoint / load_checkpoint): the
-# torch.distributed.checkpoint files (`.metadata`, one `__<rank>_0.distcp` per rank holding its shard of "model" and
-# "optimizer_<i>") and SHARDED_META, the rest of the checkpoint (loops, callbacks, tokenrl's state), written last.
+# A sharded checkpoint is a folder (Lightning's FSDPStrategy layout): torch.distributed.checkpoint's files (`.metadata`,
+# one `__<rank>_0.distcp` per rank: its shards of "model" and "optimizer_<i>") and SHARDED_META, the rest, written last.
 SHARDED_META = "meta.pt"
 RENAME_EXCHANGE, AT_FDCWD = 2, -100  # linux/fs.h, linux/fcntl.h
 
@@ -50,24 +43,19 @@ def checkpoint_mismatch(
     fix: str,
     complete: bool = True,
 ) -> ValueError | None:
-    """The error of a checkpoint whose weights' shapes (`saved`, by name) are not those of the model built here
-    (`built`), or None when they are. `complete`: the checkpoint holds every weight, so one it lacks differs too (a
-    LoRA checkpoint holds its adapters alone). `fix` ends the message."""
+    """The error of a checkpoint whose weights' shapes (`saved`, by name) are not the built model's (`built`), or None.
+    `complete`: it holds every weight (not a LoRA checkpoint's adapters alone); `fix` ends the message."""
     names = sorted(set(saved) | (set(built) if complete else set()))
     differ = [
         name for name in names if name not in saved or name not in built or list(saved[name]) != list(built[name])
     ]
     if not differ:
         return None
-
-    def shape(value: Sequence[int] | None) -> str:
-        return "absent" if value is None else str(list(value))
-
     first = differ[0]
+    there, here = (str(list(shapes[first])) if first in shapes else "absent" for shapes in (saved, built))
     return ValueError(
         f"ckpt_path={path}: a checkpoint of another model ({len(differ)} of {len(names)} weights differ "
-        f"in shape, e.g. `{first}` {shape(saved.get(first))} in the checkpoint vs "
-        f"{shape(built.get(first))} here): {fix}"
+        f"in shape, e.g. `{first}` {there} in the checkpoint vs {here} here): {fix}"
     )
 
 
@@ -80,9 +68,14 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return Path(path).is_dir() and (Path(path) / SHARDED_META).is_file()
 
 
+def checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at `path` memory-mapped (the weights are not read), or of a sharded checkpoint its meta.pt."""
+    source = Path(path) / SHARDED_META if Path(path).is_dir() else path
+    return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+
+
 def _tensor_bytes(obj: Any) -> int:
-    """Bytes of the tensors inside a (nested) checkpoint dict: about what `torch.save` writes; of a ShardedTensor (a
-    sharded FSDP state dict) this rank's shards."""
+    """Bytes of the tensors in a nested checkpoint dict, about what `torch.save` writes (ShardedTensor: its shards)."""
     if hasattr(obj, "local_shards"):
         return sum(_tensor_bytes(shard.tensor) for shard in obj.local_shards())
     if isinstance(obj, torch.Tensor):
@@ -104,8 +97,7 @@ def _out_of_space(err: BaseException | None) -> bool:
 
 
 def _write_error(err: BaseException, target: Path, needed_bytes: int, per_rank: bool = False) -> CheckpointWriteError:
-    """The error of a failed save of `target`: the cause (each failed rank's, under torch.distributed.checkpoint),
-    what survives and, on a full disk, the space it needs and the space there is."""
+    """A failed save's error: its cause, what survives and, on a full disk, the space it needs and the space left."""
     kept = f"the previous {target.name} is intact" if target.exists() else f"no {target.name} was written before"
     if _out_of_space(err):
         free = shutil.disk_usage(target.parent).free
@@ -136,8 +128,7 @@ def _save_atomically(obj: Any, target: Path) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)  # after a failure
 
 
 def _remove(path: Path) -> None:
@@ -172,8 +163,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one step (Linux `renameat2` with RENAME_EXCHANGE); False where the C library or the file
-    system has no such exchange (NFS and most cluster file systems)."""
+    """Swap two paths in one step (Linux `renameat2`); False where the file system cannot (NFS, most cluster ones)."""
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         return False
@@ -186,10 +176,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _swap_in(staging: Path, target: Path) -> None:
-    """Put the complete checkpoint folder `staging` at `target`, replacing what is there: both exchanged in one step
-    where the file system can, else the old one removed (meta.pt first) and the new one renamed in. A kill at any
-    point leaves `target` complete, or the new checkpoint complete under its temporary name, which resume takes
-    (`interrupted_swap`)."""
+    """Put the complete checkpoint folder `staging` at `target`: exchanged in one step where the file system can, else
+    the old one removed (meta.pt first) and the new one renamed in. A kill at any point leaves `target` complete, or
+    the new checkpoint complete under its temporary name, which resume takes (`interrupted_swap`)."""
     if os.path.lexists(target) and _exchange(staging, target):
         _remove(staging)  # the previous checkpoint, now under the temporary name
         return
@@ -199,9 +188,8 @@ def _swap_in(staging: Path, target: Path) -> None:
 
 
 def _link_atomically(source: Path, target: Path) -> None:
-    """Give the complete checkpoint `source` (a file, or a sharded folder file by file) the second name `target` by hard
-    links, no second copy on disk (a copy where the file system has none), replacing what is at `target` in one step
-    as a save does. Saves never write into a file, they replace it, so each name keeps its state."""
+    """Give the checkpoint `source` (a file, or a sharded folder file by file) the second name `target` in one step by
+    hard links (a copy without them). Saves replace a name, never write into its file, so each name keeps its state."""
     staging = target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp"
     if source.is_dir():
         staging.mkdir()
@@ -218,8 +206,7 @@ def _link_atomically(source: Path, target: Path) -> None:
         else:
             os.replace(staging, target)  # a no-op, leaving `staging`, where `target` is already this file
     finally:
-        if os.path.lexists(staging):
-            _remove(staging)
+        _remove(staging)  # if left (a failure, or `target` already this file)
 
 
 def interrupted_swap(target: str | Path) -> Path | None:
@@ -228,19 +215,15 @@ def interrupted_swap(target: str | Path) -> Path | None:
     target = Path(target)
     if target.is_file() or is_sharded_checkpoint(target):
         return None
-    complete = [
-        path for path in target.parent.glob(f".{glob.escape(target.name)}.*.tmp") if is_sharded_checkpoint(path)
-    ]
+    temporaries = target.parent.glob(f".{glob.escape(target.name)}.*.tmp")
+    complete = [path for path in temporaries if is_sharded_checkpoint(path)]
     return max(complete, key=lambda path: (path / SHARDED_META).stat().st_mtime, default=None)
 
 
 class AtomicFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDPStrategy writing a sharded checkpoint (`state_dict_type: sharded`) whole or not at all: every
-    rank writes its own shard of the weights and optimizer state (torch.distributed.checkpoint; nothing is gathered
-    into one process), then rank 0 writes meta.pt, all in a temporary folder next to the target that replaces it once
-    complete (`_swap_in`). Lightning writes into the target folder itself, so a save killed midway left a half
-    checkpoint under the name resume takes. The folder must be on a file system all ranks share. `full` checkpoints
-    are Lightning's (rank 0 writes the gathered state through AtomicCheckpointIO)."""
+    """Lightning's FSDPStrategy writing a sharded checkpoint (`state_dict_type: sharded`) whole or not at all: each
+    rank's shard (torch.distributed.checkpoint), then rank 0's meta.pt, into a temporary folder next to the target that
+    replaces it once complete (`_swap_in`; Lightning's own writes into the target). Ranks must share the file system."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
         if self._state_dict_type != "sharded":
@@ -269,9 +252,8 @@ class AtomicFSDPStrategy(FSDPStrategy):
 
 
 def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Delete the temporary files and folders that a save killed mid-write (`kill -9`, a node failure) left in
-    `folder` (one run's checkpoints folder only), except a complete one that resume takes (`interrupted_swap`);
-    returns them."""
+    """Delete and return the temporaries that a save killed mid-write left in `folder` (one run's checkpoints folder),
+    except a complete one that resume takes (`interrupted_swap`)."""
     folder = Path(folder)
     found = sorted(folder.glob(TEMPORARY_GLOB)) if folder.is_dir() else []
     stale = [path for path in found if path != interrupted_swap(folder / path.name[1:].rsplit(".", 2)[0])]
@@ -285,10 +267,8 @@ def remove_stale_temporaries(folder: str | Path) -> list[Path]:
 
 
 def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The policy's weights (keys `policy.*` without the prefix, as the model names them) of a tokenrl training
-    checkpoint, a `.ckpt` file or a sharded checkpoint's folder, in this process's host memory (4 bytes per parameter
-    in fp32); the optimizer state is not read. A sharded folder is read as torch's `dcp_to_torch_save` reads one
-    (torch/distributed/checkpoint/format_utils.py), its "model" entry only."""
+    """The policy's weights (`policy.*` keys, unprefixed) of a tokenrl `.ckpt` file or sharded folder, in host memory; a
+    folder read as torch's `dcp_to_torch_save` does (torch/distributed/checkpoint/format_utils.py), its "model" only."""
     path = Path(path)
     if is_sharded_checkpoint(path):
         from torch.distributed.checkpoint import FileSystemReader
@@ -296,15 +276,11 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         loaded: dict[str, Any] = {}
-        _load_state_dict(
-            loaded,
-            storage_reader=FileSystemReader(path),
-            planner=_EmptyStateDictLoadPlanner(keys={"model"}),
-            no_dist=True,
-        )
+        planner = _EmptyStateDictLoadPlanner(keys={"model"})
+        _load_state_dict(loaded, storage_reader=FileSystemReader(path), planner=planner, no_dist=True)
         state = loaded["model"]
     elif path.is_file():
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("state_dict", {})
+        state = checkpoint_meta(path).get("state_dict", {})
     else:
         raise FileNotFoundError(
             f"no checkpoint at {path}: a tokenrl checkpoint is a .ckpt file or a sharded "
@@ -317,20 +293,14 @@ def policy_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_policy(model: torch.nn.Module, path: str | Path, settings: ModelSettings, seed: int) -> None:
-    """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`: all
-    its weights, or a LoRA checkpoint's adapters onto `model`'s own base, refused (ValueError naming `path`) unless
-    that is the base they were trained on; a checkpoint of another model (other shapes) is refused the same way."""
-    path = Path(path)
-    weights = policy_state_dict(path)
-    meta = torch.load(
-        path / SHARDED_META if path.is_dir() else path, map_location="cpu", weights_only=True, mmap=path.is_file()
-    )
-    state = with_base(model, weights, meta.get("tokenrl", {}).get("base"), settings, seed, path)
+    """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`; a
+    LoRA checkpoint's adapters go onto `model`'s base, which must be theirs; other models' weights are a ValueError."""
+    weights = policy_state_dict(path)  # first: it names a missing checkpoint
+    state = with_base(model, weights, checkpoint_meta(path).get("tokenrl", {}).get("base"), settings, seed, path)
+    saved = {key: value.shape for key, value in state.items()}
+    built = {key: value.shape for key, value in model.state_dict().items()}
     mismatch = checkpoint_mismatch(
-        path,
-        {key: value.shape for key, value in state.items()},
-        {key: value.shape for key, value in model.state_dict().items()},
-        "evaluate it with the model it was trained with (its run's model.*)",
+        path, saved, built, "evaluate it with the model it was trained with (its run's model.*)"
     )
     if mismatch is not None:
         raise mismatch
@@ -338,11 +308,9 @@ def load_policy(model: torch.nn.Module, path: str | Path, settings: ModelSetting
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint writing `stepNNNN.ckpt` every `every_n_steps` optimizer steps and `last.ckpt` exactly
-    once per state: a hard link of the step file just written (one file on disk under two names), else its own file
-    (after a final step that was not a periodic one, or a preemption: `save_last_now`). Of the step files the newest
-    `keep_last_k` (None: all) and the best by `monitor` (None: none) are kept. Never `last-v1.ckpt`: the run's
-    `last.ckpt` is replaced in place."""
+    """Lightning's ModelCheckpoint writing `stepNNNN.ckpt` every `every_n_steps` optimizer steps, keeping the newest
+    `keep_last_k` (None: all) and the best by `monitor` (None: none), and `last.ckpt` once per state, in place: a hard
+    link of the step file just written, else its own file (after a final step off the period, or `save_last_now`)."""
 
     def __init__(
         self, dirpath: str | Path, every_n_steps: int, monitor: str | None, mode: str, keep_last_k: int | None
@@ -381,8 +349,7 @@ class RunCheckpoint(ModelCheckpoint):
         trainer.strategy.barrier()
 
     def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
-        """A step file, then the step files older than the newest `keep_last_k` removed (not the best, nor the one the
-        run resumed from)."""
+        """A step file, then those beyond the newest `keep_last_k` removed (but the best and the one resumed from)."""
         super()._save_topk_checkpoint(trainer, monitor_candidates)
         if self.keep_last_k is None or self.dirpath is None or not trainer.is_global_zero:
             return
@@ -391,20 +358,18 @@ class RunCheckpoint(ModelCheckpoint):
             for path in Path(self.dirpath).iterdir()
             if (match := re.fullmatch(r"step(\d+)\.ckpt", path.name))
         )
+        kept = (self.best_model_path, self._last_checkpoint_saved)
         for _, path in numbered[: -self.keep_last_k]:
-            if path not in (self.best_model_path, self._last_checkpoint_saved) and self._should_remove_checkpoint(
-                trainer, path, self._last_checkpoint_saved
-            ):
+            if path not in kept and self._should_remove_checkpoint(trainer, path, self._last_checkpoint_saved):
                 self._remove_checkpoint(trainer, path)
                 self.best_k_models.pop(path, None)
 
 
 @dataclass
 class AdapterCheckpoints:
-    """With LoRA, what a `GRPOModule`'s checkpoints hold: only what trains (the adapters) and the frozen base's
-    reference (models/base_weights.py), on every strategy (FSDP's sharded state too); loading fills the base back from
-    the module's own, after checking it is the base the adapters were trained on. Owned by the module, whose
-    `state_dict`, `load_state_dict` and checkpoint hooks call it; without LoRA, every method leaves the state alone."""
+    """With LoRA, what a `GRPOModule`'s checkpoints hold on every strategy: only what trains (the adapters) and the
+    frozen base's reference (models/base_weights.py); loading fills the base back from the module's own once it is
+    checked to be the one the adapters were trained on. Without LoRA every method leaves the state alone."""
 
     base: dict[str, Any] | None = None  # the frozen base's reference; None: not a LoRA run
     trained: frozenset[str] = frozenset()  # the state-dict keys that train, the only ones checkpoints hold

@@ -1,13 +1,7 @@
 """Which GPU a one-process run sees: `trainer.devices=[k]` (k ≠ 0) narrows the process to that GPU before CUDA starts.
-
-Why: vLLM 0.32's single-process executor takes its device from `device_config.device`, which carries no index
-(`DeviceConfig.__post_init__` sets `torch.device("cuda")`), so its worker's local rank is 0 (`UniProcExecutor.
-_distributed_args`) and `Worker.init_device` puts the engine on visible GPU 0 and makes it the process's current
-device (`torch.accelerator.set_device_index`), away from a trainer on GPU k. vLLM's helpers default to device 0 too
-(`platforms/cuda.py`: capability, name, memory). With `CUDA_VISIBLE_DEVICES` = GPU k's id the process sees one GPU,
-which Lightning, vLLM and every library call device 0. Several devices (DDP/FSDP) are left alone: each rank's engine
-is placed on its own device (`EnginePlacement` in rollout/vllm_engine.py).
-"""
+Why: vLLM 0.32's single-process executor puts its engine on visible GPU 0 (`device_config.device` has no index, so
+`Worker.init_device` takes local rank 0) and makes it the current device, away from a trainer on GPU k. Several devices
+(DDP/FSDP) are left alone: each rank's engine goes to its own device (rollout/vllm_engine.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger(__name__)
@@ -24,12 +19,9 @@ GPU_ACCELERATORS = ("gpu", "cuda", "auto")
 
 
 def runs_on_gpu(cfg: DictConfig) -> bool:
-    """Whether the run's trainer computes on a GPU: `trainer.accelerator` gpu or cuda, or auto with CUDA present
-    (Lightning's choice for auto)."""
+    """Whether the trainer computes on a GPU: `trainer.accelerator` gpu or cuda, or auto with CUDA present."""
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     if accelerator == "auto":
-        import torch
-
         return torch.cuda.is_available()
     return accelerator in ("gpu", "cuda")
 
@@ -45,9 +37,8 @@ def device_indices(devices: Any) -> list[int] | None:
 
 
 def narrowed(environ: Mapping[str, str], accelerator: str, devices: Any) -> tuple[dict[str, str], Any]:
-    """The environment and `trainer.devices` a run uses: a process on one GPU k ≠ 0 sees only that GPU
-    (`CUDA_VISIBLE_DEVICES` = its id, the k-th entry of an existing `CUDA_VISIBLE_DEVICES`) as device [0]; every
-    other run (a device count, several devices, GPU 0, a CPU) as given."""
+    """The environment and `trainer.devices` a run uses: a process on one GPU k ≠ 0 sees only that GPU (the k-th entry
+    of an existing `CUDA_VISIBLE_DEVICES`) as device [0]; any other run (a count, several GPUs, GPU 0, CPU) as given."""
     indices = device_indices(devices)
     if str(accelerator) not in GPU_ACCELERATORS or indices is None or len(indices) != 1 or indices[0] == 0:
         return dict(environ), devices
@@ -63,8 +54,7 @@ def narrowed(environ: Mapping[str, str], accelerator: str, devices: Any) -> tupl
 
 
 def narrow_to_trainer_gpu(cfg: DictConfig) -> None:
-    """Apply `narrowed` to this process and `cfg.trainer.devices`, logging what changed. Call it before anything
-    initialises CUDA (CUDA reads `CUDA_VISIBLE_DEVICES` once, when it starts)."""
+    """Apply `narrowed` to this process and `cfg.trainer.devices`, logged; call it before anything initialises CUDA."""
     devices = cfg.trainer.get("devices")
     environ, new_devices = narrowed(os.environ, cfg.trainer.get("accelerator", "auto"), devices)
     if new_devices is devices:

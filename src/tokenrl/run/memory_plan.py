@@ -1,41 +1,29 @@
-"""The memory a run will need, per phase of a rollout step, before anything loads: printed at start-up and by the
-doctor; a plan that exceeds the device stops the run with its table instead of failing in step one.
-
-Worst case by construction: every response runs to `rollout.max_new_tokens` and every prompt is as long as the
-longest training prompt (`prompt_tokens`; `rollout.max_prompt_length` when not given). Each pass's micro-batch is the
-largest one the run's own cut makes of such a step (step/micro_batches.py: `micro_batch_size` rows, or under
-`algorithm.micro_batch_tokens` as many rows or whole groups as the budget holds in the pass's layout — a row or group
-larger than the budget alone; `largest_micro_batch`). In the shared-prefix and packed layouts (fast_path.layout, the
-update without gradient checkpointing, no FSDP) a forward encodes each group's prompt once; the head runs on the
-response tokens only. Per component (bytes; P parameters, T trainable, L layers, h hidden, i intermediate, kv =
-key/value width, V vocabulary, b the activations' bytes per element, r the micro-batch's response tokens):
+"""The memory a run will need per phase of a rollout step, planned before anything loads (docs/running.md#memory-plan).
+Worst case: every response runs to `rollout.max_new_tokens`, every prompt is the longest training prompt, and each pass
+takes the largest micro-batch the run's own cut makes of such a step (`largest_micro_batch`; the shared-prefix and
+packed layouts encode each group's prompt once). Bytes, with P parameters, T trainable, L layers, h hidden, i
+intermediate, kv key/value width, V vocabulary, b the activations' bytes per element, r a micro-batch's response tokens:
 - weights P·dtype, gradients T·dtype, AdamW's two moments 2·T·dtype (ZeRO, arXiv 1910.02054, §3.1), the frozen
   reference P·reference_dtype when a KL term is on (LoRA: none, the policy with adapters off);
-- the update's activations: per token and layer (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for backward with
+- the update's activations per token and layer (8h + 2kv + 5i)·b, what a SwiGLU decoder layer keeps for backward with
   fused (SDPA) attention (Korthikanti et al., arXiv 2205.05198, §4.1, re-counted for SwiGLU and GQA); with gradient
-  checkpointing only the layer inputs, h·b, plus one layer's full set. The update's peak is the larger of two moments:
-  the forward's end — activations, 3 copies of the r response tokens' logits in fp32 (logits, their tempered copy,
-  log-softmax) or the fused head's buffers (`fast_path.fused_head`, not under FSDP: `fused_head_bytes`), with the
-  statistics taken from the update's own logits (`fast_path.fused_statistics`) 3 copies of one group's chunk of them,
-  and the gradients of earlier micro-batches when the step takes several — and the backward: activations, gradients
-  and the gradient shares that wait to be added to them. When a step takes several micro-batches, each backward holds
-  the embedding's dense gradient V·h·dtype (twice with a tied head, whose share waits for it) and, in the shared-prefix
-  layout, whose decoder runs twice (the prompt, then the responses on its keys and values), every decoder weight's first
-  share until the second arrives: the trainable weights outside the embedding and head once more. In a step of one
-  micro-batch the shares become the gradients; only a tied head's waits beside them. Measured against the peak
-  resident memory: scripts/bench/memory_plan.py, tests/run/test_memory_plan_runs.py;
-- the statistics pass (whole groups): its micro-batch's last hidden states and 4 fp32 copies of one group's chunk of
-  logits (`stats_chunk_size` tokens at most; logits, log-softmax, probabilities, a product) — fused: `fused_head_bytes`;
-  the reference's log-probs (a KL term; rows): 3 fp32 copies of its micro-batch's response logits, or fused; the
-  phase holds the larger;
-- generation: the hf engine's KV cache 2·L·kv·dtype per token of every row, and one step's logits rows·V·fp32; a
-  vLLM engine its own weights (P·engine dtype) and KV cache (`kv_cache_gib` on CPU, `gpu_memory_utilization` of the
-  GPU there);
-- the process itself (`BASELINE_GIB`: torch, transformers, Lightning and their libraries, measured here).
+  checkpointing the layer inputs h·b plus one layer's full set. The update's peak is the larger of the forward's end
+  (activations; 3 fp32 copies of the r tokens' logits, or `fused_head_bytes`; with fused statistics 3 copies of one
+  group's chunk of them; the earlier micro-batches' gradients) and the backward (activations, gradients, and the shares
+  waiting to be added: with several micro-batches the embedding's dense gradient V·h·dtype, twice with a tied head, and
+  in the shared-prefix layout, whose decoder runs twice, the trainable weights outside embedding and head once more;
+  with one micro-batch a tied head's alone);
+- the statistics pass: its micro-batch's last hidden states and 4 fp32 copies of one group's chunk of logits
+  (`stats_chunk_size` tokens at most), or fused; the reference's log-probs: 3 fp32 copies of its micro-batch's response
+  logits, or fused; the phase holds the larger;
+- generation: the hf engine's KV cache 2·L·kv·dtype per token of every row and one step's logits rows·V·fp32; a vLLM
+  engine its weights (P·engine dtype) and KV cache (`kv_cache_gib` on CPU, `gpu_memory_utilization` of a GPU);
+- the process itself (`BASELINE_GIB`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +33,11 @@ import torch
 from tokenrl.records.settings import ModelSettings
 
 GIB = 2**30
-# the process itself: on CPU its host RSS at the first step's start less the weights (torch, transformers, Lightning,
-# the trainer, tokenizer and data, under tcmalloc: 0.58 GiB measured here at three model sizes); on a GPU, CUDA's
-BASELINE_GIB = {"cpu": 0.6, "cuda": 0.6}
-# (tokens × vocabulary chunk) fp32 buffers the fused head holds at its peak, forward and backward: 710 MiB measured at
-# 4,096 tokens of vocabulary 151,936, less the head's gradient (519 MiB, counted as a gradient) ≈ 6 × 32 MiB
-# (python scripts/bench/lm_head.py --device cpu --tokens 1024,4096: benchmarks/lm_head_cpu.json)
+# the process itself (torch, transformers, Lightning, the trainer, tokenizer and data): on CPU its host RSS at the first
+# step's start less the weights, under tcmalloc; taken as the same on a GPU
+BASELINE_GIB = 0.6
+# (tokens × vocabulary chunk) fp32 buffers the fused head holds at its peak, forward and backward, less the head's
+# gradient (counted as a gradient), measured by scripts/bench/lm_head.py (benchmarks/lm_head_cpu.json)
 FUSED_HEAD_BUFFERS = 6
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "float32": 4, "bfloat16": 2, "float16": 2, "auto": 4}
 
@@ -149,8 +136,7 @@ def plan_memory(
 
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
-    mixed = "16" in str(cfg["trainer"].get("precision", ""))  # bf16-mixed, 16-mixed: activations in 16 bits
-    act_bytes = 2 if mixed else weight_bytes
+    act_bytes = 2 if "16" in str(cfg["trainer"].get("precision", "")) else weight_bytes  # bf16-mixed, 16-mixed
     rows = int(algorithm["prompts_per_step"]) * int(algorithm["group_size"])
     micro = min(int(algorithm["micro_batch_size"]), rows)
     prompt = int(prompt_tokens or rollout["max_prompt_length"])
@@ -164,17 +150,15 @@ def plan_memory(
         "policy weights": shape.parameters * weight_bytes / GIB,
         "optimizer state": moments * shape.trainable * weight_bytes / GIB,
         "reference": (shape.parameters * reference_bytes if uses_reference else 0) / GIB,
-        "process": BASELINE_GIB["cuda" if device.startswith("cuda") else "cpu"],
+        "process": BASELINE_GIB,
     }
     asleep = {}  # what the engine holds while the trainer computes: nothing when it sleeps (GPU sleep mode)
     if rollout["engine"] == "vllm":
         engine_weights = shape.parameters * DTYPE_BYTES[str(rollout["dtype"])] / GIB
         on_gpu = device.startswith("cuda")
-        kv = (
-            float(rollout["gpu_memory_utilization"]) * capacity_gib - engine_weights
-            if on_gpu and capacity_gib
-            else float(rollout["kv_cache_gib"])
-        )
+        kv = float(rollout["kv_cache_gib"])
+        if on_gpu and capacity_gib:
+            kv = float(rollout["gpu_memory_utilization"]) * capacity_gib - engine_weights
         generation = {"engine weights + KV": engine_weights + max(kv, 0.0)}
         if not (on_gpu and int(rollout.get("sleep_level", 0)) > 0):
             asleep = dict(generation)
@@ -188,9 +172,8 @@ def plan_memory(
     fast_path = FastPath.from_node(cfg.get("fast_path"), on_gpu=device.startswith("cuda"))
     fsdp = uses_fsdp(cfg["trainer"])
     no_grad_layout = "padded" if fsdp else fast_path.layout  # the statistics and reference passes
-    update_layout = (  # each group's prompt once where the run takes it (`layout_blocker`)
-        "padded" if fsdp or model.get("gradient_checkpointing") else fast_path.layout
-    )
+    # the update encodes each group's prompt once where the run takes it (`layout_blocker`)
+    update_layout = "padded" if fsdp or model.get("gradient_checkpointing") else fast_path.layout
     group_size = int(algorithm["group_size"])
     budget = algorithm.get("micro_batch_tokens")
     step = (int(algorithm["prompts_per_step"]), group_size, prompt, response)
@@ -238,20 +221,18 @@ def plan_memory(
         ),
         "hidden states": stats_cut.tokens * shape.hidden * act_bytes / GIB,
     }
-    plan = MemoryPlan(device, capacity_gib)
     update = max(forward, backward, key=lambda parts: sum(parts.values()))  # the update's larger end
-    plan.phases = {
+    phases = {
         "generate": {**resident, **generation},
         "statistics": {**resident, **asleep, **statistics},
         "update": {**resident, **asleep, **update},
     }
-    return plan
+    return MemoryPlan(device, capacity_gib, phases)
 
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """The largest micro-batch of a pass: its tokens as the forward runs them, its response tokens (the head's), and
-    whether the step takes several."""
+    """A pass's largest micro-batch: its tokens as the forward runs them, its response tokens, whether it has peers."""
 
     tokens: int
     response_tokens: int
@@ -268,9 +249,8 @@ def largest_micro_batch(
     max_tokens: int | None,
     whole_groups: bool,
 ) -> MicroBatch:
-    """The largest micro-batch that the run's own cut (step/micro_batches.py) makes of a step of `prompts` groups of
-    `group_size` rows, every prompt `prompt` tokens and every response `response`: `max_rows` rows, or within the
-    `max_tokens` budget in `layout`; `whole_groups`: the pass keeps groups whole (JS, the statistics pass)."""
+    """The largest micro-batch the run's own cut (step/micro_batches.py) makes of `prompts` groups of `group_size` rows
+    of `prompt` + `response` tokens: `max_rows` rows, or `max_tokens` in `layout`; `whole_groups`: JS, statistics."""
     from tokenrl.step.micro_batches import TokenCount, micro_batches
 
     rows = prompts * group_size
@@ -312,20 +292,14 @@ def memory_refusal(plan: MemoryPlan, cfg: Mapping[str, Any]) -> str:
 
 
 def fused_head_bytes(tokens: int, vocab: int) -> int:
-    """The fused head's buffers for `tokens` tokens (models/lm_head.py): `FUSED_HEAD_BUFFERS` fp32 buffers of
-    (tokens × `vocab_chunk` columns)."""
+    """The fused head's buffers (models/lm_head.py): `FUSED_HEAD_BUFFERS` fp32 (tokens × `vocab_chunk`) buffers."""
     from tokenrl.models.lm_head import vocab_chunk
 
     return FUSED_HEAD_BUFFERS * tokens * vocab_chunk(tokens, vocab) * 4
 
 
-def device_capacity_gib(device: str) -> float | None:
+def device_capacity_gib(device: str) -> float:
     """Total memory of `device`: a GPU's, or the host's physical memory for `cpu`."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
-    try:
-        import os
-
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    except (ValueError, OSError, AttributeError):
-        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB

@@ -1,14 +1,7 @@
-"""`GRPOModule`: the Lightning hooks and the order of a rollout step's phases (math: docs/algorithms.md §1.2–1.4).
-1. collect G scored rollouts per prompt (rollout/collector.py), then the engine sleeps (GPU: the update gets its
-   memory);
-2. advantages and the reference's log-probs → one `TrainBatch` (step/train_batch.py); 3. the PPO update along the
-   run's `UpdatePath` (step/update.py: π_old's statistics from a separate pass or, where exact, from the update's own
-   forward) under Lightning (`LightningUpdate`, run/lightning_backend.py); 4. weight sync; 5. metrics, diagnostics,
-   samples; the step boundary. The forwards run as one `ForwardPlan` (step/fast_path.py) says, resolved once.
-It is built from one `ModuleSpec` (run/module_spec.py: its settings and parts, read from the config) and owns its
-parts: the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`) and its update (`LightningUpdate`,
-built with the policy).
-"""
+"""`GRPOModule`: the Lightning hooks and the order of a rollout step's phases (math: docs/algorithms.md §1.2–1.4):
+collect G scored rollouts per prompt, then the engine sleeps; the reference's log-probs and advantages as one
+`TrainBatch`; the PPO update (`LightningUpdate`); weight sync; metrics, diagnostics and samples. It is built from one
+`ModuleSpec` and owns the run's counters (`RunState`), its LoRA checkpoints (`AdapterCheckpoints`) and its update."""
 
 from __future__ import annotations
 
@@ -64,13 +57,9 @@ class GRPOModule(L.LightningModule):
         self.selector, self.tokenizer, self.optimizer_factory = spec.selector, spec.tokenizer, spec.optimizer
         self.with_js = needs_js(spec.selector.requires, type(spec.selector).__name__, spec.js_diagnostics)
         self.sampling = SamplingParams.of_rollout(spec.rollout, n=self.cfg.batch.group_size)
+        scorer = SafeScorer(spec.reward_timeout_s)
         self.collector = RolloutCollector(
-            self.sampling,
-            self.cfg,
-            SafeScorer(spec.reward_timeout_s),
-            spec.seed,
-            spec.tokenizer.pad_token_id,
-            spec.fork_marker,
+            self.sampling, self.cfg, scorer, spec.seed, spec.tokenizer.pad_token_id, spec.fork_marker
         )
         self.validator, self.val_every, self.total_steps = spec.validator, spec.val_every_n_steps, spec.total_steps
         self.sample_writer, self.seed, self.fast_path = spec.sample_writer, spec.seed, spec.fast_path
@@ -91,11 +80,9 @@ class GRPOModule(L.LightningModule):
             return
         policy = build_model(self.model_settings, seed=self.seed).train()
         self.adapters.remember_base(policy, self.model_settings, self.seed)
-        references: list[torch.nn.Module] = (
-            [build_reference(policy, self.model_settings.reference_dtype)]
-            if self.cfg.uses_reference and isinstance(policy, PreTrainedModel)  # LoRA: a PeftModel, no copy
-            else []
-        )
+        references: list[torch.nn.Module] = []
+        if self.cfg.uses_reference and isinstance(policy, PreTrainedModel):  # LoRA: a PeftModel, no copy
+            references.append(build_reference(policy, self.model_settings.reference_dtype))
         strategy = self._trainer.strategy if self._trainer is not None else None
         root, *references = shard_under(strategy, [policy, *references])
         self.policy, self._reference = root, references
@@ -198,31 +185,21 @@ class GRPOModule(L.LightningModule):
             "train/entropy_coef": entropy_coef,
             **selection_diagnostics(update.first_epoch_weights, whole, train.forks),
         }
-        shown = {"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}  # the progress bar's
-        for values, logged in ((metrics, True), (shown, False)):
-            self.log_dict(
-                values,
-                prog_bar=not logged,
-                logger=logged,
-                on_step=True,
-                on_epoch=False,
-                sync_dist=self.trainer.world_size > 1,
-                batch_size=train.size,
-            )
+        each_step: dict[str, Any] = dict(on_step=True, on_epoch=False, sync_dist=self.trainer.world_size > 1)
+        self.log_dict(metrics, logger=True, batch_size=train.size, **each_step)
+        shown = {"reward": metrics["train/reward"], "acc": metrics["train/accuracy"]}
+        self.log_dict(shown, prog_bar=True, logger=False, batch_size=train.size, **each_step)
         if self.sample_writer is not None:
             self.sample_writer.record(train, update, whole, self.global_rank)
         self.run_state.mark_step_boundary()
 
     def _refill(self) -> PromptBatch:
         """Dynamic sampling's next round of prompts from the data module's second seeded stream."""
+        state, count = self.run_state, self.cfg.batch.gen_prompts_per_step
         prompts = self.trainer.datamodule.refill_prompts(  # type: ignore[attr-defined]  # Lightning sets it at run time
-            self.run_state.rollout_step,
-            self.run_state.refill_position,
-            self.cfg.batch.gen_prompts_per_step,
-            self.global_rank,
-            self.trainer.world_size,
+            state.rollout_step, state.refill_position, count, self.global_rank, self.trainer.world_size
         )
-        self.run_state.refill_position += self.cfg.batch.gen_prompts_per_step
+        state.refill_position += count
         return prompts
 
     def check_preempted(self) -> None:

@@ -1,10 +1,6 @@
-"""`ModuleSpec`: what `GRPOModule` is built from, read from the composed config in one place (`ModuleSpec.of`).
-
-The module's settings stay in the groups users write (`model`, `algorithm`, `rollout`, `selector`, `validation`,
-`samples`, `fast_path`, `diagnostics`, the top-level `seed`, `total_steps`, `reward_timeout_s`); the spec gathers them
-with the parts that need the run's task, tokenizer and prompt formatter, which the data module shares: the policy to
-train (warmed up where the task asks), the validator, the sample writer and the fork marker.
-"""
+"""`ModuleSpec`: what `GRPOModule` is built from, read from the composed config in one place (`ModuleSpec.of`): the
+settings of its groups, and the parts that need the run's task, tokenizer and prompt formatter (the policy, warmed up
+where the task asks, the validator, the sample writer and the fork marker)."""
 
 from __future__ import annotations
 
@@ -64,9 +60,8 @@ class ModuleSpec:
         tokenizer: PreTrainedTokenizerBase,
         formatter: PromptFormatter,
     ) -> ModuleSpec:
-        """The spec the composed train config describes (its setting nodes read as `settings`), for the run's task,
-        tokenizer and prompt formatter (built in the order the seeded run draws from its random streams: the warm-up
-        first)."""
+        """The spec the composed train config describes (its setting nodes read as `settings`) for the run's task,
+        tokenizer and formatter, built in the order the seeded run draws from its random streams (the warm-up first)."""
         model = prepared_policy(settings.model, task, formatter, Path(cfg.paths.model_cache))
         checker = validator_for(cfg, task, formatter) if cfg.validation.every_n_steps else None
         selector = instantiate(cfg.selector)
@@ -107,8 +102,7 @@ def prepared_policy(model: ModelSettings, task: Task, formatter: PromptFormatter
 
 
 def validator_for(cfg: DictConfig, task: Task, formatter: PromptFormatter) -> Validator:
-    """Held-out pass@k as `validation.*` sets it, sampling as `rollout.*` does (temperature and top-p: where
-    `validation.*` leaves them null)."""
+    """Held-out pass@k as `validation.*` sets it, sampling as `rollout.*` does where `validation.*` leaves it null."""
     settings = EvalSettings(
         n_samples=cfg.validation.n_samples,
         ks=tuple(cfg.validation.ks),

@@ -1,14 +1,7 @@
-"""Preemption: on SIGTERM (SLURM and cloud preemption, `scancel`, `kill`) or SIGUSR1 / SIGUSR2 (SLURM's warning before
-the time limit, `#SBATCH --signal`), the run abandons the current rollout step at its next safe point, writes
-`last.ckpt` atomically with the state after the last completed step, and exits with 128 + the signal's number (what
-a shell reports for a process killed by it; schedulers read it as "terminated by the signal").
-
-Safe points: before a step, between generation, statistics and update, after a validation, and inside HF `generate`
-after every token (a `StoppingCriteria`); an update that has begun runs to its end (its optimizer steps cannot be
-half-undone), then the run stops before the next step. With several ranks every rank stops at the same safe point
-(`GRPOModule.check_preempted` asks all of them), though the signal may reach only one. A signal's previous handler
-(submitit's requeue on a SLURM job) runs after the checkpoint is written, so a requeued job finds it (`ckpt_path=auto`).
-"""
+"""Preemption (docs/running.md#resume-and-preemption): on SIGTERM, SIGUSR1 or SIGUSR2 the run stops at its next safe
+point, writes `last.ckpt` with the state after the last completed step and exits with 128 + the signal's number (what a
+shell reports for a process killed by it); a signal's previous handler (submitit's requeue) runs after the checkpoint
+is written, so a requeued job finds it."""
 
 from __future__ import annotations
 
@@ -57,8 +50,7 @@ class PreemptionWatch(L.Callback):
         return self.signum is not None
 
     def check(self, anyone: bool | None = None) -> None:
-        """Raise `Preempted` if a signal arrived here, or, with several ranks, `anyone` (whether any rank got one, so
-        every rank stops at the same point). Call only where the state equals the last completed step's."""
+        """Raise `Preempted` after a signal here or, with several ranks, on `anyone`: all stop at one safe point."""
         if self.requested if anyone is None else anyone:
             raise Preempted(self.signum or signal.SIGTERM)
 
@@ -66,8 +58,7 @@ class PreemptionWatch(L.Callback):
         self.previous = {signum: signal.getsignal(signum) for signum in self.signals}  # before Lightning's
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Installed after Lightning's own handlers (registered just before training starts), which would end the
-        fit with exit status 0 and no checkpoint at the end of the step."""
+        """Installed after Lightning's own handlers, which would end the fit with exit status 0 and no checkpoint."""
         for signum in self.signals:
             signal.signal(signum, self._handle)
 
@@ -84,22 +75,19 @@ class PreemptionWatch(L.Callback):
         if not isinstance(exception, Preempted):
             self.restore()  # a crash: the handlers from before the fit, nothing to save here
             return
-        checkpoint = trainer.checkpoint_callback
+        step, checkpoint = rollout_steps_done(pl_module, 0), trainer.checkpoint_callback
         if checkpoint is not None and hasattr(checkpoint, "save_last_now"):
             self.saved = str(checkpoint.save_last_now(trainer))
             if self.requested:  # the rank the signal reached (others stopped with it)
                 log.warning(
                     "preempted: wrote %s (the state after step %d) %.1f s after the signal",
                     self.saved,
-                    rollout_steps_done(pl_module, 0),
+                    step,
                     time.monotonic() - self.received_at,
                 )
         elif self.requested:
-            log.warning(
-                "preempted at step %d; checkpointing is off, nothing was saved", rollout_steps_done(pl_module, 0)
-            )
+            log.warning("preempted at step %d; checkpointing is off, nothing was saved", step)
         previous = self.previous.get(exception.signum)
         self.restore()
-        if callable(previous):
-            previous(exception.signum, None)  # the handler from before the fit (submitit's requeue), now that the
-            # checkpoint exists
+        if callable(previous):  # the handler from before the fit (submitit's requeue), now that the checkpoint exists
+            previous(exception.signum, None)

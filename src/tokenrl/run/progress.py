@@ -1,16 +1,6 @@
-"""One progress line per rollout step, through Python logging, so it shows wherever the run's output goes.
-
-A progress bar redraws one terminal line: redirected (SLURM logs, `nohup`, CI, `python train.py > out.txt`) it
-shows nothing useful until the end. `ProgressLog` logs one INFO record per rollout step on the logger
-`tokenrl.run.progress`; under `python train.py` Hydra's job logging sends it to the console and to the run's
-`<task_name>.log` (`train.log`) as it happens:
-
-    step 3/20 | reward 0.562 | acc 0.500 | entropy 2.314 | selected 1.000 | 41.2 s (generate 30.1, reward 0.4, ...)
-
-`k/N`: rollout steps done / `total_steps`. The numbers are the step's logged metrics (`train/reward`,
-`train/accuracy`, `train/entropy`, `select/fraction`, `time/<phase>`, read from `trainer.callback_metrics`: over all
-ranks under DDP); only rank 0 writes. On a terminal, `RolloutProgressBar` counts the same rollout steps with an ETA.
-"""
+"""One progress line per rollout step through Python logging (`ProgressLog`: the console and `train.log`), so it shows
+wherever the output goes (a progress bar shows nothing useful redirected: SLURM logs, `nohup`, CI), from the step's
+logged metrics over all ranks; on a terminal `RolloutProgressBar` counts the same steps with an ETA."""
 
 from __future__ import annotations
 
@@ -23,12 +13,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 log = logging.getLogger(__name__)
 
-FIELDS = (
-    ("reward", "train/reward"),
-    ("acc", "train/accuracy"),
-    ("entropy", "train/entropy"),
-    ("selected", "select/fraction"),
-)
+FIELDS = {"reward": "train/reward", "acc": "train/accuracy", "entropy": "train/entropy", "selected": "select/fraction"}
 
 
 def rollout_steps_done(module: L.LightningModule, default: int) -> int:
@@ -47,7 +32,7 @@ class ProgressLog(L.Callback):
         """The progress line of rollout step `step` (1-based: steps done) from that step's logged metrics."""
         values = {key: float(value) for key, value in metrics.items()}
         parts = [f"step {step}/{self.total_steps}"]
-        parts += [f"{name} {values[key]:.3f}" for name, key in FIELDS if key in values]
+        parts += [f"{name} {values[key]:.3f}" for name, key in FIELDS.items() if key in values]
         phases = ", ".join(
             f"{key.removeprefix('time/')} {seconds:.1f}"
             for key, seconds in values.items()
@@ -64,17 +49,12 @@ class ProgressLog(L.Callback):
         if not trainer.is_global_zero:
             return
         metrics = trainer.callback_metrics
-        step = (
-            int(metrics["train/rollout_step"])
-            if "train/rollout_step" in metrics
-            else rollout_steps_done(pl_module, batch_idx + 1)
-        )
+        step = int(metrics.get("train/rollout_step", rollout_steps_done(pl_module, batch_idx + 1)))
         log.info(self.line(metrics, step))
 
 
 class RolloutProgressBar(TQDMProgressBar):
-    """Lightning's progress bar counting rollout steps of `total_steps` (tqdm's rate and ETA follow), from the step a
-    resumed run starts at, instead of an epoch's batches (the run is one pass over `total_steps` prompt batches)."""
+    """Lightning's progress bar counting the rollout steps of `total_steps` from where the run starts (not batches)."""
 
     def __init__(self, total_steps: int) -> None:
         super().__init__()
@@ -84,8 +64,7 @@ class RolloutProgressBar(TQDMProgressBar):
         super().on_train_epoch_start(trainer, pl_module)
         done = int(rollout_steps_done(pl_module, 0))
         self.train_progress_bar.reset(total=self.total_steps)
-        self.train_progress_bar.initial = done
-        self.train_progress_bar.n = done
+        self.train_progress_bar.initial = self.train_progress_bar.n = done
         self.train_progress_bar.set_description("rollout steps")
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:

@@ -1,23 +1,6 @@
-"""Resuming a run: which checkpoint (`ckpt_path=<file>` or `ckpt_path=auto`), the step it holds, and keeping the
-resumed run in its original folder with one `metrics.csv`.
-
-`python train.py <overrides> ckpt_path=<run>/checkpoints/last.ckpt` continues in `<run>/` (`config/command_line.py`
-adds `hydra.run.dir=<run>` before Hydra starts): `train.log` is appended to, and `metrics.csv` keeps the rows of the
-steps the checkpoint holds (rows of steps after it, which the resumed run redoes, are dropped). `ckpt_path=auto` resumes
-from the run folder's own `last.ckpt` when there is one and starts fresh otherwise (a requeued SLURM job); when that
-`last.ckpt` already holds `total_steps` (a finished job of a re-run sweep) it raises `RunComplete` and the run ends
-without training. A checkpoint is a `.ckpt` file or, under `trainer=fsdp`, a sharded checkpoint's folder of the same
-name (run/checkpointing.py). A checkpoint of another model (other shapes) is refused before anything loads
-(`check_checkpoint_matches`).
-
-A resume keeps to its run's settings: each checkpoint holds the config of the run that wrote it (`RUN_CONFIG`), and a
-resume whose settings differ from it in any key outside `FREE_SETTINGS` is refused naming each key, unless
-`resume.allow_changes=true` (`check_resume_settings`). Every resume appends its overrides, the step it starts at and the
-keys it changed to `<run>/.hydra/resume_history.yaml` (`record_resume`); the run's record, `.hydra/config.yaml` and
-`overrides.yaml`, stays as the run that made the folder wrote it (a resume in it writes no Hydra files:
-`continues_run`, configs/hydra/default.yaml). `ckpt_path=auto` needs checkpoints (`checkpoint.enabled`), and skips a
-job that finished (its `summary.json` there) whatever they are.
-"""
+"""Resuming a run (docs/running.md#resume-and-preemption): which checkpoint (`ckpt_path=<file>` or `ckpt_path=auto`)
+and the steps it holds, a checkpoint of another model or of other settings refused before anything loads, and the
+resumed run kept in its own folder: one `metrics.csv`, its run record untouched, each resume in `HISTORY`."""
 
 from __future__ import annotations
 
@@ -30,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 import yaml
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
@@ -38,18 +20,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tokenrl.config.command_line import AUTO
 from tokenrl.records.settings import ModelSettings
-from tokenrl.run.checkpointing import SHARDED_META, checkpoint_mismatch, interrupted_swap, is_sharded_checkpoint
+from tokenrl.run.checkpointing import (
+    SHARDED_META,
+    checkpoint_meta,
+    checkpoint_mismatch,
+    interrupted_swap,
+    is_sharded_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 RUN_CONFIG = "tokenrl_config"  # a checkpoint's entry holding its run's config (`RunConfigRecord`)
 HISTORY = Path(".hydra") / "resume_history.yaml"  # in the run folder: one entry per resume (`record_resume`)
-# The settings a resume may change freely: where files go and what is logged (paths, task_name, logger, the trainer's
-# root folder, progress bar and logging interval), how long the run is (total_steps: extending a run is what a resume
-# is for; the prompts of step k depend on the seed and k only), which checkpoints, samples and export it writes,
-# held-out validation (its own seeds, between steps), extra statistics (diagnostics), what a sweeper reads
-# (optimized_metric) and the resume itself (ckpt_path, resume). None changes a step's prompts, samples or update;
-# every other key does, or may (the model, algorithm, selector, task, rollout, trainer precision and devices, seed,
-# fast_path's kernels), so a resume that changes one is refused unless resume.allow_changes=true.
+# The settings a resume may change freely: none changes a step's prompts, samples or update (the prompts of step k
+# depend on the seed and k only, so total_steps may grow; validation draws its own seeds). Every other key does, or
+# may, so a resume that changes one is refused unless resume.allow_changes=true.
 FREE_SETTINGS = (
     "paths",
     "task_name",
@@ -79,13 +63,6 @@ class RunComplete(Exception):
         self.summary = summary
 
 
-def checkpoint_meta(path: str | Path) -> dict[str, Any]:
-    """The checkpoint at `path` memory-mapped (the weights are not read), or of a sharded checkpoint its meta.pt,
-    which holds no weights."""
-    source = Path(path) / SHARDED_META if Path(path).is_dir() else path
-    return torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-
-
 def checkpoint_step(path: str | Path) -> int:
     """The rollout steps done in the checkpoint at `path`."""
     try:
@@ -99,17 +76,14 @@ def resolve_checkpoint(
 ) -> tuple[str | None, int]:
     """The checkpoint to resume from and the rollout steps it holds ((None, 0): start fresh), checked: it exists, is a
     tokenrl checkpoint, and leaves steps to train (else `ckpt_path=auto` raises `RunComplete`, a path ValueError).
-    `checkpoints`: whether this run writes them (`checkpoint.enabled`). `ckpt_path=auto` without them is refused (a
-    requeued job would find nothing to resume from and start again from step 0 over its own folder), except in a
-    finished job: its summary.json there and no own last.ckpt to extend (to a larger total_steps) raise `RunComplete`
-    whatever the checkpoints."""
+    `checkpoints` (`checkpoint.enabled`): without them `ckpt_path=auto` is refused (a requeued job would train again
+    from step 0 over its own folder), except in a finished job (its summary.json, no own last.ckpt): `RunComplete`."""
     if ckpt_path is None:
         return None, 0
     auto = str(ckpt_path) == AUTO
+    own, summary_path = Path(output_dir) / "checkpoints" / "last.ckpt", Path(output_dir) / "summary.json"
     if auto:
-        own = Path(output_dir) / "checkpoints" / "last.ckpt"
         resumable = checkpoints and (own.exists() or interrupted_swap(own) is not None)
-        summary_path = Path(output_dir) / "summary.json"
         if not resumable and summary_path.is_file():
             raise RunComplete(
                 f"ckpt_path=auto: the run is already complete, nothing to train (its summary: {summary_path})",
@@ -146,7 +120,6 @@ def resolve_checkpoint(
         )
     step = checkpoint_step(path)
     if step >= total_steps and auto:
-        summary_path = Path(output_dir) / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         where = f"its summary: {summary_path}" if summary else f"it stopped before writing {summary_path}"
         raise RunComplete(
@@ -164,9 +137,8 @@ def resolve_checkpoint(
 
 
 def continues_run(ckpt_path: str | None, output_dir: str | Path) -> bool:
-    """Whether a run of `ckpt_path` in `output_dir` continues the run already there: `auto` where the folder holds its
-    last.ckpt or summary.json, or a checkpoint in the folder's checkpoints/ (a resume `config/command_line.py` pointed
-    at its run folder). Such a run leaves the folder's `.hydra/` record as the run that made it wrote it."""
+    """Whether a run of `ckpt_path` in `output_dir` continues the run there (and leaves its `.hydra/` record as it is):
+    `auto` with the folder's last.ckpt or summary.json there, or a checkpoint of the folder's checkpoints/."""
     if ckpt_path is None:
         return False
     folder = Path(output_dir)
@@ -188,10 +160,9 @@ class RunConfigRecord(L.Callback):
 
 
 def changed_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, str]:
-    """The settings outside `FREE_SETTINGS` whose values differ between the configs `saved` and `current` (as composed),
-    by dotted key in config order: "old → new". Both are resolved here, with this run's `paths`, so that where files
-    lie (`model.source: ${paths.model_cache}/...`, `${oc.env:...}`) is no difference, nor a value that moved to
-    another key and is interpolated there. A key one of them lacks is one (a `+` override, a preset's own keys)."""
+    """The settings outside `FREE_SETTINGS` whose values differ between the composed configs `saved` and `current`, by
+    dotted key: "old → new". Both are resolved with this run's `paths`, so where files lie (`${paths.model_cache}/...`,
+    `${oc.env:...}`) is no difference, nor a value moved to another key; a key only one of them has is one."""
 
     def leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
         if isinstance(node, Mapping) and node:
@@ -225,9 +196,8 @@ def changed_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> di
 def check_resume_settings(
     path: str | Path, config: Mapping[str, Any], steps_done: int, output_dir: str | Path
 ) -> dict[str, str]:
-    """The settings this resume (of the run `config`, from the checkpoint at `path`) changes against the checkpoint's
-    run (`changed_settings`); any is a ValueError (one line naming each, old → new) unless `config` allows changes
-    (`resume.allow_changes`). A checkpoint written before checkpoints held their config: nothing to compare, {}."""
+    """The settings this resume changes against its checkpoint's run (`changed_settings`): a ValueError naming each
+    unless `resume.allow_changes`. A checkpoint from before checkpoints held their config: nothing compared, {}."""
     saved = checkpoint_meta(path).get(RUN_CONFIG)
     if saved is None:
         log.warning("%s does not record its run's settings (written by an older tokenrl): not compared", path)
@@ -246,8 +216,7 @@ def check_resume_settings(
 def record_resume(
     output_dir: str | Path, path: str | Path, steps_done: int, overrides: list[str], changed: dict[str, str]
 ) -> None:
-    """Append this resume to the run folder's history (`HISTORY`, a YAML list; rank 0 only): when, from which
-    checkpoint, the first step it trains, its command line's overrides and the settings it changed."""
+    """Append this resume (when, its checkpoint and first step, its overrides, the settings it changed) to `HISTORY`."""
     if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # Lightning sets it on its decorator at import
         return
     entry = {
@@ -266,8 +235,8 @@ def record_resume(
 def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
     """The shapes of the `policy.*` weights of the checkpoint at `path` (a `.ckpt` file, memory-mapped, or a sharded
     folder's index: no weights are read), and whether it holds them all (False: a LoRA checkpoint's adapters)."""
-    path = Path(path)
-    if path.is_dir():
+    meta = checkpoint_meta(path)
+    if Path(path).is_dir():
         from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata
 
         index = FileSystemReader(path).read_metadata().state_dict_metadata
@@ -276,30 +245,23 @@ def checkpoint_shapes(path: str | Path) -> tuple[dict[str, list[int]], bool]:
             for key, item in index.items()
             if key.startswith("model.policy.") and isinstance(item, TensorStorageMetadata)
         }
-        meta = torch.load(path / SHARDED_META, map_location="cpu", weights_only=True)
     else:
-        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        shapes = {
-            key: list(value.shape) for key, value in meta.get("state_dict", {}).items() if key.startswith("policy.")
-        }
+        state = meta.get("state_dict", {})
+        shapes = {key: list(value.shape) for key, value in state.items() if key.startswith("policy.")}
     return shapes, meta.get("tokenrl", {}).get("base") is None
 
 
 def policy_shapes(settings: ModelSettings) -> dict[str, list[int]]:
-    """The shapes of the `policy.*` weights a run of `model.*` checkpoints, from its architecture built on the meta
-    device (no memory, no weights read)."""
+    """The shapes of the `policy.*` weights a run of `model.*` checkpoints, from its architecture on the meta device."""
     from tokenrl.models import meta_model
 
     return {f"policy.{key}": list(value.shape) for key, value in meta_model(settings).state_dict().items()}
 
 
 def check_checkpoint_matches(path: str | Path, settings: ModelSettings) -> None:
-    """Raise ValueError (one line naming `path`, how many weights differ and one of them) unless the checkpoint at
-    `path` holds weights of the shapes the model of `settings` has."""
-    saved, complete = checkpoint_shapes(path)
-    mismatch = checkpoint_mismatch(
-        path, saved, policy_shapes(settings), "resume with the model it was trained with", complete
-    )
+    """Raise ValueError (one line naming `path`) unless its weights have the shapes of the model of `settings`."""
+    (saved, complete), built = checkpoint_shapes(path), policy_shapes(settings)
+    mismatch = checkpoint_mismatch(path, saved, built, "resume with the model it was trained with", complete)
     if mismatch is not None:
         raise mismatch
 

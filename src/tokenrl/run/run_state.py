@@ -1,7 +1,6 @@
-"""`RunState`: what a run's checkpoint holds beside the weights and the optimizer, so that a resumed run continues
-exactly as the uninterrupted one would: the rollout and optimizer step counters, the reward history, the refill
-position of dynamic sampling, the entropy bonus's controller and every RNG. A checkpoint taken in the middle of a
-step (a preemption) holds the state after the last completed step (`mark_step_boundary`)."""
+"""`RunState`: what a checkpoint holds beside the weights and the optimizer so that a resumed run continues exactly as
+the uninterrupted one would (step counters, reward history, dynamic sampling's refill position, the entropy bonus's
+controller, every RNG); taken mid-step (a preemption), the state after the last completed step."""
 
 from __future__ import annotations
 

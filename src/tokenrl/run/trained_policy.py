@@ -1,7 +1,6 @@
-"""The commands that read a trained policy back: `tokenrl-export` (cli/export.py, docs/export.md), a training
-checkpoint's policy rebuilt from its run's saved config and written as a Hugging Face folder (export/hf_folder.py); and
-`python eval.py` (cli/eval.py), pass@k of a model, with a training checkpoint's policy loaded into it (`ckpt_path`), on
-benchmarks (evaluation/runner.py)."""
+"""The commands that read a trained policy back: `tokenrl-export` (docs/export.md), a training checkpoint's policy
+rebuilt from its run's saved config and written as a Hugging Face folder, and `python eval.py`, pass@k of a model (with
+a training checkpoint's policy loaded into it: `ckpt_path`) on benchmarks (evaluation/runner.py)."""
 
 from __future__ import annotations
 
@@ -147,10 +146,9 @@ def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
 
 def policy_from_checkpoint(ckpt: Path, run: RunConfig) -> tuple[PreTrainedModel | PeftModel, dict[str, Any]]:
-    """The policy of `model.*` (PEFT-wrapped with LoRA) holding the checkpoint's tensors themselves, built on the meta
-    device and given them, so the weights are in memory once; and the checkpoint's tokenrl state. A LoRA checkpoint
-    without its base (`state["base"]`, its reference): the base built from `model.*` and `seed`, checked against it,
-    with the adapters loaded onto it."""
+    """The policy of `model.*` (PEFT-wrapped with LoRA) holding the checkpoint's tensors themselves (built on the meta
+    device: the weights are in memory once), and the checkpoint's tokenrl state. A LoRA checkpoint holds no base: it is
+    built from `model.*` and `seed`, checked against the checkpoint's reference, and the adapters loaded onto it."""
     settings, seed = run.model, int(run.cfg.seed)
     weights, state = read_checkpoint(ckpt)
     if state.get("base") is not None:

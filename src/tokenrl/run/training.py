@@ -75,25 +75,16 @@ def build_components(
 
 
 def build_trainer(cfg: DictConfig, preemption: PreemptionWatch) -> L.Trainer:
-    """The Lightning trainer with the run's loggers and callbacks (progress, checkpoints, the module's preemption
-    watch)."""
-    output_dir = Path(cfg.paths.output_dir)
+    """The Lightning trainer with the run's loggers and callbacks (progress, checkpoints, the preemption watch)."""
     loggers = [instantiate(node) for node in (cfg.logger or {}).values()]
-    # one log line per rollout step (console, train.log); preemption signals → last.ckpt; the config in each checkpoint
     record = RunConfigRecord(as_dict(cfg, resolve=False))
     callbacks: list[L.Callback] = [ProgressLog(cfg.total_steps), preemption, record]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(RolloutProgressBar(cfg.total_steps))
-    if cfg.checkpoint.enabled:
-        callbacks.append(
-            RunCheckpoint(
-                output_dir / "checkpoints",
-                cfg.checkpoint.every_n_steps,
-                cfg.checkpoint.monitor,
-                cfg.checkpoint.mode,
-                cfg.checkpoint.keep_last_k,
-            )
-        )
+    saving = cfg.checkpoint
+    if saving.enabled:
+        folder = Path(cfg.paths.output_dir) / "checkpoints"
+        callbacks.append(RunCheckpoint(folder, saving.every_n_steps, saving.monitor, saving.mode, saving.keep_last_k))
     # max_epochs=-1: the module stops the fit after one pass over the remaining prompt schedule (run/module.py)
     return instantiate(
         cfg.trainer,
@@ -111,13 +102,9 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     datamodule.setup("fit")  # the prompts: the plan's prompt length is the longest one's
     device = str(trainer.strategy.root_device)
     container = as_dict(cfg)
-    plan = plan_memory(
-        container,
-        architecture_shape(ModelSettings.of(container["model"])),
-        device,
-        device_capacity_gib(device),
-        prompt_tokens=max(map(len, datamodule.train_prompt_ids)),
-    )
+    shape = architecture_shape(ModelSettings.of(container["model"]))
+    longest = max(map(len, datamodule.train_prompt_ids))
+    plan = plan_memory(container, shape, device, device_capacity_gib(device), prompt_tokens=longest)
     if not plan.fits():
         raise ValueError(memory_refusal(plan, container))  # the table once, in the error
     if trainer.is_global_zero:
@@ -133,29 +120,13 @@ def data_rows(datamodule: RolloutDataModule, announce: bool) -> dict[str, int]:
     task = datamodule.task
     if not isinstance(task, DatasetTask):
         return {}
-    rows = {"data_train_rows": len(datamodule.train_problems), "data_held_out_rows": len(task.problems("test"))}
+    train, held_out = len(datamodule.train_problems), len(task.problems("test"))
     if announce:
-        held_out = (
-            f"task.test_split={task.test_split}"
-            if task.test_split
-            else f"task.test_fraction={task.test_fraction} of its rows, task.split_seed={task.split_seed}"
-        )
-        log.info(
-            "task.source=%s: training on %d rows, %d held out (%s)",
-            task.source,
-            rows["data_train_rows"],
-            rows["data_held_out_rows"],
-            held_out,
-        )
-    return rows
-
-
-def carry_metrics(trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
-    """Put the kept rows of the interrupted run's metrics.csv ahead of the resumed run's (the CSV logger replaces
-    the file it finds; its first save writes these rows, then the new ones)."""
-    for logger in trainer.loggers:
-        if isinstance(logger, CSVLogger) and rows:
-            logger.experiment.metrics[:0] = rows
+        split = f"task.test_fraction={task.test_fraction} of its rows, task.split_seed={task.split_seed}"
+        if task.test_split:
+            split = f"task.test_split={task.test_split}"
+        log.info("task.source=%s: training on %d rows, %d held out (%s)", task.source, train, held_out, split)
+    return {"data_train_rows": train, "data_held_out_rows": held_out}
 
 
 def peak_memory_gib(device: torch.device) -> dict[str, float]:
@@ -167,10 +138,9 @@ def peak_memory_gib(device: torch.device) -> dict[str, float]:
 
 
 def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-    """Check the config, train as configured; returns (and writes to summary.json) the final metrics and the mean
-    reward of the first and the last 5 rollout steps (the learning check of the README). `overrides`: the command
-    line's, to find keys that `+` added. A preemption signal ends it with SystemExit(128 + the signal's number)
-    after last.ckpt is written."""
+    """Check the config and train; returns (and writes to summary.json) the final metrics and the mean reward of the
+    first and last 5 rollout steps. `overrides`: the command line's, to find keys `+` added. A preemption signal ends it
+    with SystemExit(128 + the signal's number) once last.ckpt is written."""
     narrow_to_trainer_gpu(cfg)  # first: CUDA reads CUDA_VISIBLE_DEVICES once, when it starts
     settings = checked_settings(cfg, overrides)
     for warning in settings.warnings:
@@ -204,7 +174,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
     for logger in trainer.loggers:
         if isinstance(logger, MLflowLogger):  # the run's settings as the MLflow run's parameters
             logger.log_hyperparams(config_params(as_dict(cfg)))
-    carry_metrics(trainer, kept_rows)
+        if isinstance(logger, CSVLogger) and kept_rows:  # its first save rewrites metrics.csv: the kept rows first
+            logger.experiment.metrics[:0] = kept_rows
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     except Preempted as stop:
@@ -231,8 +202,8 @@ def run(cfg: DictConfig, overrides: list[str] | tuple[str, ...] = ()) -> dict[st
         **rows,
     }
     if trainer.is_global_zero:
-        Path(cfg.paths.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.paths.output_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         log.info("run finished: %s", json.dumps(summary))
     export_run(cfg, module, trainer, summary)  # <run>/model/: the policy as a Hugging Face folder (every rank: FSDP)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
