@@ -49,8 +49,7 @@ def validation_auc(run: Run, key: str) -> float:
 
 def reward_auc(run: Run) -> float:
     """The training reward's mean over every logged rollout step (the reward curve's area per step)."""
-    values = [values["train/reward"] for values in run.steps.values() if "train/reward" in values]
-    return sum(values) / len(values) if values else math.nan
+    return window_mean(run, "train/reward", "all")
 
 
 def contrast_metric(name: str) -> tuple[str, Callable[[Run], float]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
@@ -95,25 +95,26 @@ def _failure(folder: Path) -> str:
     return ""
 
 
-def _resolved_lr(path: Path) -> float:
+def _resolved_lr(config: DictConfig) -> float:
     """algorithm.optimizer.lr of a saved config, its interpolations (`${forks_tuned.lr.oracle}`) resolved; nan where
     it has none or it does not resolve."""
     try:
-        value = OmegaConf.select(OmegaConf.load(path), "algorithm.optimizer.lr", default=None)
+        value = OmegaConf.select(config, "algorithm.optimizer.lr", default=None)
         return math.nan if value is None else float(value)
     except (OmegaConfBaseException, ValueError, TypeError):
         return math.nan
 
 
 def load_run(folder: Path) -> Run:
-    config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+    config = OmegaConf.load(folder / ".hydra" / "config.yaml")
+    assert isinstance(config, DictConfig)  # a job's saved config is a mapping
     run = Run(
         job=folder.name,
         folder=folder,
         overrides=_overrides(folder),
         seed=int(config["seed"]),
         total_steps=int(config["total_steps"]),
-        lr=_resolved_lr(folder / ".hydra" / "config.yaml"),
+        lr=_resolved_lr(config),
     )
     run.steps, run.validation = _read_metrics(folder / "csv" / "metrics.csv")
     summary_path = folder / "summary.json"
