@@ -9,7 +9,7 @@ model folder (default: the offline SmolLM2-135M-Instruct that scripts/setup.sh p
 token budget (tokenrl's per-benchmark default unless --max-new-tokens), batch size 1 on both sides (no padding):
 
 - tokenrl: its own evaluation path (benchmarks.load -> PromptFormatter -> the `hf` rollout engine ->
-  evaluation.runner.evaluate -> SafeScorer with the benchmark's verifier), greedy as top_k=1, n=1;
+  evaluation.runner.ProblemSet.evaluate -> SafeScorer with the benchmark's verifier), greedy as top_k=1, n=1;
 - the harness: lm_eval.simple_evaluate on the task configs in scripts/harness_tasks/ (its `json` loader on the same
   files, the same user turn, --apply_chat_template, until = EOS, do_sample=false, its own filters and metrics).
 
@@ -124,7 +124,7 @@ def tokenrl_side(
 
     from tokenrl.data.benchmarks import benchmark
     from tokenrl.data.prompts import PromptFormatter, with_instruction
-    from tokenrl.evaluation.runner import EvalSettings, evaluate
+    from tokenrl.evaluation.runner import EvalSettings, ProblemSet
     from tokenrl.models import build_model, build_tokenizer
     from tokenrl.records.settings import ModelSettings
     from tokenrl.rewards.scorer import SafeScorer
@@ -159,7 +159,7 @@ def tokenrl_side(
     scorer = SafeScorer(5.0)
     samples = work / f"{task}.tokenrl.observe.samples.jsonl"
     try:
-        result = evaluate(task, problems, instruction, engine, formatter, scorer, settings, samples_path=samples)
+        result = ProblemSet(task, problems, instruction).evaluate(engine, formatter, scorer, settings, samples)
         rows = [json.loads(line) for line in samples.read_text().splitlines()]
         flexible = (
             scorer.score([("gsm8k_flexible", r["response"], r["answer"]) for r in rows]) if task == "gsm8k" else None

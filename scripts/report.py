@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tokenrl.cli.errors import OneLineParser  # noqa: E402
-from tokenrl.report import Spec, build_report  # noqa: E402
+from tokenrl.report import build_report  # noqa: E402
 from tokenrl.report.html import write_run_samples_page  # noqa: E402
 from tokenrl.report.runs import load_run  # noqa: E402
 
@@ -73,17 +73,7 @@ def main() -> None:
             return
         if args.reading and not args.reading.is_file():
             raise FileNotFoundError(f"--reading {args.reading}: no such file")
-        payload = build_report(
-            args.folder,
-            args.out or args.folder / "report",
-            args.baseline,
-            args.title,
-            args.reading,
-            tuple(args.also_against),
-            Spec(tuple(args.contrasts), args.primary, tuple(args.secondary), "the command line (--contrasts)")
-            if args.contrasts
-            else None,
-        )
+        payload = build_report(args.folder, args.out or args.folder / "report", args)
     except (FileNotFoundError, ValueError) as err:
         parser.exit(2, f"error: {err}\n")
     bad = [r for r in payload["runs"] if r["status"] != "complete"]

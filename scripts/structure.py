@@ -15,7 +15,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "tokenrl"
 MARKER = "<!-- structure: scripts/structure.py -->"  # where the docs build puts the table
-LONG_FILE, LONG_FUNCTION = 300, 50
+LONG_FILE, LONG_FUNCTION, WIDE = 300, 50, 5
+# signatures whose width an outer interface fixes, with the interface
+FIXED_WIDTH = {
+    "FusedHead.forward": "torch.autograd.Function: one argument per input of the fused pass",
+    "packed_attention_forward": "transformers' attention interface (ALL_ATTENTION_FUNCTIONS)",
+}
 
 
 def documented_layers() -> dict[str, int]:
@@ -127,6 +132,34 @@ def long_functions(path: Path) -> list[str]:
     ]
 
 
+def wide_signatures(source: str) -> dict[str, int]:
+    """`Class.method` or `function` -> its parameter count (self and cls aside, *args and **kwargs counted), for
+    each signature of a module's `source` wider than WIDE."""
+    found = {}
+    for node in ast.walk(tree := ast.parse(source)):
+        for item in node.body if isinstance(node, (ast.Module, ast.ClassDef)) else ():
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = item.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
+                width = len(names) + bool(args.vararg) + bool(args.kwarg)
+                if width > WIDE:
+                    found[f"{node.name}.{item.name}" if node is not tree else item.name] = width
+    return found
+
+
+def hydra_built() -> set[str]:
+    """Classes of src/ that a config builds by `_target_`: their keywords are the YAML keys a user sets."""
+    configs = "".join(path.read_text() for path in (ROOT / "configs").rglob("*.yaml"))
+    return {target.rpartition(".")[2] for target in re.findall(r"_target_:\s*(tokenrl(?:\.\w+)+)", configs)}
+
+
+def unexplained_wide(source: str) -> list[str]:
+    """Signatures of a module's `source` wider than WIDE that are neither a config node's constructor nor fixed by an
+    interface."""
+    built = {f"{name}.__init__" for name in hydra_built()}
+    return [name for name in wide_signatures(source) if name not in built and name not in FIXED_WIDTH]
+
+
 def numbers() -> dict[str, int]:
     """The structure's counts, as the page shows them."""
     layers, graph, files = documented_layers(), arrows(), sources()
@@ -141,6 +174,10 @@ def numbers() -> dict[str, int]:
         "lines": sum(lines.values()),
         f"files over {LONG_FILE} lines": sum(n > LONG_FILE for n in lines.values()),
         f"functions over {LONG_FUNCTION} lines": sum(len(long_functions(path)) for path in files),
+        f"signatures over {WIDE} parameters": sum(len(wide_signatures(path.read_text())) for path in files),
+        "… of them neither a config node's keys nor an outer interface": sum(
+            len(unexplained_wide(path.read_text())) for path in files
+        ),
     }
 
 

@@ -76,6 +76,23 @@ def test_the_check_finds_hidden_relative_and_sideways_imports():
     assert sideways_or_upward("tokenrl.step.update", [(1, "tokenrl.rollout.engine")], {"step": 5, "rollout": 5}) != []
 
 
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_signatures_take_at_most_five_parameters(path):
+    """Wider is a record waiting to be named; a config node's constructor (its keywords are the YAML keys a user sets)
+    and a signature an outer interface fixes (structure.FIXED_WIDTH) are the exceptions."""
+    assert structure.unexplained_wide(path.read_text()) == [], f"{path.relative_to(ROOT)}: pass a record instead"
+
+
+def test_the_width_check_counts_every_parameter():
+    source = (
+        "def f(a, b, c, d, e, *rest, **options): ...\n"
+        "class ArithmeticTask:\n    def __init__(self, a, b, c, d, e, f): ...\n"
+        "class Other:\n    def __init__(self, a, b, c, d, e, f): ...\n    def g(self, a, b, c, d, e): ...\n"
+    )
+    assert structure.wide_signatures(source) == {"f": 7, "ArithmeticTask.__init__": 6, "Other.__init__": 6}
+    assert structure.unexplained_wide(source) == ["f", "Other.__init__"]
+
+
 def test_the_structure_numbers_are_measured():
     """The page's numbers (scripts/structure.py): what the rules above promise, and what the house weighs."""
     found = structure.numbers()

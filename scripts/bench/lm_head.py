@@ -66,35 +66,33 @@ def workload(args, device):
 def materialised(hidden, weight, targets, mask, group_ids, args):
     import torch
 
-    from tokenrl.algorithms.logit_statistics import stats_from_logits
+    from tokenrl.algorithms.logit_statistics import LogitStatistics
 
     rows, length = targets.shape
     logits = (hidden @ weight.t()).view(rows, length, -1)
     log_pi = torch.log_softmax(logits.float() / args.temperature, dim=-1)
     logp = log_pi.gather(-1, targets.to(logits.device)[..., None]).squeeze(-1)
     entropy = -(log_pi.exp() * log_pi).sum(-1)
-    stats = stats_from_logits(
-        logits.detach(), targets, mask, group_ids, args.temperature, args.stats_chunk, True, "all"
-    )
+    statistics = LogitStatistics(args.temperature, args.stats_chunk, "all")
+    stats = statistics.of_logits(logits.detach(), targets, mask, group_ids, True)
     return logp, entropy, stats.renyi2, stats.js
 
 
 def fused(hidden, weight, targets, mask, group_ids, args):
-    from tokenrl.models.lm_head import fused_head, response_slots
+    from tokenrl.models.lm_head import ChunkedHead, fused_head, response_slots
 
     rows, length = targets.shape
-    out = fused_head(
-        hidden, weight, targets.reshape(-1), args.temperature, groups=response_slots(group_ids, length, mask, "all")
-    )
+    slots = response_slots(group_ids, length, mask, "all")
+    out = fused_head(hidden, ChunkedHead(weight, args.temperature), targets.reshape(-1), slots)
     shape = (rows, length)
     return out.logprobs.view(shape), out.entropy.view(shape), out.renyi2.view(shape), out.js.view(shape)
 
 
 def fused_logp(hidden, weight, targets, mask, group_ids, args):
-    from tokenrl.models.lm_head import fused_head
+    from tokenrl.models.lm_head import ChunkedHead, fused_head
 
     rows, length = targets.shape
-    out = fused_head(hidden, weight, targets.reshape(-1), args.temperature)
+    out = fused_head(hidden, ChunkedHead(weight, args.temperature), targets.reshape(-1))
     return out.logprobs.view(rows, length), out.entropy.view(rows, length), out.renyi2.view(rows, length), None
 
 

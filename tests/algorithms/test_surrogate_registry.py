@@ -34,8 +34,9 @@ from tokenrl.algorithms.surrogates import (
 )
 from tokenrl.config.check import ConfigError, check_config
 from tokenrl.records.loss_inputs import LossInputs
+from tokenrl.records.selection import Selection
 from tokenrl.run.training import build_components
-from tokenrl.step.update import loss_terms, update_metrics
+from tokenrl.step.update import UpdateLoss, loss_terms
 
 NAME = "reinforce_test"
 CALLS: list[int] = []
@@ -137,7 +138,7 @@ def test_a_registered_surrogate_matches_its_float64_loop(reinforce, aggregation,
         kl_coef=0.04,
         response_budget=9,
     )
-    count = LossNormalizer.count(resp, weights, aggregation, normalizer, True, budget=9)
+    count = LossNormalizer.count(resp, Selection(weights, normalizer), settings)
     leaf = logp.clone().requires_grad_(True)
     inputs = LossInputs(leaf, old, adv, resp, weights, normalizer=normalizer, ref_logp=ref)
     out = policy_loss(inputs, count, settings)
@@ -295,7 +296,7 @@ def test_a_surrogates_metrics_are_its_means_over_the_selected_tokens_of_the_step
         loss_terms(policy_loss(LossInputs(logp[r], old[r], adv[r], resp[r], weights[r]), UNIT, settings))
         for r in (torch.tensor([0, 2, 5]), torch.tensor([1, 3, 4]))
     ]
-    metrics = update_metrics(terms, 1, cfg, None, None)
+    metrics = UpdateLoss(None, cfg.loss, None).metrics(terms, 1)
     selected = (resp * (weights != 0)).bool()
     expected = float(torch.exp((logp - old).clamp(-20, 20))[selected].mean())
     assert metrics["surrogate/ratio"] == pytest.approx(expected, rel=1e-12)

@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import DATA_DIR, ROOT, needs_data
 from tokenrl.data.benchmarks import BENCHMARKS, GPQA_PASSWORD, LOCAL, MMLU_STEM, PAPER, benchmark, expand
 from tokenrl.data.jsonl import DataFormatError
-from tokenrl.evaluation.runner import EvalSettings, evaluate
+from tokenrl.evaluation.runner import EvalSettings, ProblemSet
 
 COUNTS = {
     "gsm8k": 1319,
@@ -154,10 +154,7 @@ def test_evaluate_counts_and_files(tmp_path):
     problems = [Problem(str(i), f"q{i}", "x", "tests.helpers.rewards:length_reward") for i in range(5)]
     scorer = SafeScorer(20.0)
     try:
-        result = evaluate(
-            "toy",
-            problems,
-            "",
+        result = ProblemSet("toy", problems, "").evaluate(
             HFEngine(model, tok),
             PromptFormatter(tok, False),
             scorer,

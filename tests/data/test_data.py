@@ -9,11 +9,12 @@ import re
 import pytest
 
 from tests.conftest import DATA_DIR, needs_data
-from tokenrl.data.datamodule import PromptSchedule
+from tokenrl.data.datamodule import PromptPool, PromptSchedule
 from tokenrl.data.jsonl import DataFormatError
 from tokenrl.data.prompts import PromptFormatter
 from tokenrl.data.tasks import ArithmeticTask, BenchmarkTask
 from tokenrl.records.problem import Problem
+from tokenrl.records.prompt_batch import rank_shard
 
 
 def test_arithmetic_is_seeded_and_splits_differ():
@@ -29,8 +30,8 @@ def test_arithmetic_is_seeded_and_splits_differ():
 def test_schedule_is_a_function_of_the_step():
     problems = [Problem(str(i), f"q{i}", "1", "gsm8k_strict") for i in range(10)]
     ids = [[i] for i in range(10)]
-    full = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=6))
-    resumed = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=3, stop=6))
+    full = list(PromptSchedule(PromptPool(problems, ids), batch_size=4, seed=0, steps=range(0, 6)))
+    resumed = list(PromptSchedule(PromptPool(problems, ids), batch_size=4, seed=0, steps=range(3, 6)))
     assert [b.prompt_ids for b in full[3:]] == [b.prompt_ids for b in resumed]
     assert [b.step for b in resumed] == [3, 4, 5]
     # every epoch visits every problem exactly once
@@ -41,9 +42,9 @@ def test_schedule_is_a_function_of_the_step():
 def test_schedule_shards_prompts_over_ranks():
     problems = [Problem(str(i), f"q{i}", "1", "gsm8k_strict") for i in range(12)]
     ids = [[i] for i in range(12)]
-    whole = list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2))
+    whole = list(PromptSchedule(PromptPool(problems, ids), batch_size=4, seed=0, steps=range(2)))
     shards = [
-        list(PromptSchedule(problems, ids, batch_size=4, seed=0, start=0, stop=2, rank=r, world_size=2))
+        list(PromptSchedule(PromptPool(problems, ids), 4, 0, range(2), rank_shard(4, r, 2, "prompts_per_step")))
         for r in range(2)
     ]
     for step in range(2):

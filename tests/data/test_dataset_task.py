@@ -105,7 +105,7 @@ def test_a_glob_of_two_files_trains_on_the_rows_of_both(tiny_cfg, tmp_path):
     datamodule.setup("fit")
     task = datamodule.task
     held_out = {p.question for p in task.problems("test")}
-    assert len(held_out) == 2 and {p.question for p in datamodule.train_problems} | held_out == {
+    assert len(held_out) == 2 and {p.question for p in datamodule.train.problems} | held_out == {
         r["question"] for r in sums(10)
     }  # a.jsonl's rows 0-5 and b.jsonl's 6-9, once each
     by_id = {p.id: p.question for p in task.problems("train") + task.problems("test")}
@@ -147,7 +147,7 @@ def test_the_system_prompt_reaches_training_and_validation_prompts(tiny_cfg, tmp
         )
     )
     datamodule.setup()
-    first = datamodule.formatter.tokenizer.decode(datamodule.train_prompt_ids[0])
+    first = datamodule.formatter.tokenizer.decode(datamodule.train.prompt_ids[0])
     assert first.startswith("Be brief.\n\n") and first.endswith("=?\n")
     assert module.validator.formatter.system_prompt == "Be brief."
 

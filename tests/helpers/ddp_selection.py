@@ -17,8 +17,10 @@ from torch.utils.data import DataLoader
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from tokenrl.algorithms.config import LossSettings  # noqa: E402
 from tokenrl.algorithms.grpo import LossNormalizer  # noqa: E402
-from tokenrl.algorithms.logit_statistics import stats_from_logits  # noqa: E402
+from tokenrl.algorithms.logit_statistics import LogitStatistics  # noqa: E402
+from tokenrl.records.selection import Selection  # noqa: E402
 from tokenrl.selectors import Entropy20Selector, ICTSelector, SelectionBatch  # noqa: E402
 from tokenrl.step.distributed import gather_variable, global_loss_normalizer  # noqa: E402
 
@@ -37,7 +39,7 @@ def full_batch(seed: int = 0, groups: int = 4, group_size: int = 4, T: int = 12,
     resp = (torch.arange(T)[None] < lengths[:, None]).long()
     ids = torch.randint(0, V, (B, T), generator=g)
     group_ids = torch.arange(groups).repeat_interleave(group_size)
-    stats = stats_from_logits(logits, ids, resp, group_ids, 1.0, chunk_size=8)
+    stats = LogitStatistics(1.0, chunk_size=8).of_logits(logits, ids, resp, group_ids)
     return stats, resp, group_ids, torch.randn(B, generator=g)
 
 
@@ -55,7 +57,10 @@ def select(rows: torch.Tensor, rank: int, gather) -> dict[str, torch.Tensor]:
     )
     out = {name: selector.select(batch).mask for name, selector in SELECTORS.items()}
     for agg in ("token-mean", "seq-mean-token-mean"):
-        norm = global_loss_normalizer(LossNormalizer.count(resp[rows], out["ict_global"], agg, "selected", True))
+        settings = LossSettings(agg, 0.2, 0.2)
+        norm = global_loss_normalizer(
+            LossNormalizer.count(resp[rows], Selection(out["ict_global"], "selected"), settings)
+        )
         out[f"normalizer_{agg}"] = torch.tensor([norm.pg, norm.kl])
     return out
 

@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers.markers import requires_cuda
 from tests.selectors.test_selectors import reference_stats
-from tokenrl.models.lm_head import fused_head, response_slots, vocab_chunk
+from tokenrl.models.lm_head import ChunkedHead, fused_head, response_slots, vocab_chunk
 
 V, D = 37, 6
 TOL = dict(atol=1e-10, rtol=1e-10)
@@ -58,10 +58,8 @@ def test_values_equal_the_float64_reference(seed, chunk, temperature, peers):
     B, T = targets.shape
     out = fused_head(
         hidden.reshape(B * T, D),
-        embedding,
+        ChunkedHead(embedding, temperature, chunk=chunk),
         targets.reshape(-1),
-        temperature,
-        chunk=chunk,
         groups=response_slots(group_ids, T, mask, peers),
     )
     ref = reference_stats(hidden @ embedding.t(), targets, lengths, group_ids.tolist(), temperature, peers)
@@ -98,7 +96,7 @@ def test_gradients_equal_full_materialisation(tied, with_bias, chunk, temperatur
         hidden.retain_grad()
         b = leaves[-1] if bias is not None else None
         if fused:
-            out = fused_head(hidden.reshape(B * T, D), weight, targets.reshape(-1), temperature, b, chunk=chunk)
+            out = fused_head(hidden.reshape(B * T, D), ChunkedHead(weight, temperature, b, chunk), targets.reshape(-1))
             logp, entropy = out.logprobs.reshape(B, T), out.entropy.reshape(B, T)
         else:
             logp, entropy = full_materialisation(hidden, weight, b, targets, temperature)
@@ -117,7 +115,7 @@ def test_gradient_of_the_entropy_alone_and_a_frozen_head():
     """Only H carries gradient (log π unused), and the head's weight needs none (a frozen or adapter-only head)."""
     embedding, mix, inputs, targets, _, _, _ = ragged_case(5)
     hidden = hidden_of(embedding, mix, inputs).reshape(-1, D).requires_grad_()
-    out = fused_head(hidden, embedding, targets.reshape(-1), 0.8, chunk=9)
+    out = fused_head(hidden, ChunkedHead(embedding, 0.8, chunk=9), targets.reshape(-1))
     (grad,) = torch.autograd.grad(out.entropy.sum(), hidden)
     ref_hidden = hidden.detach().clone().requires_grad_()
     _, entropy = full_materialisation(ref_hidden, embedding, None, targets.reshape(-1), 0.8)
@@ -130,13 +128,11 @@ def test_float32_agrees_with_float64_and_statistics_are_detached():
     hidden = hidden_of(embedding, mix, inputs)
     B, T = targets.shape
     slots = response_slots(group_ids, T, mask, "all")
-    exact = fused_head(hidden.reshape(-1, D), embedding, targets.reshape(-1), 0.7, chunk=8, groups=slots)
+    exact = fused_head(hidden.reshape(-1, D), ChunkedHead(embedding, 0.7, chunk=8), targets.reshape(-1), slots)
     single = fused_head(
         hidden.float().reshape(-1, D).requires_grad_(),
-        embedding.float(),
+        ChunkedHead(embedding.float(), 0.7, chunk=8),
         targets.reshape(-1),
-        0.7,
-        chunk=8,
         groups=slots,
     )
     assert single.logprobs.dtype == torch.float32 and single.logprobs.requires_grad
@@ -152,9 +148,8 @@ def test_vocab_chunk_bounds_the_buffer():
     with pytest.raises(ValueError, match="peers"):
         fused_head(
             torch.zeros(2, D),
-            torch.zeros(V, D),
+            ChunkedHead(torch.zeros(V, D), 1.0),
             torch.zeros(2, dtype=torch.long),
-            1.0,
             groups=response_slots(torch.zeros(2, dtype=torch.long), 1, torch.ones(2, 1), "mine"),
         )
 
@@ -175,11 +170,12 @@ def test_no_host_synchronisation_on_a_gpu(autocast):
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            out = fused_head(hidden, weight, ids, 0.7, chunk=8, groups=slots)
+            out = fused_head(hidden, ChunkedHead(weight, 0.7, chunk=8), ids, slots)
         (out.logprobs.sum() + out.entropy.sum()).backward()
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    exact = fused_head(hidden.detach().double().cpu(), embedding, targets.reshape(-1), 0.7, chunk=8, groups=slots)
+    head = ChunkedHead(embedding, 0.7, chunk=8)
+    exact = fused_head(hidden.detach().double().cpu(), head, targets.reshape(-1), slots)
     tolerance = 5e-2 if autocast else 1e-4
     for name in ("logprobs", "entropy", "renyi2", "js"):
         assert torch.allclose(getattr(out, name).double().cpu(), getattr(exact, name), atol=tolerance), name

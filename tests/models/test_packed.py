@@ -2,8 +2,8 @@
 real tiny transformers models (Qwen2 with GQA, Llama), on ragged batches: prompts of different lengths, responses of
 different lengths down to one token, groups of different sizes (one of one row), a partial group and interleaved
 rows. Logits at response positions, log-probs, gradients w.r.t. every parameter and the statistics the selectors
-read (`stats_from_logits`) equal the padded layout's; the gather backend with gradients, FlexAttention (no backward on
-the CPU in torch 2.13) without."""
+read (`LogitStatistics.of_logits`) equal the padded layout's; the gather backend with gradients, FlexAttention (no
+backward on the CPU in torch 2.13) without."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.models.test_response_forward import (
     tiny_qwen2,
     weights_for,
 )
-from tokenrl.algorithms.logit_statistics import stats_from_logits
+from tokenrl.algorithms.logit_statistics import LogitStatistics
 from tokenrl.models import packed as packed_module
 from tokenrl.models.packed import ATTENTION_NAME, pack, packed_attention, packed_blocker, resolve_backend
 from tokenrl.models.response_forward import prompt_owners, response_logits, response_logprobs
@@ -175,18 +175,15 @@ def float64_statistics(logits: torch.Tensor, batch, js_peers: str) -> dict[str, 
 
 @pytest.mark.parametrize("js_peers", ["all", "others"])
 def test_statistics_from_packed_logits_equal_padded(exact_norm, js_peers):
-    """The statistics every selector reads, from the packed logits: `stats_from_logits` (float32 by design) equals
-    its value from the padded logits to float32 rounding, and the same formulas in float64 to 1e-10."""
+    """The statistics every selector reads, from the packed logits: `LogitStatistics.of_logits` (float32 by design)
+    equals its value from the padded logits to float32 rounding, and the same formulas in float64 to 1e-10."""
     model, batch = tiny_qwen2(9), ragged_batch(9)
     with torch.no_grad():
         padded = response_logits(model, batch, layout="padded")
         packed = response_logits(model, batch, layout="packed")
-    a = stats_from_logits(
-        padded, batch.response_ids, batch.response_mask, batch.group_ids, TEMPERATURE, 7, True, js_peers
-    )
-    b = stats_from_logits(
-        packed, batch.response_ids, batch.response_mask, batch.group_ids, TEMPERATURE, 7, True, js_peers
-    )
+    statistics = LogitStatistics(TEMPERATURE, 7, js_peers)
+    a = statistics.of_logits(padded, batch.response_ids, batch.response_mask, batch.group_ids, True)
+    b = statistics.of_logits(packed, batch.response_ids, batch.response_mask, batch.group_ids, True)
     for name in ("logprobs", "entropy", "renyi2", "js"):
         torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=1e-6, rtol=0, msg=name)
     assert a.js.abs().max() > 1e-3  # JS is compared where it is not trivially 0

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.data.test_forks_graph import random_small_graph, responses_for
-from tokenrl.algorithms.logit_statistics import stats_from_logits
+from tokenrl.algorithms.logit_statistics import LogitStatistics
 from tokenrl.data.forks_graph import path_marks
 from tokenrl.observe.diagnostics import auroc, jaccard, selection_diagnostics, top_k_shares
 from tokenrl.observe.samples import SampleWriter
@@ -29,7 +29,7 @@ def whole_batch(with_js: bool) -> SelectionBatch:
     ids = torch.randint(0, V, (B, T), generator=g)
     resp = (torch.arange(T)[None] < torch.tensor([12, 9, 12, 5, 12, 12, 7, 3])[:, None]).long()
     groups = torch.arange(2).repeat_interleave(4)
-    stats = stats_from_logits(logits, ids, resp, groups, 1.0, chunk_size=64, with_js=with_js)
+    stats = LogitStatistics(1.0, chunk_size=64).of_logits(logits, ids, resp, groups, with_js=with_js)
     return SelectionBatch(
         stats=stats,
         advantages=torch.randn(B, generator=g),
@@ -136,7 +136,7 @@ def graph_batch(seed: int, with_js: bool) -> SelectionBatch:
     failure = torch.tensor([FAILURES.index(chars.failure) for chars, _ in rows])
     groups = torch.arange(B // 4).repeat_interleave(4)
     logits = torch.randn(B, T, V, generator=g) * 2
-    stats = stats_from_logits(logits, torch.randint(0, V, (B, T), generator=g), mask, groups, 1.0, 64, with_js)
+    stats = LogitStatistics(1.0, 64).of_logits(logits, torch.randint(0, V, (B, T), generator=g), mask, groups, with_js)
     stats = dataclasses.replace(stats, entropy=(stats.entropy * 4).round() / 4)
     return SelectionBatch(
         stats=stats,

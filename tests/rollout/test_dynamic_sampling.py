@@ -16,7 +16,7 @@ from tokenrl.records.marks import POSITION_MARKS, ForkMarks
 from tokenrl.records.problem import Problem
 from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.records.rollout_batch import RolloutBatch, concat_rollouts
-from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups, concat_scored
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts, VariedGroups, concat_scored
 
 GATED = [
     "task.verifier=tests.helpers.rewards:odd_answers_unsolvable",
@@ -145,9 +145,7 @@ def test_rounds_keep_the_first_varied_groups_in_order(quota, max_rounds):
     def everyone_done(mine: bool) -> bool:
         return next(calls) >= other_rank_done_after and mine
 
-    batch, metrics = collect_varied_groups(
-        refill(), quota, "acc", max_rounds, generate, refill, everyone_done, pad_id=0
-    )
+    batch, metrics = VariedGroups(quota, "acc", max_rounds, pad_id=0).collect(refill(), generate, refill, everyone_done)
     rounds = len(drawn)
     seen = [i for ids in drawn[: len(generated)] for i in ids]
     varied = [i for i in seen if i % 3 and i % 5]

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from tests.conftest import compose_config
 from tests.helpers.tiny import tiny_policy, tiny_settings
 from tokenrl.run.memory_plan import GIB, Shape, architecture_shape, largest_micro_batch, memory_refusal, plan_memory
+from tokenrl.step.micro_batches import MicroBatchCut
 
 
 def container(*overrides: str) -> dict:
@@ -115,7 +116,8 @@ def test_the_backward_holds_the_shares_that_wait_for_their_gradients():
 def test_the_plan_takes_the_micro_batch_the_cut_really_makes(layout, prompts, budget, whole, tokens, head, several):
     """`largest_micro_batch` cuts a worst-case step (groups of 4, prompts of 20 tokens, responses of 10) with the run's
     own cut (step/micro_batches.py): whole rows (or groups) within the budget as the layout counts them, or 3 rows."""
-    cut = largest_micro_batch(prompts, 4, 20, 10, layout, 3, budget, whole_groups=whole)
+    step = [(group, 20, 10) for group in range(prompts) for _ in range(4)]
+    cut = largest_micro_batch(MicroBatchCut(3, budget, layout), step, whole_groups=whole)
     assert (cut.tokens, cut.response_tokens, cut.several) == (tokens, head, several)
 
 

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from tests.conftest import compose_config
 from tests.helpers.readme import recipe_files
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.logit_statistics import stats_from_logits
+from tokenrl.algorithms.logit_statistics import LogitStatistics
 from tokenrl.records.token_stats import TokenStats
 from tokenrl.selectors import (
     Entropy20Selector,
@@ -137,8 +137,8 @@ CASES = [dict(seed=s) for s in range(3)] + [dict(seed=7, group_size=1, groups=5)
 @pytest.mark.parametrize("js_peers", ["all", "others"])
 def test_statistics_equal_brute_force(case, temperature, chunk, js_peers):
     logits, ids, resp, lengths, groups, _ = make_case(**case)
-    stats = stats_from_logits(
-        logits.float(), ids, resp, groups, temperature, chunk_size=chunk, with_js=True, js_peers=js_peers
+    stats = LogitStatistics(temperature, chunk_size=chunk, js_peers=js_peers).of_logits(
+        logits.float(), ids, resp, groups, with_js=True
     )
     ref = reference_stats(logits, ids, lengths, groups.tolist(), temperature, js_peers)
     for name in ("logprobs", "entropy", "renyi2", "js"):
@@ -150,8 +150,8 @@ def test_statistics_equal_brute_force(case, temperature, chunk, js_peers):
 
 def test_leave_one_out_js_differs_and_is_symmetric_for_two_rollouts():
     logits, ids, resp, lengths, groups, _ = make_case(1, group_size=2, groups=2, T=6, ties=False)
-    both = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="all").js
-    others = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=8, js_peers="others").js
+    both = LogitStatistics(1.0, chunk_size=8, js_peers="all").of_logits(logits.float(), ids, resp, groups).js
+    others = LogitStatistics(1.0, chunk_size=8, js_peers="others").of_logits(logits.float(), ids, resp, groups).js
     active = (resp[0::2] * resp[1::2]).bool()
     assert torch.allclose(others[0::2][active], others[1::2][active], atol=1e-6)  # JS(p_a ‖ p_b) = JS(p_b ‖ p_a)
     paired = torch.stack([active, active], 1).reshape(resp.shape)  # rows whose partner is active
@@ -161,7 +161,7 @@ def test_leave_one_out_js_differs_and_is_symmetric_for_two_rollouts():
 def test_single_active_rollout_has_zero_js():
     logits, ids, resp, lengths, groups, _ = make_case(0, group_size=2, groups=1, T=6, ties=False)
     resp[1, 3:] = 0
-    stats = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=4)
+    stats = LogitStatistics(1.0, chunk_size=4).of_logits(logits.float(), ids, resp, groups)
     assert torch.equal(stats.js[0, 3:], torch.zeros(3)) and (stats.js[:, :3] > 0).all()
 
 
@@ -188,7 +188,7 @@ def test_ict_and_complement(case, ratio, scope):
 
 def test_ict_end_to_end_from_logits():
     logits, ids, resp, lengths, groups, adv = make_case(11)
-    stats = stats_from_logits(logits.float(), ids, resp, groups, 1.0, chunk_size=7)
+    stats = LogitStatistics(1.0, chunk_size=7).of_logits(logits.float(), ids, resp, groups)
     ref = reference_stats(logits, ids, lengths, groups.tolist(), 1.0)
     got = ICTSelector(ratio=0.3).select(batch_of(stats, adv, resp, groups)).mask.bool()
     assert torch.equal(got, ref_top_sequence(ref["js"], lengths, 0.3))

@@ -24,7 +24,7 @@ from tests.helpers.grids import all_pairs, uncovered_pairs
 from tests.helpers.qwen2 import float64_qwen2
 from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.grpo import group_advantages
-from tokenrl.algorithms.logit_statistics import stats_from_logits
+from tokenrl.algorithms.logit_statistics import LogitStatistics
 from tokenrl.models.response_forward import response_logits, sampled_logprobs
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
@@ -215,15 +215,9 @@ def float64_forward(policy: nn.Module, passes: PolicyPasses):
         logp = nn.functional.pad(logp.squeeze(-1), (0, part.response_ids.shape[1] - width))
         stats = None
         if with_stats:
-            stats = stats_from_logits(
-                logits.detach(),
-                part.response_ids,
-                part.response_mask,
-                part.group_ids,
-                plan.temperature,
-                plan.stats_chunk_size,
-                plan.with_js,
-                plan.js_peers,
+            statistics = LogitStatistics(plan.temperature, plan.stats_chunk_size, plan.js_peers)
+            stats = statistics.of_logits(
+                logits.detach(), part.response_ids, part.response_mask, part.group_ids, plan.with_js
             )
         return UpdateForward(logp, stats)
 
@@ -349,15 +343,8 @@ def test_fused_update_equals_the_update_with_a_separate_statistics_pass(
         logits = response_logits(policy, batch)
     assert_same_stats(
         fused.stats,
-        stats_from_logits(
-            logits,
-            batch.response_ids,
-            batch.response_mask,
-            batch.group_ids,
-            TEMPERATURE,
-            CHUNK,
-            with_js,
-            selector.js_peers,
+        LogitStatistics(TEMPERATURE, CHUNK, selector.js_peers).of_logits(
+            logits, batch.response_ids, batch.response_mask, batch.group_ids, with_js
         ),
         with_js,
     )

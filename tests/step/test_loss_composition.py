@@ -2,7 +2,7 @@
 gspo, gspo_seq, cispo, dppo, sapo), each with an aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm)
 and a KL (off, k3 on the selected tokens, low_var_kl on every response token) chosen so that every pair of any two
 settings is in some row (tests/helpers/grids.py: 60 rows hold the 540 combinations' pairs), on a small ragged float64
-batch, through the update's own entry points: `selector.select` → `update.local_normalizer` → `update.micro_batch_loss`.
+batch, through the update's own entry points: `selector.select` → `LossNormalizer.count` → `UpdateLoss.micro_batch`.
 
 The loss and its gradient must equal the float64 loop of tests/algorithms/losses/reference.py (`loop_policy_loss`,
 written from docs/algorithms.md §1.4/§11, not from the vectorised code) fed with the selection's fields: its token
@@ -24,7 +24,7 @@ import torch
 from tests.algorithms.losses.reference import loop_policy_loss
 from tests.helpers.grids import all_pairs, uncovered_pairs
 from tokenrl.algorithms.config import AlgorithmConfig
-from tokenrl.algorithms.grpo import group_advantages
+from tokenrl.algorithms.grpo import LossNormalizer, group_advantages
 from tokenrl.algorithms.surrogates import BUILT_IN_SURROGATES as POLICY_LOSSES
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats
@@ -42,7 +42,7 @@ from tokenrl.selectors import (
 )
 from tokenrl.step.passes import UpdateForward
 from tokenrl.step.train_batch import TrainBatch
-from tokenrl.step.update import local_normalizer, micro_batch_loss
+from tokenrl.step.update import UpdateLoss
 
 STEP = 3
 BUDGET = 8
@@ -145,17 +145,10 @@ def algorithm(policy_loss: str, aggregation: str, kl: str) -> AlgorithmConfig:
 def implementation(batch, stats, logp, selection, cfg, rows=None):
     """(loss, ∂loss/∂logp, normaliser) through the update's entry points, the normaliser counted over all rows."""
     rows = torch.arange(batch.size) if rows is None else rows
-    normalizer = local_normalizer(cfg, batch.rollouts.response_mask, selection)
+    normalizer = LossNormalizer.count(batch.rollouts.response_mask, selection, cfg.loss)
     leaf = logp.clone().requires_grad_(True)
-    out = micro_batch_loss(
-        batch,
-        rows,
-        UpdateForward(logprobs=leaf[rows], entropy=None),
-        stats.logprobs[rows],
-        selection.rows(rows),
-        normalizer,
-        cfg.loss,
-        None,
+    out = UpdateLoss(batch, cfg.loss, None).micro_batch(
+        rows, UpdateForward(logprobs=leaf[rows], entropy=None), stats.logprobs[rows], selection.rows(rows), normalizer
     )
     out.loss.backward()
     return float(out.loss.detach()), leaf.grad, (normalizer.pg, normalizer.kl, normalizer.entropy)
@@ -283,22 +276,26 @@ def test_the_normaliser_is_the_selectors_and_is_used(case, name):
     expected = {"selected": chosen, "all": resp}[selection.normalizer]
     assert selection.normalizer == SELECTORS[name]().normalizer
     cfg = algorithm("ppo", "token-mean", "k3_masked")
-    counted = local_normalizer(cfg, batch.rollouts.response_mask, selection)
+    counted = LossNormalizer.count(batch.rollouts.response_mask, selection, cfg.loss)
     kl_weights = chosen if selection.kl_weights is None else chosen * selection.kl_weights
     assert (counted.pg, counted.kl) == (float(expected.sum()), float(kl_weights.sum()))
     rows = torch.arange(batch.size)
     halves = []
     for scale in (1.0, 2.0):
         normalizer = dataclasses.replace(counted, pg=counted.pg * scale, kl=counted.kl * scale)
-        out = micro_batch_loss(
-            batch, rows, UpdateForward(logprobs=logp.clone()), stats.logprobs, selection, normalizer, cfg.loss, None
+        out = UpdateLoss(batch, cfg.loss, None).micro_batch(
+            rows, UpdateForward(logprobs=logp.clone()), stats.logprobs, selection, normalizer
         )
         halves.append(float(out.loss))
     assert halves[1] == pytest.approx(halves[0] / 2, rel=1e-12) and halves[0] != 0.0
     kept = float(((expected.sum(1)) > 0).sum())
-    seq = local_normalizer(algorithm("ppo", "seq-mean-token-mean", "off"), batch.rollouts.response_mask, selection)
+    seq = LossNormalizer.count(
+        batch.rollouts.response_mask, selection, algorithm("ppo", "seq-mean-token-mean", "off").loss
+    )
     assert seq.pg == seq.kl == kept
-    dr = local_normalizer(algorithm("ppo", "seq-mean-token-sum-norm", "off"), batch.rollouts.response_mask, selection)
+    dr = LossNormalizer.count(
+        batch.rollouts.response_mask, selection, algorithm("ppo", "seq-mean-token-sum-norm", "off").loss
+    )
     assert dr.pg == dr.kl == float(batch.size * BUDGET)
 
 

@@ -9,7 +9,13 @@ import itertools
 import pytest
 import torch
 
-from tokenrl.step.micro_batches import micro_batches
+from tokenrl.step.micro_batches import MicroBatchCut
+
+
+def micro_batches(rows, group_ids, lengths, max_rows, whole_groups=False, by_length=False):
+    """`MicroBatchCut.split` of `rows` (row ids into group_ids / response lengths; prompts of no tokens)."""
+    lengths_of_rows = [(int(group_ids[i]), 0, int(lengths[i])) for i in rows.tolist()]
+    return MicroBatchCut(max_rows, by_length=by_length).split(lengths_of_rows, whole_groups)
 
 
 def random_batch(seed: int, n_groups: int = 7, max_group: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

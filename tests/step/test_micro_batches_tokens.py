@@ -12,8 +12,8 @@ import itertools
 import pytest
 import torch
 
-from tests.step.test_micro_batches import groups_in, minibatch, random_batch
-from tokenrl.step.micro_batches import micro_batches
+from tests.step.test_micro_batches import groups_in, micro_batches, minibatch, random_batch
+from tokenrl.step.micro_batches import MicroBatchCut
 
 
 def prompt_lengths_of(group_ids: torch.Tensor, seed: int) -> torch.Tensor:
@@ -21,6 +21,11 @@ def prompt_lengths_of(group_ids: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(500 + seed)
     per_group = torch.randint(2, 10, (int(group_ids.max()) + 1,), generator=g)
     return per_group[group_ids]
+
+
+def rows_of(rows, group_ids, lengths, prompts):
+    """The (group, prompt length, response length) of each of `rows`."""
+    return [(int(group_ids[i]), int(prompts[i]), int(lengths[i])) for i in rows.tolist()]
 
 
 FULL = (11, 7)  # (prompt, response) columns of an untrimmed forward: wider than any row's lengths
@@ -51,18 +56,8 @@ def cases():
 def test_token_budget_contract(kind, full, whole_groups, by_length):
     over_budget = 0
     for group_ids, lengths, prompts, rows, budget in cases():
-        chunks = micro_batches(
-            rows,
-            group_ids,
-            lengths,
-            None,
-            whole_groups,
-            by_length,
-            max_tokens=budget,
-            prompt_lengths=prompts,
-            cost=kind,
-            full_widths=full,
-        )
+        cut = MicroBatchCut(1, budget, kind, by_length=by_length)  # max_rows yields to the budget
+        chunks = cut.split(rows_of(rows, group_ids, lengths, prompts), whole_groups, full)
         sequence = torch.cat(chunks).tolist()
         assert sorted(sequence) == list(range(len(rows)))
         # the order is the row-count cut's order (groups by length or in id order, rows in order)
@@ -90,26 +85,19 @@ def test_packed_cost_counts_a_prompt_once_per_micro_batch():
     group 1 costs 3 + 5 = 8; a budget of 9 holds group 0, not both; 17 holds both. Split rows pay the prompt again."""
     group_ids, lengths, prompts = torch.tensor([0, 0, 1]), torch.tensor([2, 3, 5]), torch.tensor([4, 4, 3])
     rows = torch.arange(3)
-    cut = lambda budget, whole=True, kind="packed", max_rows=None: [  # noqa: E731
-        c.tolist() for c in micro_batches(rows, group_ids, lengths, max_rows, whole, False, budget, prompts, kind)
+    cut = lambda budget, whole=True, kind="packed": [  # noqa: E731
+        c.tolist() for c in MicroBatchCut(1, budget, kind).split(rows_of(rows, group_ids, lengths, prompts), whole)
     ]
     assert cut(9) == [[0, 1], [2]]
     assert cut(17) == [[0, 1, 2]]
     assert cut(16) == [[0, 1], [2]]
     assert cut(8, whole=False) == [[0], [1], [2]]  # 4+2 = 6, + 3 = 9 > 8: row 1 starts again with its prompt
     assert cut(9, whole=False) == [[0, 1], [2]]
-    with pytest.raises(ValueError, match="one of them"):
-        cut(100, max_rows=2)  # a row count and a token budget: one or the other
     assert cut(14, kind="padded") == [[0, 1], [2]]  # 2 × (4 + 3) = 14; with row 2: 3 × (4 + 5) = 27
     assert cut(10, kind="shared_prefix") == [[0, 1], [2]]  # 4 + 2 × 3 = 10; with row 2: 2 × 4 + 3 × 5 = 23
     assert cut(23, kind="shared_prefix") == [[0, 1, 2]]
 
 
-def test_token_budget_needs_prompt_lengths_and_a_known_cost():
-    group_ids, lengths = torch.tensor([0, 1]), torch.tensor([1, 1])
-    with pytest.raises(ValueError, match="prompt lengths"):
-        micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4)
+def test_token_budget_needs_a_known_cost():
     with pytest.raises(ValueError, match="not one of"):
-        micro_batches(torch.arange(2), group_ids, lengths, None, max_tokens=4, prompt_lengths=lengths, cost="x")
-    with pytest.raises(ValueError, match="max_rows or max_tokens, one of them"):
-        micro_batches(torch.arange(2), group_ids, lengths, None)
+        MicroBatchCut(1, 4, "x").split([(0, 1, 1), (1, 1, 1)])

@@ -10,10 +10,11 @@ from functools import reduce
 
 import torch
 
-from tokenrl.algorithms.config import TIS_MODES
+from tokenrl.algorithms.config import TIS_MODES, EngineISSettings
 from tokenrl.algorithms.loss_settings import AGGREGATIONS, KL_ESTIMATORS, LossSettings
 from tokenrl.algorithms.surrogates import get_surrogate
 from tokenrl.records.loss_inputs import LossInputs
+from tokenrl.records.selection import Selection
 
 NORMALIZERS = ("selected", "all")
 
@@ -67,30 +68,22 @@ class LossNormalizer:
         return LossNormalizer(self.pg + other.pg, self.kl + other.kl, self.entropy + other.entropy)
 
     @staticmethod
-    def count(
-        response_mask: torch.Tensor,
-        token_mask: torch.Tensor,
-        aggregation: str,
-        norm: str,
-        kl_masked: bool,
-        entropy_masked: bool = False,
-        budget: int = 0,
-        kl_weights: torch.Tensor | None = None,
-    ) -> LossNormalizer:
-        """The divisors of the rows given; `kl_weights` (a selection's per-token KL weights) weigh the KL count."""
-        denominator = denominator_mask(response_mask, token_mask, norm)
-        selected = response_mask * (token_mask != 0)
-        if aggregation == "token-mean":
-            w_kl = (selected if kl_masked else response_mask) * (1.0 if kl_weights is None else kl_weights)
-            w_entropy = selected if entropy_masked else response_mask
+    def count(response_mask: torch.Tensor, selection: Selection, settings: LossSettings) -> LossNormalizer:
+        """The divisors of the rows given for `selection` (its KL weights weigh the KL count) under `settings`."""
+        denominator = denominator_mask(response_mask, selection.weights, selection.normalizer)
+        selected = response_mask * selection.mask
+        if settings.aggregation == "token-mean":
+            kl_weights = 1.0 if selection.kl_weights is None else selection.kl_weights
+            w_kl = (selected if settings.kl_masked else response_mask) * kl_weights
+            w_entropy = selected if settings.entropy_masked else response_mask
             return LossNormalizer(float(denominator.sum()), float(w_kl.sum()), float(w_entropy.sum()))
-        if aggregation == "seq-mean-token-mean":
+        if settings.aggregation == "seq-mean-token-mean":
             kept = float((denominator.sum(1) > 0).sum())
             return LossNormalizer(kept, kept, kept)
-        if aggregation == "seq-mean-token-sum-norm":
-            constant = float(response_mask.shape[0] * budget)
+        if settings.aggregation == "seq-mean-token-sum-norm":
+            constant = float(response_mask.shape[0] * settings.response_budget)
             return LossNormalizer(constant, constant, constant)
-        raise ValueError(f"algorithm.aggregation={aggregation!r} is not one of {AGGREGATIONS}")
+        raise ValueError(f"algorithm.aggregation={settings.aggregation!r} is not one of {AGGREGATIONS}")
 
 
 @dataclass
@@ -186,19 +179,17 @@ def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> t
 
 
 def engine_is_weights(
-    trainer_logp: torch.Tensor,
-    engine_logp: torch.Tensor,
-    response_mask: torch.Tensor,
-    mode: str,
-    cap: float,
-    floor: float | None = None,
+    trainer_logp: torch.Tensor, engine_logp: torch.Tensor, response_mask: torch.Tensor, settings: EngineISSettings
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine→trainer importance weights of docs/algorithms.md §1.6/§11.13 and, per token, whether its ratio lies
-    outside [floor, cap]. `token_*`: r_t = π_trainer(o_t)/π_engine(o_t); `sequence_*`: r_i = Π_t r_t = exp(Σ_t log r_t)
-    over the row's response tokens, on every token of the row (TRL's `vllm_importance_sampling_mode`). `*_truncate`:
-    w = clamp(r, floor, cap) (TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
-    Training"; no floor when None); `*_mask`: w = r·[floor ≤ r ≤ cap] (IcePop / masked IS: TRL's `token_mask` /
-    `sequence_mask`, OpenRLHF's `icepop`). Log-ratios (of a token, or of a row's sum) are clamped to ±20."""
+    outside [floor, cap] (`settings`: tis_min, tis_cap, tis_mode). `token_*`: r_t = π_trainer(o_t)/π_engine(o_t);
+    `sequence_*`: r_i = Π_t r_t = exp(Σ_t log r_t) over the row's response tokens, on every token of the row (TRL's
+    `vllm_importance_sampling_mode`). `*_truncate`: w = clamp(r, floor, cap) (TIS: Yao et al. 2025, "Your Efficient
+    RL Framework Secretly Brings You Off-Policy RL Training"; no floor when None); `*_mask`: w = r·[floor ≤ r ≤ cap]
+    (IcePop / masked IS: TRL's `token_mask` / `sequence_mask`, OpenRLHF's `icepop`). Log-ratios (of a token, or of a
+    row's sum) are clamped to ±20."""
+    mode, cap, floor = settings.tis_mode, settings.tis_cap, settings.tis_min
+    assert cap is not None  # the weights are on
     if mode not in TIS_MODES:
         raise ValueError(f"algorithm.tis_mode={mode!r} is not one of {TIS_MODES}")
     log_ratio = torch.where(response_mask.bool(), trainer_logp - engine_logp, 0.0)

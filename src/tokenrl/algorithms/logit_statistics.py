@@ -8,6 +8,7 @@ others only (`others`), JS(P‖Q) = ½KL(P‖M) + ½KL(Q‖M), M = ½(P+Q), natu
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -36,86 +37,83 @@ def needs_js(requires: frozenset[str], selector_name: str, js_diagnostics: bool)
 LogitsAt = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def group_statistics(
-    logits_at: LogitsAt,
-    rows: torch.Tensor,
-    response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    temperature: float,
-    chunk_size: int,
-    out: dict[str, torch.Tensor],
-    js_peers: str = "all",
-) -> None:
-    """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk (JS where `out`
-    holds it).
-
-    A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
-    at most G·C ≤ max(chunk_size, G) rows of V logits (plus C rows for the group mean).
-    """
-    active = response_mask[rows].bool()  # (G, T)
-    width = max(1, chunk_size // max(len(rows), 1))
-    for t0 in range(0, active.shape[1], width):
-        block = active[:, t0 : t0 + width]
-        if not block.any():
-            break  # masks are prefixes: nothing later
-        local_row, offset = block.nonzero(as_tuple=True)
-        row, pos = rows[local_row], offset + t0
-        logp = torch.log_softmax(logits_at(row, pos).float() / temperature, dim=-1)  # (N, V)
-        p = logp.exp()
-        device = logp.device
-        out["logprobs"][row, pos] = logp.gather(-1, response_ids[row, pos].to(device)[:, None]).squeeze(-1).cpu()
-        out["entropy"][row, pos] = -(p * logp).sum(-1).cpu()
-        out["renyi2"][row, pos] = -torch.log((p * p).sum(-1)).cpu()
-        if "js" not in out:
-            continue
-        offset = offset.to(device)
-        counts = block.sum(0).to(device)  # active rollouts per position
-        total_at = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)[offset]  # (N, V)
-        count_at = counts[offset][:, None]
-        if js_peers == "all":
-            mean_at = total_at / count_at
-        else:  # leave-one-out; clamped because the subtraction can leave −1e-8 where π_i holds all the mass
-            mean_at = ((total_at - p) / (count_at - 1).clamp_min(1)).clamp_min(0.0)
-        log_mid = torch.log((0.5 * (p + mean_at)).clamp_min(1e-30))
-        kl_p = (p * (logp - log_mid)).sum(-1)
-        kl_mean = (torch.xlogy(mean_at, mean_at) - mean_at * log_mid).sum(-1)
-        js = (0.5 * (kl_p + kl_mean)).clamp_min(0.0)
-        out["js"][row, pos] = torch.where(counts[offset] > 1, js, torch.zeros_like(js)).cpu()
-
-
 def check_js_peers(js_peers: str) -> None:
     if js_peers not in JS_PEERS:
         raise ValueError(f"selector.js_peers={js_peers!r} is not one of {JS_PEERS}")
 
 
+@dataclass(frozen=True)
+class LogitStatistics:
+    """How the statistics are read from logits: at the sampling `temperature`, at most `chunk_size` response tokens'
+    logits at a time, JS over `js_peers` (`JS_PEERS`)."""
+
+    temperature: float
+    chunk_size: int
+    js_peers: str = "all"
+
+    def __post_init__(self) -> None:
+        check_js_peers(self.js_peers)
+
+    def group(
+        self,
+        logits_at: LogitsAt,
+        rows: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        out: dict[str, torch.Tensor],
+    ) -> None:
+        """Fill `out[name][rows]` for one group of rollouts (the G rows of one prompt), chunk by chunk (JS where `out`
+        holds it).
+
+        A chunk covers C = max(1, chunk_size // G) positions; only active tokens get logits, so a chunk holds
+        at most G·C ≤ max(chunk_size, G) rows of V logits (plus C rows for the group mean).
+        """
+        active = response_mask[rows].bool()  # (G, T)
+        width = max(1, self.chunk_size // max(len(rows), 1))
+        for t0 in range(0, active.shape[1], width):
+            block = active[:, t0 : t0 + width]
+            if not block.any():
+                break  # masks are prefixes: nothing later
+            local_row, offset = block.nonzero(as_tuple=True)
+            row, pos = rows[local_row], offset + t0
+            logp = torch.log_softmax(logits_at(row, pos).float() / self.temperature, dim=-1)  # (N, V)
+            p = logp.exp()
+            device = logp.device
+            out["logprobs"][row, pos] = logp.gather(-1, response_ids[row, pos].to(device)[:, None]).squeeze(-1).cpu()
+            out["entropy"][row, pos] = -(p * logp).sum(-1).cpu()
+            out["renyi2"][row, pos] = -torch.log((p * p).sum(-1)).cpu()
+            if "js" not in out:
+                continue
+            offset = offset.to(device)
+            counts = block.sum(0).to(device)  # active rollouts per position
+            total_at = torch.zeros(block.shape[1], p.shape[1], device=device).index_add_(0, offset, p)[offset]  # (N, V)
+            count_at = counts[offset][:, None]
+            if self.js_peers == "all":
+                mean_at = total_at / count_at
+            else:  # leave-one-out; clamped because the subtraction can leave −1e-8 where π_i holds all the mass
+                mean_at = ((total_at - p) / (count_at - 1).clamp_min(1)).clamp_min(0.0)
+            log_mid = torch.log((0.5 * (p + mean_at)).clamp_min(1e-30))
+            kl_p = (p * (logp - log_mid)).sum(-1)
+            kl_mean = (torch.xlogy(mean_at, mean_at) - mean_at * log_mid).sum(-1)
+            js = (0.5 * (kl_p + kl_mean)).clamp_min(0.0)
+            out["js"][row, pos] = torch.where(counts[offset] > 1, js, torch.zeros_like(js)).cpu()
+
+    @torch.no_grad()
+    def of_logits(
+        self,
+        logits: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        group_ids: torch.Tensor,
+        with_js: bool = True,
+    ) -> TokenStats:
+        """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
+        out = zero_statistics(response_ids.shape, with_js)
+        for group in group_rows(group_ids):
+            self.group(lambda row, pos: logits[row, pos], group, response_ids, response_mask, out)
+        return TokenStats(**out)
+
+
 def group_rows(group_ids: torch.Tensor) -> list[torch.Tensor]:
     """The row indices of each group, groups in ascending id order."""
     return [(group_ids == g).nonzero().squeeze(1) for g in group_ids.unique(sorted=True)]
-
-
-@torch.no_grad()
-def stats_from_logits(
-    logits: torch.Tensor,
-    response_ids: torch.Tensor,
-    response_mask: torch.Tensor,
-    group_ids: torch.Tensor,
-    temperature: float,
-    chunk_size: int,
-    with_js: bool = True,
-    js_peers: str = "all",
-) -> TokenStats:
-    """The same statistics from a given (B, T, V) logits tensor (tests, benchmarks, offline analysis)."""
-    check_js_peers(js_peers)
-    out = zero_statistics(response_ids.shape, with_js)
-    for group in group_rows(group_ids):
-        group_statistics(
-            lambda row, pos: logits[row, pos],
-            group,
-            response_ids,
-            response_mask,
-            temperature,
-            chunk_size,
-            out,
-            js_peers,
-        )
-    return TokenStats(**out)

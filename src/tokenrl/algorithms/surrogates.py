@@ -113,14 +113,14 @@ def sequence_log_ratio(inputs: LossInputs) -> torch.Tensor:
     return (inputs.log_ratio * selected).sum(1) / selected.sum(1).clamp_min(1.0)
 
 
-def dppo_dropped(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, divergence: str, low: float, high: float
-) -> torch.Tensor:
+def dppo_dropped(inputs: LossInputs, settings: LossSettings) -> torch.Tensor:
     """DPPO's "drop rather than clip" (Qi et al., arXiv 2602.04879; prime-rl's default loss, verl's `dppo_tv` /
     `dppo_kl`): with p = π_θ(o_t), p_old = π_old(o_t) and D the binary TV |p − p_old| (`tv`) or the binary KL
     p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p + 1e-8)) (`kl`, verl's and TRL's form), a token
     is dropped where it left the trust region the way its advantage pushes it: Â > 0, p > p_old and D > δ_high, or
-    Â < 0, p < p_old and D > δ_low. Detached (a 0/1 gate)."""
+    Â < 0, p < p_old and D > δ_low (`settings`: dppo_divergence, dppo_low, dppo_high). Detached (a 0/1 gate)."""
+    logp, old_logp, adv = inputs.logp, inputs.old_logp, inputs.advantages
+    divergence, low, high = settings.dppo_divergence, settings.dppo_low, settings.dppo_high
     with torch.no_grad():
         p, p_old = torch.exp(logp), torch.exp(old_logp)
         if divergence == "tv":
@@ -177,9 +177,7 @@ def dppo(inputs: LossInputs, settings: LossSettings) -> SurrogateTerms:
     0 where the token left the probability-space trust region the way its advantage pushes it (`dppo_dropped`, with
     `algorithm.dppo_divergence`, `dppo_low`, `dppo_high`), dual-clipped; `clipped`: the token was dropped. No ε."""
     adv = inputs.advantages
-    dropped = dppo_dropped(
-        inputs.logp, inputs.old_logp, adv, settings.dppo_divergence, settings.dppo_low, settings.dppo_high
-    )
+    dropped = dppo_dropped(inputs, settings)
     pg = torch.where(dropped, 0.0, -torch.exp(inputs.log_ratio) * adv)
     pg, dual_clipped = dual_clip(pg, adv, settings.dual_clip)
     return SurrogateTerms(pg, dropped.to(inputs.logp.dtype), dual_clipped)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 
 import lightning as L
@@ -36,33 +37,31 @@ def stream_indices(n: int, label: str, start: int, count: int) -> list[int]:
     ]
 
 
+@dataclass(frozen=True)
+class PromptPool:
+    """The train problems and their prompts' token ids, row for row."""
+
+    problems: list[Problem]
+    prompt_ids: list[list[int]]
+
+    def batch(self, step: int, idx: list[int]) -> PromptBatch:
+        return PromptBatch(step, [self.problems[i] for i in idx], [self.prompt_ids[i] for i in idx])
+
+
 class PromptSchedule(IterableDataset):
-    """Yields PromptBatch for steps start..stop-1; epoch e visits problems in permutation(seed, e). With several ranks,
-    rank r gets the r-th contiguous slice of each step's global batch. No `__len__`, on purpose: Lightning would count
-    a resumed run's restored batch progress against it and stop early; the schedule ends by itself after step stop − 1.
+    """Yields PromptBatch for each step of `steps`; epoch e visits problems in permutation(seed, e). With several ranks,
+    each takes its `shard` (records/prompt_batch.py's `rank_shard`) of each step's global batch. No `__len__`, on
+    purpose: Lightning would count a resumed run's restored batch progress against it and stop early; the schedule
+    ends by itself after its last step.
     """
 
-    def __init__(
-        self,
-        problems: list[Problem],
-        prompt_ids: list[list[int]],
-        batch_size: int,
-        seed: int,
-        start: int,
-        stop: int,
-        rank: int = 0,
-        world_size: int = 1,
-        size_field: str = "algorithm.prompts_per_step",
-    ) -> None:
-        self.shard = rank_shard(batch_size, rank, world_size, size_field)
-        self.problems, self.prompt_ids = problems, prompt_ids
-        self.batch_size, self.seed, self.start, self.stop = batch_size, seed, start, stop
+    def __init__(self, pool: PromptPool, batch_size: int, seed: int, steps: range, shard: slice = slice(None)) -> None:
+        self.pool, self.batch_size, self.seed, self.steps, self.shard = pool, batch_size, seed, steps, shard
 
     def __iter__(self) -> Iterator[PromptBatch]:
-        for step in range(self.start, self.stop):
-            order = stream_indices(len(self.problems), str(self.seed), step * self.batch_size, self.batch_size)
-            idx = order[self.shard]
-            yield PromptBatch(step, [self.problems[i] for i in idx], [self.prompt_ids[i] for i in idx])
+        for step in self.steps:
+            order = stream_indices(len(self.pool.problems), str(self.seed), step * self.batch_size, self.batch_size)
+            yield self.pool.batch(step, order[self.shard])
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -75,7 +74,6 @@ class RolloutDataModule(L.LightningDataModule):
         prompts_per_step: int,
         total_steps: int,
         seed: int,
-        max_prompt_length: int,
         size_field: str = "algorithm.prompts_per_step",
     ) -> None:
         super().__init__()
@@ -83,21 +81,20 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError(f"{size_field}={prompts_per_step} must be >= 1")
         self.task, self.size_field = task, size_field
         self.prompts_per_step, self.total_steps, self.seed = prompts_per_step, total_steps, seed
-        self.max_prompt_length = max_prompt_length
         self.next_step = 0
         self.formatter: PromptFormatter | None = None
-        self.train_problems: list[Problem] = []
-        self.train_prompt_ids: list[list[int]] = []
+        self.max_prompt_length = 0
+        self.train = PromptPool([], [])
 
-    def attach_formatter(self, formatter: PromptFormatter) -> None:
-        """The prompt format of training; a task's system prompt becomes the formatter's, so validation, which
-        shares the formatter, sees the same prompts."""
+    def attach_formatter(self, formatter: PromptFormatter, max_prompt_length: int) -> None:
+        """The prompt format of training and its length limit (rollout.max_prompt_length tokens); a task's system
+        prompt becomes the formatter's, so validation, which shares the formatter, sees the same prompts."""
         if self.task.system_prompt:
             formatter.system_prompt = self.task.system_prompt
-        self.formatter = formatter
+        self.formatter, self.max_prompt_length = formatter, max_prompt_length
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_problems:
+        if self.train.problems:
             return
         if self.formatter is None:
             raise RuntimeError("RolloutDataModule needs attach_formatter(...) before setup")
@@ -119,19 +116,13 @@ class RolloutDataModule(L.LightningDataModule):
             raise ValueError("no train problem fits rollout.max_prompt_length; raise it")
         for name in sorted({problem.verifier for problem in kept}):
             resolve(name)  # an unknown verifier fails here, at start-up, listing the valid ones
-        self.train_problems, self.train_prompt_ids = kept, ids
+        self.train = PromptPool(kept, ids)
 
     def train_dataloader(self) -> DataLoader:
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        shard = rank_shard(self.prompts_per_step, rank, world_size, self.size_field)
         schedule = PromptSchedule(
-            self.train_problems,
-            self.train_prompt_ids,
-            self.prompts_per_step,
-            self.seed,
-            self.next_step,
-            self.total_steps,
-            rank=self.trainer.global_rank if self.trainer else 0,
-            world_size=self.trainer.world_size if self.trainer else 1,
-            size_field=self.size_field,
+            self.train, self.prompts_per_step, self.seed, range(self.next_step, self.total_steps), shard
         )
         return DataLoader(schedule, batch_size=None, collate_fn=lambda batch: batch, num_workers=0)
 
@@ -139,8 +130,9 @@ class RolloutDataModule(L.LightningDataModule):
         """This rank's slice of positions start..start+count-1 of a second seeded stream, for generation rounds past a
         step's batch (dynamic sampling): the step batches stay a pure function of (seed, step)."""
         shard = rank_shard(count, rank, world_size, self.size_field)
-        idx = stream_indices(len(self.train_problems), f"{self.seed}-refill", start, count)[shard]
-        return PromptBatch(step, [self.train_problems[i] for i in idx], [self.train_prompt_ids[i] for i in idx])
+        return self.train.batch(
+            step, stream_indices(len(self.train.problems), f"{self.seed}-refill", start, count)[shard]
+        )
 
     def state_dict(self) -> dict[str, int]:
         """The step the schedule resumes at: the rollout steps the module has completed (its `run_state`)."""

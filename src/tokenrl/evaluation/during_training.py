@@ -41,7 +41,7 @@ class PeriodicValidation(L.Callback):
 
     def validate(self, trainer: L.Trainer, module: Any) -> None:
         start = time.perf_counter()
-        with module.engine_context():
+        with module.engine.context():
             results = self.validator(module.engine, module.collector.scorer)
         metrics = {f"val/{key}": value for key, value in results.items()}
         module.check_preempted()  # a signal cut its generation short: its numbers are not a validation

@@ -1,6 +1,6 @@
-"""Evaluation: sample n completions per problem, score them (time-limited) and compute pass@k (`evaluate`); during
-training on held-out sets (`Validator`); and `python eval.py`'s benchmarks (`evaluate_benchmarks`), written under the
-run folder with a `reproduce` record each (docs/data-and-evaluation.md)."""
+"""Evaluation: sample n completions per problem, score them (time-limited) and compute pass@k
+(`ProblemSet.evaluate`); during training on held-out sets (`Validator`); and `python eval.py`'s benchmarks
+(`evaluate_benchmarks`), written under the run folder with a `reproduce` record each (docs/data-and-evaluation.md)."""
 
 from __future__ import annotations
 
@@ -57,87 +57,94 @@ class EvalSettings:
         return {"decoding": "sampling", "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
 
-def evaluate(
-    name: str,
-    problems: list[Problem],
-    instruction: str,
-    engine: RolloutEngine,
-    formatter: PromptFormatter,
-    scorer: SafeScorer,
-    settings: EvalSettings,
-    samples_path: Path | None = None,
-) -> dict:
-    """pass@k for k in settings.ks, avg@n and counts; one JSON line per sample in `samples_path` (no question text).
-    Prompts over `max_prompt_length` tokens are skipped; after `PROGRESS_AFTER_S`, each batch logs its progress."""
-    if any(k > settings.n_samples for k in settings.ks):
-        raise ValueError(
-            f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} (got {settings.n_samples})"
+@dataclass(frozen=True)
+class ProblemSet:
+    """Problems and the instruction their prompts add, under a name (in the logs, results and batch seeds)."""
+
+    name: str
+    problems: list[Problem]
+    instruction: str
+
+    def evaluate(
+        self,
+        engine: RolloutEngine,
+        formatter: PromptFormatter,
+        scorer: SafeScorer,
+        settings: EvalSettings,
+        samples_path: Path | None = None,
+    ) -> dict:
+        """pass@k for k in settings.ks, avg@n and counts; a JSON line per sample in `samples_path` (no question text).
+        Prompts over `max_prompt_length` tokens are skipped; after `PROGRESS_AFTER_S`, each batch logs its progress."""
+        if any(k > settings.n_samples for k in settings.ks):
+            raise ValueError(
+                f"eval.ks={list(settings.ks)} needs eval.n_samples >= {max(settings.ks)} (got {settings.n_samples})"
+            )
+        prompts, kept = [], []
+        for problem in self.problems:
+            ids = formatter.token_ids(with_instruction(problem.question, self.instruction))
+            if len(ids) <= settings.max_prompt_length:
+                prompts.append(ids)
+                kept.append(problem)
+        skipped = len(self.problems) - len(kept)
+        if skipped:
+            log.warning("%s: skipped %d prompts longer than %d tokens", self.name, skipped, settings.max_prompt_length)
+        params = SamplingParams(
+            settings.n_samples, settings.temperature, settings.top_p, settings.top_k, settings.max_new_tokens
         )
-    prompts, kept = [], []
-    for problem in problems:
-        ids = formatter.token_ids(with_instruction(problem.question, instruction))
-        if len(ids) <= settings.max_prompt_length:
-            prompts.append(ids)
-            kept.append(problem)
-    skipped = len(problems) - len(kept)
-    if skipped:
-        log.warning("%s: skipped %d prompts longer than %d tokens", name, skipped, settings.max_prompt_length)
-    params = SamplingParams(
-        settings.n_samples, settings.temperature, settings.top_p, settings.top_k, settings.max_new_tokens
-    )
-    metrics = {k: PassAtK(k) for k in settings.ks}
-    correct_total, tokens, start = 0.0, 0, time.perf_counter()
-    with samples_path.open("w") if samples_path else nullcontext() as handle:
-        batches = range(0, len(kept), settings.batch_prompts)
-        for done, first in enumerate(batches, start=1):
-            batch = slice(first, first + settings.batch_prompts)
-            chunk = kept[batch]
-            rollouts = engine.generate(prompts[batch], params, seed=derived_seed(settings.seed, "eval", name, first))
-            answers = [p for p in chunk for _ in range(settings.n_samples)]
-            scores = scorer.score([(p.verifier, text, p.answer) for p, text in zip(answers, rollouts.texts)])
-            per_problem = torch.tensor(scores).reshape(len(chunk), settings.n_samples)
-            correct = (per_problem >= 1.0).sum(1)
-            for metric in metrics.values():
-                metric.update(correct, settings.n_samples)
-            correct_total += float(per_problem.sum())
-            tokens += int(rollouts.response_mask.sum())
-            elapsed = time.perf_counter() - start
-            if elapsed > PROGRESS_AFTER_S:
-                log.info(
-                    "%s: %d/%d batches of %d prompts × %d samples, %.0f s, about %.0f s left",
-                    name,
-                    done,
-                    len(batches),
-                    settings.batch_prompts,
-                    settings.n_samples,
-                    elapsed,
-                    elapsed / done * (len(batches) - done),
-                )
-            if handle:
-                rows = zip(answers, rollouts.texts, scores, rollouts.finish_reasons)
-                for row, (problem, text, score, reason) in enumerate(rows):
-                    sample = {
-                        "id": problem.id,
-                        "sample": row % settings.n_samples,
-                        "score": score,
-                        "answer": problem.answer,
-                        "finish_reason": reason,
-                        "response": text,
-                    }
-                    handle.write(json.dumps(sample) + "\n")
-    n_problems = len(kept)
-    return {
-        "benchmark": name,
-        "problems": n_problems,
-        "skipped_long_prompts": skipped,
-        "n_samples": settings.n_samples,
-        **settings.decoding(),
-        "max_new_tokens": settings.max_new_tokens,
-        f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
-        **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
-        "generated_tokens": tokens,
-        "seconds": time.perf_counter() - start,
-    }
+        metrics = {k: PassAtK(k) for k in settings.ks}
+        correct_total, tokens, start = 0.0, 0, time.perf_counter()
+        with samples_path.open("w") if samples_path else nullcontext() as handle:
+            batches = range(0, len(kept), settings.batch_prompts)
+            for done, first in enumerate(batches, start=1):
+                batch = slice(first, first + settings.batch_prompts)
+                chunk = kept[batch]
+                seed = derived_seed(settings.seed, "eval", self.name, first)
+                rollouts = engine.generate(prompts[batch], params, seed=seed)
+                answers = [p for p in chunk for _ in range(settings.n_samples)]
+                scores = scorer.score([(p.verifier, text, p.answer) for p, text in zip(answers, rollouts.texts)])
+                per_problem = torch.tensor(scores).reshape(len(chunk), settings.n_samples)
+                correct = (per_problem >= 1.0).sum(1)
+                for metric in metrics.values():
+                    metric.update(correct, settings.n_samples)
+                correct_total += float(per_problem.sum())
+                tokens += int(rollouts.response_mask.sum())
+                elapsed = time.perf_counter() - start
+                if elapsed > PROGRESS_AFTER_S:
+                    log.info(
+                        "%s: %d/%d batches of %d prompts × %d samples, %.0f s, about %.0f s left",
+                        self.name,
+                        done,
+                        len(batches),
+                        settings.batch_prompts,
+                        settings.n_samples,
+                        elapsed,
+                        elapsed / done * (len(batches) - done),
+                    )
+                if handle:
+                    rows = zip(answers, rollouts.texts, scores, rollouts.finish_reasons)
+                    for row, (problem, text, score, reason) in enumerate(rows):
+                        sample = {
+                            "id": problem.id,
+                            "sample": row % settings.n_samples,
+                            "score": score,
+                            "answer": problem.answer,
+                            "finish_reason": reason,
+                            "response": text,
+                        }
+                        handle.write(json.dumps(sample) + "\n")
+        n_problems = len(kept)
+        return {
+            "benchmark": self.name,
+            "problems": n_problems,
+            "skipped_long_prompts": skipped,
+            "n_samples": settings.n_samples,
+            **settings.decoding(),
+            "max_new_tokens": settings.max_new_tokens,
+            f"avg@{settings.n_samples}": correct_total / max(n_problems * settings.n_samples, 1),
+            **{f"pass@{k}": float(m.compute()) for k, m in metrics.items()},
+            "generated_tokens": tokens,
+            "seconds": time.perf_counter() - start,
+        }
 
 
 @dataclass(frozen=True)
@@ -164,10 +171,8 @@ class Validator:
     def __call__(self, engine: RolloutEngine, scorer: SafeScorer) -> dict[str, float]:
         out = {}
         for held_out in self.sets:
-            name = f"val/{held_out.prefix}".rstrip("/")
-            result = evaluate(
-                name, held_out.problems, held_out.instruction, engine, self.formatter, scorer, self.settings
-            )
+            problem_set = ProblemSet(f"val/{held_out.prefix}".rstrip("/"), held_out.problems, held_out.instruction)
+            result = problem_set.evaluate(engine, self.formatter, scorer, self.settings)
             scores = {key: float(value) for key, value in result.items() if key.startswith(("pass@", "avg@"))}
             out.update({f"{held_out.prefix}{key}": value for key, value in scores.items()})
         return out
@@ -312,8 +317,8 @@ def evaluate_benchmarks(
                 batch_prompts=int(cfg.eval.batch_prompts),
                 seed=int(cfg.seed),
             )
-            samples = out_dir / f"{name}.samples.jsonl"
-            result = evaluate(name, problems, bench.instruction, engine, formatter, scorer, settings, samples)
+            problem_set = ProblemSet(name, problems, bench.instruction)
+            result = problem_set.evaluate(engine, formatter, scorer, settings, out_dir / f"{name}.samples.jsonl")
             record = reproduction_record(cfg, bench, settings, formatter, sorted({p.verifier for p in problems}))
             result.update(model=cfg.model.name, weights=label, ckpt_path=cfg.ckpt_path, reproduce=record)
             (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))

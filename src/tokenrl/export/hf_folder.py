@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning as L
 import torch
@@ -31,6 +31,10 @@ from tokenrl.models.engine_weights import served_weights
 from tokenrl.models.sharding import is_sharded
 from tokenrl.records.settings import ModelSettings
 from tokenrl.utils import as_dict
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 SHARD_BYTES = 5 * 2**30  # one safetensors file holds at most this much (Hugging Face's usual 5 GB shards)
@@ -121,23 +125,18 @@ def write_weights(weights: Iterable[tuple[str, torch.Tensor]], folder: Path, dty
 
 
 def write_model_folder(
-    out: str | Path,
-    weights: Iterable[tuple[str, torch.Tensor]],
-    config: PretrainedConfig,
-    generation_config: GenerationConfig,
-    tokenizer: PreTrainedTokenizerBase,
-    dtype: str,
-    card: str,
+    out: str | Path, policy: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, dtype: str, card: str
 ) -> Path:
-    """A Hugging Face model folder at `out` (replacing what is there) from the policy's plain-named weights."""
-    config = copy.deepcopy(config)
+    """A Hugging Face model folder at `out` (replacing what is there) of `policy`: its served weights (LoRA merged),
+    config and generation config. Under FSDP the other ranks must consume their `served_weights` meanwhile."""
+    config = copy.deepcopy(policy.config)
     config.architectures = [causal_lm_class(config).__name__]
     config.dtype = DTYPES[dtype]
     config.use_cache = True
-    with staged(out) as folder:
+    with staged(out) as folder, served_weights(policy) as weights:
         size = write_weights(weights, folder, dtype, tied_copies(config))
         config.save_pretrained(folder)
-        generation_config.save_pretrained(folder)
+        policy.generation_config.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         (folder / "README.md").write_text(card)
     log.info("exported the policy to %s (%.2f GiB of %s weights)", out, size / 2**30, dtype)
@@ -342,19 +341,17 @@ def export_run(cfg: DictConfig, module: Any, trainer: L.Trainer, summary: Mappin
     every rank takes part in gathering the units."""
     if not cfg.export.enabled or (not trainer.is_global_zero and not is_sharded(module.policy)):
         return None
+    if not trainer.is_global_zero:
+        with served_weights(module.policy) as weights:
+            deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
+        return None
     from hydra.core.hydra_config import HydraConfig
 
     choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
-    out = Path(cfg.paths.output_dir) / "model"
-    dtype = export_dtype(cfg)
-    with served_weights(module.policy) as weights:
-        if not trainer.is_global_zero:
-            deque(weights, maxlen=0)  # the gathers of the other ranks need this one's part
-            return None
-        policy, tokenizer = module.policy, saved_tokenizer(module.tokenizer, module.model_settings)
-        origin = f"the end of its training run `{cfg.paths.output_dir}`"
-        card = model_card(RunConfig(cfg, module.model_settings, choices), summary, origin, dtype)
-        return write_model_folder(out, weights, policy.config, policy.generation_config, tokenizer, dtype, card)
+    dtype, tokenizer = export_dtype(cfg), saved_tokenizer(module.tokenizer, module.model_settings)
+    origin = f"the end of its training run `{cfg.paths.output_dir}`"
+    card = model_card(RunConfig(cfg, module.model_settings, choices), summary, origin, dtype)
+    return write_model_folder(Path(cfg.paths.output_dir) / "model", module.policy, tokenizer, dtype, card)
 
 
 def push_to_hub(folder: Path, repo: str, private: bool) -> str:

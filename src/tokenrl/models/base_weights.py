@@ -42,9 +42,11 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def base_reference(model: nn.Module, settings: ModelSettings, seed: int) -> dict[str, Any]:
+def base_reference(model: nn.Module, settings: ModelSettings, seed: int) -> dict[str, Any] | None:
     """What a LoRA checkpoint records of the base it was built on: `model.source`, `init`, `dtype`, the seed of random
-    weights, and the fingerprint of the weights themselves."""
+    weights, and the fingerprint of the weights themselves; None without LoRA."""
+    if not settings.lora:
+        return None
     return {
         "source": settings.source,
         "init": settings.init,
@@ -84,14 +86,11 @@ def with_base(
     model: nn.Module,
     weights: Mapping[str, torch.Tensor],
     saved: Mapping[str, Any] | None,
-    settings: ModelSettings,
-    seed: int,
+    current: Mapping[str, Any] | None,
     ckpt_path: str | Path,
 ) -> Mapping[str, torch.Tensor]:
-    """A checkpoint's policy `weights` to load into `model` (built from the run's `model.*` and `seed`): as they are
-    when they are all the weights (`saved` None), else the LoRA adapters completed with `model`'s own frozen base
-    entries, once `check_base` found that base to be the one they were trained on."""
-    if saved is None:
-        return weights
-    check_base(saved, base_reference(model, settings, seed) if settings.lora else None, ckpt_path)
-    return {**model.state_dict(), **weights}
+    """A checkpoint's policy `weights` to load into `model` (whose base reference is `current`): as they are when they
+    are all the weights (`saved` None), else the LoRA adapters completed with `model`'s own frozen base entries, once
+    `check_base` found that base to be the one they were trained on."""
+    check_base(saved, current, ckpt_path)
+    return weights if saved is None else {**model.state_dict(), **weights}

@@ -44,6 +44,17 @@ class GroupSlots:
     peers: str = "all"
 
 
+@dataclass(frozen=True)
+class ChunkedHead:
+    """The head z = (h Wᵀ + b) / T as the fused pass reads it: `weight` (V, d) and `bias` (None: none) at the sampling
+    `temperature`, `chunk` vocabulary columns at a time (None: `vocab_chunk`)."""
+
+    weight: torch.Tensor
+    temperature: float
+    bias: torch.Tensor | None = None
+    chunk: int | None = None
+
+
 @dataclass
 class HeadOutput:
     """(N,) per token, in float32 (float64 for float64 inputs): `logprobs` and `entropy` with gradient, `renyi2` and
@@ -56,20 +67,15 @@ class HeadOutput:
 
 
 def _logits(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    start: int,
-    stop: int,
-    temperature: float,
-    acc: torch.dtype,
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, columns: slice, temperature: float
 ) -> torch.Tensor:
-    """z = (h W[start:stop]ᵀ + b[start:stop]) / T, (N, C), in `acc` (under autocast the product is autocast's)."""
+    """z = (h W[columns]ᵀ + b[columns]) / T, (N, C), in the product's dtype (under autocast autocast's) promoted to at
+    least float32: the pass's accumulation dtype."""
     if bias is None:
-        u = hidden @ weight[start:stop].t()
+        u = hidden @ weight[columns].t()
     else:
-        u = nn.functional.linear(hidden, weight[start:stop], bias[start:stop])
-    return u.to(acc).div_(temperature)
+        u = nn.functional.linear(hidden, weight[columns], bias[columns])
+    return u.to(torch.promote_types(u.dtype, torch.float32)).div_(temperature)
 
 
 def _target_logit(z: torch.Tensor, targets: torch.Tensor, start: int) -> torch.Tensor:
@@ -95,17 +101,10 @@ def _group_sum(slot: torch.Tensor, active: torch.Tensor, slots: int):
     return lambda x: members @ x
 
 
-def _js(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    temperature: float,
-    chunk: int,
-    acc: torch.dtype,
-    log_z: torch.Tensor,
-    groups: GroupSlots,
-) -> torch.Tensor:
-    """The second pass: JS(π_n ‖ π̄_slot(n)) chunk by chunk (module docstring), 0 where inactive or alone."""
+def _js(hidden: torch.Tensor, head: ChunkedHead, log_z: torch.Tensor, groups: GroupSlots) -> torch.Tensor:
+    """The second pass: JS(π_n ‖ π̄_slot(n)) chunk by chunk (module docstring), 0 where inactive or alone; in
+    `log_z`'s dtype, the first pass's accumulation dtype."""
+    acc, weight, chunk = log_z.dtype, head.weight, head.chunk or head.weight.shape[0]
     active = groups.active.to(acc)
     slot = groups.slot
     counts = torch.zeros(groups.slots, dtype=acc, device=hidden.device).index_add_(0, slot, active)
@@ -115,7 +114,7 @@ def _js(
     kl_p = torch.zeros_like(log_z)
     kl_mean = torch.zeros_like(log_z)
     for start in range(0, weight.shape[0], chunk):
-        log_pi = _logits(hidden, weight, bias, start, start + chunk, temperature, acc).sub_(log_z[:, None])
+        log_pi = _logits(hidden, weight, head.bias, slice(start, start + chunk), head.temperature).sub_(log_z[:, None])
         p = log_pi.exp()
         mean = group_sum(p)[slot]
         if groups.peers == "all":
@@ -139,7 +138,7 @@ class FusedHead(torch.autograd.Function):
         acc = torch.promote_types(mm_dtype, torch.float32)
         m = s = a = q = target = None
         for start in range(0, weight.shape[0], chunk):
-            z = _logits(hidden, weight, bias, start, start + chunk, temperature, acc)
+            z = _logits(hidden, weight, bias, slice(start, start + chunk), temperature)
             picked = _target_logit(z, targets, start)
             top = z.amax(1)
             if m is None:
@@ -163,7 +162,7 @@ class FusedHead(torch.autograd.Function):
         entropy = log_s - a / s
         renyi2 = 2 * log_s - q.log()
         js = (
-            _js(hidden, weight, bias, temperature, chunk, acc, log_z, groups)
+            _js(hidden, ChunkedHead(weight, temperature, bias, chunk), log_z, groups)
             if groups is not None
             else torch.zeros_like(log_z)
         )
@@ -187,7 +186,7 @@ class FusedHead(torch.autograd.Function):
         h_mm = hidden.to(mm_dtype)
         for start in range(0, weight.shape[0], ctx.chunk):
             stop = min(start + ctx.chunk, weight.shape[0])
-            log_pi = _logits(hidden, weight, bias, start, stop, temperature, acc).sub_(log_z[:, None])
+            log_pi = _logits(hidden, weight, bias, slice(start, stop), temperature).sub_(log_z[:, None])
             p = log_pi.exp()
             if grad_entropy is None:
                 dz = p.mul_(-grad_logp[:, None])
@@ -211,25 +210,18 @@ class FusedHead(torch.autograd.Function):
 
 
 def fused_head(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float,
-    bias: torch.Tensor | None = None,
-    chunk: int | None = None,
-    groups: GroupSlots | None = None,
+    hidden: torch.Tensor, head: ChunkedHead, targets: torch.Tensor, groups: GroupSlots | None = None
 ) -> HeadOutput:
     """log π(o_n), H_n (with gradient), H₂_n and, with `groups`, JS_n (detached) of the N tokens whose final hidden
-    states are `hidden` (N, d), for the head `weight` (V, d) (+ `bias`), targets o (N,), at `temperature`, `chunk`
-    vocabulary columns at a time (None: `vocab_chunk`)."""
+    states are `hidden` (N, d), for `head`, targets o (N,)."""
     if groups is not None and groups.peers not in PEERS:
         raise ValueError(f"js peers={groups.peers!r} is not one of {PEERS}")
-    chunk = chunk or vocab_chunk(hidden.shape[0], weight.shape[0])
+    chunk = head.chunk or vocab_chunk(hidden.shape[0], head.weight.shape[0])
     if groups is not None:
         device = hidden.device
         groups = GroupSlots(groups.slot.to(device), groups.active.to(device), groups.slots, groups.peers)
     logprobs, entropy, renyi2, js = FusedHead.apply(
-        hidden, weight, bias, targets.to(hidden.device), temperature, chunk, groups
+        hidden, head.weight, head.bias, targets.to(hidden.device), head.temperature, chunk, groups
     )
     return HeadOutput(logprobs, entropy, renyi2, js if groups is not None else None)
 

@@ -65,6 +65,53 @@ class PackedLayout:
     def length(self) -> int:
         return self.input_ids.shape[1]
 
+    def gather_indices(
+        self,
+        prompt_start: torch.Tensor,
+        prompt_len: torch.Tensor,
+        segment_start: torch.Tensor,
+        response_len: torch.Tensor,
+        group_of_row: torch.Tensor,
+    ) -> None:
+        """The attention rows of the `gather` backend: groups' prompts first, then the responses (rows in batch order);
+        keys of a row are its group's prompt (left-aligned) and, for a response, its own tokens."""
+        n_groups, b = len(prompt_len), len(response_len)
+        seg_len = (response_len - 1).clamp_min(0)
+        P = int(prompt_len.max())
+        S = int(seg_len.max()) if b else 0
+        Q, K = max(P, S), P + S
+        q_index = torch.zeros(n_groups + b, Q, dtype=torch.long)
+        q_valid = torch.zeros(n_groups + b, Q, dtype=torch.bool)
+        k_index = torch.zeros(n_groups + b, K, dtype=torch.long)
+        k_valid = torch.zeros(n_groups + b, K, dtype=torch.bool)
+        q, kk = torch.arange(Q), torch.arange(K)
+        p_of_row = torch.cat([prompt_len, prompt_len[group_of_row]])
+        p_start = torch.cat([prompt_start, prompt_start[group_of_row]])
+        # keys: the prompt in columns 0..P−1 (left-aligned, valid below its length), the response in columns P..P+S−1
+        in_prompt = kk[None] < p_of_row[:, None]
+        k_index = torch.where(in_prompt, p_start[:, None] + kk[None], k_index)
+        k_valid |= in_prompt
+        in_segment = (kk[None] >= P) & (kk[None] - P < seg_len[:, None])
+        k_index[n_groups:] = torch.where(in_segment, segment_start[:, None] + kk[None] - P, k_index[n_groups:])
+        k_valid[n_groups:] |= in_segment
+        # queries: a prompt row's are its prompt tokens, a response row's its response tokens
+        q_valid[:n_groups] = q[None] < prompt_len[:, None]
+        q_index[:n_groups] = torch.where(q_valid[:n_groups], prompt_start[:, None] + q[None], 0)
+        q_valid[n_groups:] = q[None] < seg_len[:, None]
+        q_index[n_groups:] = torch.where(q_valid[n_groups:], segment_start[:, None] + q[None], 0)
+        # causal in packed positions: every gathered key precedes its query in the row iff it is in the query's past
+        allowed = k_valid[:, None, :] & (k_index[:, None, :] <= q_index[:, :, None])
+        allowed |= ~q_valid[:, :, None]  # padding queries see everything: no empty softmax (their output is dropped)
+        back_row = torch.zeros(self.length, dtype=torch.long)
+        back_slot = torch.zeros(self.length, dtype=torch.long)
+        rows = torch.arange(n_groups + b)[:, None].expand(-1, Q)
+        back_row[q_index[q_valid]] = rows[q_valid]
+        back_slot[q_index[q_valid]] = q[None].expand(n_groups + b, -1)[q_valid]
+        device = self.group.device
+        self.q_index, self.k_index = q_index.to(device), k_index.to(device)
+        self.allowed = allowed[:, None].to(device)
+        self.back_row, self.back_slot = back_row.to(device), back_slot.to(device)
+
 
 def pack(
     batch: RolloutBatch, group_of_row: torch.Tensor, first_row: torch.Tensor, device: torch.device, backend: str
@@ -120,7 +167,7 @@ def pack(
     if backend == "flex":
         layout.block_mask = flex_block_mask(layout)
     else:
-        gather_indices(layout, prompt_start, prompt_len[first_row], segment_start, response_len, group_of_row)
+        layout.gather_indices(prompt_start, prompt_len[first_row], segment_start, response_len, group_of_row)
     return layout
 
 
@@ -137,57 +184,6 @@ def flex_block_mask(layout: PackedLayout):
     return create_block_mask(
         mask_mod, None, None, length, length, device=layout.group.device, _compile=layout.group.device.type == "cuda"
     )
-
-
-def gather_indices(
-    layout: PackedLayout,
-    prompt_start: torch.Tensor,
-    prompt_len: torch.Tensor,
-    segment_start: torch.Tensor,
-    response_len: torch.Tensor,
-    group_of_row: torch.Tensor,
-) -> None:
-    """The attention rows of the `gather` backend: groups' prompts first, then the responses (rows in batch order);
-    keys of a row are its group's prompt (left-aligned) and, for a response, its own tokens."""
-    n_groups, b = len(prompt_len), len(response_len)
-    seg_len = (response_len - 1).clamp_min(0)
-    P = int(prompt_len.max())
-    S = int(seg_len.max()) if b else 0
-    Q, K = max(P, S), P + S
-    q_index = torch.zeros(n_groups + b, Q, dtype=torch.long)
-    q_valid = torch.zeros(n_groups + b, Q, dtype=torch.bool)
-    k_index = torch.zeros(n_groups + b, K, dtype=torch.long)
-    k_valid = torch.zeros(n_groups + b, K, dtype=torch.bool)
-    q = torch.arange(Q)
-    kk = torch.arange(K)
-    p_of_row = torch.cat([prompt_len, prompt_len[group_of_row]])
-    p_start = torch.cat([prompt_start, prompt_start[group_of_row]])
-    # keys: the prompt in columns 0..P−1 (left-aligned, valid below its length), the response in columns P..P+S−1
-    in_prompt = kk[None] < p_of_row[:, None]
-    k_index = torch.where(in_prompt, p_start[:, None] + kk[None], k_index)
-    k_valid |= in_prompt
-    s_start = segment_start
-    in_segment = (kk[None] >= P) & (kk[None] - P < seg_len[:, None])
-    k_index[n_groups:] = torch.where(in_segment, s_start[:, None] + kk[None] - P, k_index[n_groups:])
-    k_valid[n_groups:] |= in_segment
-    # queries: a prompt row's are its prompt tokens, a response row's its response tokens
-    q_valid[:n_groups] = q[None] < prompt_len[:, None]
-    q_index[:n_groups] = torch.where(q_valid[:n_groups], prompt_start[:, None] + q[None], 0)
-    q_valid[n_groups:] = q[None] < seg_len[:, None]
-    q_index[n_groups:] = torch.where(q_valid[n_groups:], s_start[:, None] + q[None], 0)
-    # causal in packed positions: every gathered key precedes its query in the row iff it is in the query's past
-    allowed = k_valid[:, None, :] & (k_index[:, None, :] <= q_index[:, :, None])
-    allowed |= ~q_valid[:, :, None]  # padding queries see everything: no empty softmax (their output is dropped)
-    L = layout.length
-    back_row = torch.zeros(L, dtype=torch.long)
-    back_slot = torch.zeros(L, dtype=torch.long)
-    rows = torch.arange(n_groups + b)[:, None].expand(-1, Q)
-    back_row[q_index[q_valid]] = rows[q_valid]
-    back_slot[q_index[q_valid]] = q[None].expand(n_groups + b, -1)[q_valid]
-    device = layout.group.device
-    layout.q_index, layout.k_index = q_index.to(device), k_index.to(device)
-    layout.allowed = allowed[:, None].to(device)
-    layout.back_row, layout.back_slot = back_row.to(device), back_slot.to(device)
 
 
 _compiled_flex = None

@@ -162,16 +162,10 @@ def response_logits(
 
 
 def response_logprobs(
-    model: nn.Module,
-    batch: RolloutBatch,
-    temperature: float,
-    *,
-    layout: str = "padded",
-    trim: bool = False,
-    packed_backend: str = "auto",
+    model: nn.Module, batch: RolloutBatch, temperature: float, *, layout: str = "padded", trim: bool = False
 ) -> torch.Tensor:
     """(b, T) log π(o_t) at the sampling temperature (0 beyond a trimmed width), with gradient when enabled."""
-    logits = response_logits(model, batch, layout=layout, trim=trim, packed_backend=packed_backend)
+    logits = response_logits(model, batch, layout=layout, trim=trim)
     width = logits.shape[1]
     logp = sampled_logprobs(logits, batch.response_ids[:, :width].to(logits.device), temperature)
     return nn.functional.pad(logp, (0, batch.response_ids.shape[1] - width))

@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tokenrl.records.selection import SelectionBatch
 from tokenrl.selectors import reference_selectors
+from tokenrl.selectors.base import TokenSelector
 from tokenrl.step.train_batch import TrainBatch
 from tokenrl.step.update import UpdateResult
 
@@ -27,21 +28,16 @@ def _rounded(values: torch.Tensor) -> list[float | None]:
 
 
 class SampleWriter:
-    """Writes the module docstring's files; `every_n_steps` or `rows` 0 turns it off."""
+    """Writes the module docstring's files of the run's `selector`; `every_n_steps` or `rows` 0 turns it off."""
 
     def __init__(
-        self,
-        folder: Path,
-        every_n_steps: int,
-        rows: int,
-        tokenizer: PreTrainedTokenizerBase,
-        selector_name: str,
-        selector_ratio: float | None = None,
+        self, folder: Path, every_n_steps: int, rows: int, tokenizer: PreTrainedTokenizerBase, selector: TokenSelector
     ) -> None:
         if every_n_steps < 0 or rows < 0:
             raise ValueError(f"samples.every_n_steps={every_n_steps} and samples.rows={rows} must be >= 0")
         self.folder, self.every, self.rows = Path(folder), every_n_steps, rows
-        self.tokenizer, self.selector_name, self.selector_ratio = tokenizer, selector_name, selector_ratio
+        self.tokenizer, self.selector_name = tokenizer, selector.name
+        self.selector_ratio = getattr(selector, "ratio", None)
 
     @staticmethod
     def reference_masks(batch: SelectionBatch) -> dict[str, torch.Tensor]:

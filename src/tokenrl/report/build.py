@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from argparse import Namespace
 from pathlib import Path
 
 import yaml
@@ -33,31 +34,26 @@ def reproduce_command(folder: Path) -> str:
     return "python train.py -m " + " ".join(task)
 
 
-def build_report(
-    folder: Path,
-    out: Path,
-    baseline: str | None = "uniform",
-    title: str | None = None,
-    reading: Path | None = None,
-    also_against: tuple[str, ...] = (),
-    contrasts: Spec | None = None,
-) -> dict:
-    """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out`;
-    paired differences are taken against `baseline` (the headline's) and each group of `also_against`. The
-    pre-registered contrasts are `contrasts` (the command line's) or else the sweep config's `report:` block
+def build_report(folder: Path, out: Path, options: Namespace) -> dict:
+    """Write report.md, report.json, curves.png, passk.png and samples.html for the multirun `folder` into `out` by
+    scripts/report.py's parsed `options`: paired differences against `--baseline` (the headline's) and each group of
+    `--also-against`; the pre-registered contrasts of `--contrasts`, else the sweep config's `report:` block
     (report/contrasts.py); none: no contrasts section."""
-    folder, out = Path(folder), Path(out)
+    folder, out, title, reading = Path(folder), Path(out), options.title, options.reading
+    also_against = options.also_against
     runs = load_sweep(folder)
     missing = missing_runs(folder, runs)
     out.mkdir(parents=True, exist_ok=True)
     groups = group_runs(runs)
-    if baseline not in groups:
-        baseline = None
+    baseline = options.baseline if options.baseline in groups else None
     baselines = [name for name in (baseline, *also_against) if name in groups]
     title_option = (f' --title "{title}"' if title else "") + (
         f" --also-against {' '.join(also_against)}" if also_against else ""
     )
     title = title or f"Sweep {folder.name}"
+    contrasts = options.contrasts and Spec(
+        tuple(options.contrasts), options.primary, tuple(options.secondary), "the command line (--contrasts)"
+    )
     spec = contrasts or spec_from_config(runs)
     if contrasts:
         title_option += f" --contrasts {' '.join(contrasts.contrasts)} --primary {contrasts.primary}" + (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +13,7 @@ from tokenrl.algorithms.config import AlgorithmConfig
 from tokenrl.algorithms.dapo import overlong_penalty
 from tokenrl.records.prompt_batch import PromptBatch, rank_shard
 from tokenrl.rewards.scorer import SafeScorer
-from tokenrl.rollout.dynamic_sampling import ScoredRollouts, collect_varied_groups
+from tokenrl.rollout.dynamic_sampling import ScoredRollouts, VariedGroups
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams
 from tokenrl.rollout.fork_marks import ForkMarker
 from tokenrl.utils import StepTimer, derived_seed
@@ -39,6 +38,8 @@ class RolloutCollector:
     scorer: SafeScorer
     seed: int
     pad_id: int
+    refill: Callable[[], PromptBatch]  # dynamic sampling's next round of prompts (called on every rank)
+    everyone_done: Callable[[bool], bool]  # True when every rank reports True
     fork_marker: ForkMarker | None = None  # the true forks of each response (tasks that name them: task=forks)
 
     def check_sizes(self, rank: int, world: int) -> None:
@@ -52,61 +53,42 @@ class RolloutCollector:
             )
 
     def collect(
-        self,
-        engine: RolloutEngine,
-        batch: PromptBatch,
-        who: Generation,
-        timer: StepTimer,
-        refill: Callable[[], PromptBatch],
-        everyone_done: Callable[[bool], bool],
-        engine_context: Callable[[], AbstractContextManager] = nullcontext,
+        self, engine: RolloutEngine, batch: PromptBatch, who: Generation, timer: StepTimer
     ) -> tuple[ScoredRollouts, dict[str, float]]:
         """This rank's scored rollouts of the step and dynamic sampling's metrics (empty when it is off)."""
         if batch.step != who.step:
             raise RuntimeError(f"prompt batch for step {batch.step} arrived at step {who.step}")
 
         def generate(prompts: PromptBatch, round_index: int) -> ScoredRollouts:
-            return self.generate(engine, prompts, who, round_index, timer, engine_context)
+            return self.generate(engine, prompts, who, round_index, timer)
 
-        if self.cfg.shaping.filter_groups is None:
+        metric = self.cfg.shaping.filter_groups
+        if metric is None:
             return generate(batch, 0), {}
-        quota = self.cfg.batch.prompts_per_step // who.world
-        scored, metrics = collect_varied_groups(
-            batch,
-            quota,
-            self.cfg.shaping.filter_groups,
-            self.cfg.batch.max_gen_rounds,
-            generate,
-            refill,
-            everyone_done,
-            pad_id=self.pad_id,
+        rounds = VariedGroups(
+            self.cfg.batch.prompts_per_step // who.world, metric, self.cfg.batch.max_gen_rounds, self.pad_id
         )
+        scored, metrics = rounds.collect(batch, generate, self.refill, self.everyone_done)
         if metrics["filled_groups"]:
             log.warning(
                 "dynamic sampling: %d of this rank's %d groups at step %d have the same %s for every response "
                 "after algorithm.max_gen_rounds=%d rounds; they give no gradient. Raise max_gen_rounds or "
                 "gen_prompts_per_step, or use data the policy solves sometimes",
                 metrics["filled_groups"],
-                quota,
+                rounds.quota,
                 who.step,
-                self.cfg.shaping.filter_groups,
-                self.cfg.batch.max_gen_rounds,
+                metric,
+                rounds.max_rounds,
             )
         return scored, metrics
 
     def generate(
-        self,
-        engine: RolloutEngine,
-        batch: PromptBatch,
-        who: Generation,
-        round_index: int,
-        timer: StepTimer,
-        engine_context: Callable[[], AbstractContextManager],
+        self, engine: RolloutEngine, batch: PromptBatch, who: Generation, round_index: int, timer: StepTimer
     ) -> ScoredRollouts:
         """One round: G rollouts per prompt, seeded by (seed, step, rank, round), scored, with the overlong penalty
         added to the reward."""
         seed = derived_seed(self.seed, "rollout", who.step, who.rank, *((round_index,) if round_index else ()))
-        with timer("generate"), engine_context():
+        with timer("generate"), engine.context():
             rollouts = engine.generate(batch.prompt_ids, self.sampling, seed=seed)
         if rollouts.weights_version != who.weights_version:
             raise RuntimeError(

@@ -52,45 +52,51 @@ def concat_scored(parts: list[ScoredRollouts], pad_id: int) -> ScoredRollouts:
     return ScoredRollouts(rollouts, torch.cat([p.scores for p in parts]), torch.cat([p.rewards for p in parts]), forks)
 
 
-def collect_varied_groups(
-    first: PromptBatch,
-    quota: int,
-    metric: str,
-    max_rounds: int,
-    generate: Callable[[PromptBatch, int], ScoredRollouts],
-    refill: Callable[[], PromptBatch],
-    everyone_done: Callable[[bool], bool],
-    pad_id: int,
-) -> tuple[ScoredRollouts, dict[str, float]]:
-    """`quota` groups for this rank's update and the round's metrics: `gen_rounds` (rounds this rank generated),
-    `kept_group_frac` (varied groups / generated groups), `filled_groups` (filtered groups used to top up).
+@dataclass(frozen=True)
+class VariedGroups:
+    """One rank's dynamic sampling: `quota` groups whose `metric` ('acc' | 'reward') varies, in at most `max_rounds`
+    rounds; `pad_id` re-pads the kept rows."""
 
-    generate(prompts, round) scores one round; refill() draws the next round's prompts (called on every rank);
-    everyone_done(mine) is True when every rank reports True."""
-    kept: list[ScoredRollouts] = []
-    spare: list[ScoredRollouts] = []
-    n_kept = n_spare = generated = rounds = 0
-    prompts = first
-    for round_index in range(max_rounds):
-        if round_index:
-            prompts = refill()
-        if n_kept < quota:
-            scored = generate(prompts, round_index)
-            values = (scored.scores >= 1.0).float() if metric == "acc" else scored.rewards  # acc: verified correct
-            varied = varied_groups(values, scored.rollouts.group_ids)
-            good, bad = scored.rows(varied.nonzero().squeeze(1)), scored.rows((~varied).nonzero().squeeze(1))
-            kept.append(good)
-            spare.append(bad.first_groups(quota - n_spare))
-            n_kept, n_spare = n_kept + good.groups(), n_spare + spare[-1].groups()
-            generated += scored.groups()
-            rounds += 1
-        if everyone_done(n_kept >= quota):
-            break
-    filled = max(0, quota - n_kept)
-    parts = [part for part in kept + spare if part.rollouts.group_ids.numel()]
-    batch = concat_scored(parts, pad_id).first_groups(quota)
-    return batch, {
-        "gen_rounds": float(rounds),
-        "kept_group_frac": n_kept / max(generated, 1),
-        "filled_groups": float(filled),
-    }
+    quota: int
+    metric: str
+    max_rounds: int
+    pad_id: int
+
+    def collect(
+        self,
+        first: PromptBatch,
+        generate: Callable[[PromptBatch, int], ScoredRollouts],
+        refill: Callable[[], PromptBatch],
+        everyone_done: Callable[[bool], bool],
+    ) -> tuple[ScoredRollouts, dict[str, float]]:
+        """`quota` groups for this rank's update and the round's metrics: `gen_rounds` (rounds this rank generated),
+        `kept_group_frac` (varied groups / generated groups), `filled_groups` (filtered groups used to top up).
+
+        generate(prompts, round) scores one round; refill() draws the next round's prompts (called on every rank);
+        everyone_done(mine) is True when every rank reports True."""
+        kept: list[ScoredRollouts] = []
+        spare: list[ScoredRollouts] = []
+        n_kept = n_spare = generated = rounds = 0
+        prompts = first
+        for round_index in range(self.max_rounds):
+            if round_index:
+                prompts = refill()
+            if n_kept < self.quota:
+                scored = generate(prompts, round_index)
+                values = (scored.scores >= 1.0).float() if self.metric == "acc" else scored.rewards  # acc: correct
+                varied = varied_groups(values, scored.rollouts.group_ids)
+                good, bad = scored.rows(varied.nonzero().squeeze(1)), scored.rows((~varied).nonzero().squeeze(1))
+                kept.append(good)
+                spare.append(bad.first_groups(self.quota - n_spare))
+                n_kept, n_spare = n_kept + good.groups(), n_spare + spare[-1].groups()
+                generated += scored.groups()
+                rounds += 1
+            if everyone_done(n_kept >= self.quota):
+                break
+        parts = [part for part in kept + spare if part.rollouts.group_ids.numel()]
+        batch = concat_scored(parts, self.pad_id).first_groups(self.quota)
+        return batch, {
+            "gen_rounds": float(rounds),
+            "kept_group_frac": n_kept / max(generated, 1),
+            "filled_groups": float(max(0, self.quota - n_kept)),
+        }

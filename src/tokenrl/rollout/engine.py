@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +65,10 @@ class RolloutEngine(ABC):
     @abstractmethod
     def _sync_weights(self, model: nn.Module, version: int) -> None:
         """`sync_weights` without the autocast guard."""
+
+    def context(self) -> AbstractContextManager:
+        """What every rank enters around generation: nothing by default (the `hf` engine gathers its FSDP root)."""
+        return nullcontext()
 
     def _sleep(self) -> None:  # noqa: B027  (an optional hook: a no-op unless an engine overrides it)
         """Nothing to free by default."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from transformers import (
 )
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from tokenrl.models.sharding import hf_model
+from tokenrl.models.sharding import gathered_root, hf_model
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.rollout.engine import RolloutEngine, SamplingParams, left_pad, response_mask_until_eos
 
@@ -160,7 +161,7 @@ class HFEngine(RolloutEngine):
         self.model.eval()
         try:
             try:
-                out = self._decode(decoding, ids.to(device), mask.to(device), config, processors, seed)
+                out = self._decode(ids.to(device), mask.to(device), config, processors, seed)
             except Exception as error:  # auto's compiled decode failed on this stack: the dynamic cache, logged once
                 if self.decoding != "auto" or decoding == "dynamic":
                     raise
@@ -168,7 +169,7 @@ class HFEngine(RolloutEngine):
                 self.decoding = "dynamic"
                 self.release_cache()
                 recorder.previous, recorder.values = None, []
-                out = self._decode("dynamic", ids.to(device), mask.to(device), config, processors, seed)
+                out = self._decode(ids.to(device), mask.to(device), config, processors, seed)  # dynamic now
         finally:
             self.model.train(was_training)
         response = out[:, ids.shape[1] :].cpu()
@@ -189,16 +190,10 @@ class HFEngine(RolloutEngine):
         )
 
     def _decode(
-        self,
-        decoding: str,
-        ids: torch.Tensor,
-        mask: torch.Tensor,
-        base: GenerationConfig,
-        processors: LogitsProcessorList,
-        seed: int,
+        self, ids: torch.Tensor, mask: torch.Tensor, base: GenerationConfig, processors: LogitsProcessorList, seed: int
     ) -> torch.Tensor:
-        """`generate` under `seed` in one decoding mode; prompt and response ids."""
-        config, extra = copy.deepcopy(base), {}
+        """`generate` under `seed` in the decoding mode of the ids' device (`decoding_on`); prompt and response ids."""
+        config, extra, decoding = copy.deepcopy(base), {}, self.decoding_on(ids.device)
         if decoding != "dynamic":
             rows, length = ids.shape[0] * base.num_return_sequences, ids.shape[1] + base.max_new_tokens
             extra["past_key_values"] = self._static_cache(rows, length, ids.device)
@@ -218,6 +213,10 @@ class HFEngine(RolloutEngine):
                 stopping_criteria=StoppingCriteriaList([StopWhen(self.interrupt)]),
                 **extra,
             )
+
+    def context(self) -> AbstractContextManager:
+        """Generation runs on the trainer's model object itself: under FSDP its root unit is gathered."""
+        return gathered_root(self.model)
 
     def _sync_weights(self, model: nn.Module, version: int) -> None:
         """Nothing to copy: generation runs on the trainer's model object itself."""

@@ -296,7 +296,8 @@ def load_policy(model: torch.nn.Module, path: str | Path, settings: ModelSetting
     """Load the policy of the tokenrl checkpoint at `path` into `model`, built from the run's `model.*` and `seed`; a
     LoRA checkpoint's adapters go onto `model`'s base, which must be theirs; other models' weights are a ValueError."""
     weights = policy_state_dict(path)  # first: it names a missing checkpoint
-    state = with_base(model, weights, checkpoint_meta(path).get("tokenrl", {}).get("base"), settings, seed, path)
+    base = checkpoint_meta(path).get("tokenrl", {}).get("base")  # None: a checkpoint with all its weights
+    state = with_base(model, weights, base, base_reference(model, settings, seed), path)
     saved = {key: value.shape for key, value in state.items()}
     built = {key: value.shape for key, value in model.state_dict().items()}
     mismatch = checkpoint_mismatch(

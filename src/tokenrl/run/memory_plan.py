@@ -26,11 +26,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tokenrl.records.settings import ModelSettings
+
+if TYPE_CHECKING:  # imported where used: step/ loads transformers
+    from tokenrl.step.micro_batches import MicroBatchCut, Row
 
 GIB = 2**30
 # the process itself (torch, transformers, Lightning, the trainer, tokenizer and data): on CPU its host RSS at the first
@@ -133,6 +136,7 @@ def plan_memory(
 
     from tokenrl.config.check import uses_fsdp
     from tokenrl.step.fast_path import FastPath  # the run's own rule for `fast_path.layout: auto`
+    from tokenrl.step.micro_batches import MicroBatchCut  # the run's own cut
 
     model, algorithm, rollout = cfg["model"], cfg["algorithm"], cfg["rollout"]
     weight_bytes = DTYPE_BYTES[model["dtype"]]
@@ -176,12 +180,13 @@ def plan_memory(
     update_layout = "padded" if fsdp or model.get("gradient_checkpointing") else fast_path.layout
     group_size = int(algorithm["group_size"])
     budget = algorithm.get("micro_batch_tokens")
-    step = (int(algorithm["prompts_per_step"]), group_size, prompt, response)
+    step = [(group, prompt, response) for group in range(int(algorithm["prompts_per_step"])) for _ in range(group_size)]
     selector = get_method(cfg["selector"]["_target_"])
     reads_js = "js" in getattr(selector, "requires", ()) or bool((cfg.get("diagnostics") or {}).get("js"))
-    update_cut = largest_micro_batch(*step, update_layout, micro, budget, whole_groups=reads_js)
-    stats_cut = largest_micro_batch(*step, no_grad_layout, micro, budget, whole_groups=True)
-    reference_cut = largest_micro_batch(*step, no_grad_layout, micro, budget, whole_groups=False)
+    update_cut = largest_micro_batch(MicroBatchCut(micro, budget, update_layout), step, whole_groups=reads_js)
+    no_grad = MicroBatchCut(micro, budget, no_grad_layout)
+    stats_cut = largest_micro_batch(no_grad, step, whole_groups=True)
+    reference_cut = largest_micro_batch(no_grad, step, whole_groups=False)
     chunk = group_size * min(max(1, int(model["stats_chunk_size"]) // group_size), response)  # a group's chunk
     fused_update_head = fast_path.fused_head and not fsdp
 
@@ -239,37 +244,13 @@ class MicroBatch:
     several: bool
 
 
-def largest_micro_batch(
-    prompts: int,
-    group_size: int,
-    prompt: int,
-    response: int,
-    layout: str,
-    max_rows: int,
-    max_tokens: int | None,
-    whole_groups: bool,
-) -> MicroBatch:
-    """The largest micro-batch the run's own cut (step/micro_batches.py) makes of `prompts` groups of `group_size` rows
-    of `prompt` + `response` tokens: `max_rows` rows, or `max_tokens` in `layout`; `whole_groups`: JS, statistics."""
-    from tokenrl.step.micro_batches import TokenCount, micro_batches
+def largest_micro_batch(cut: MicroBatchCut, rows: list[Row], whole_groups: bool) -> MicroBatch:
+    """The largest micro-batch the run's own `cut` makes of `rows`; `whole_groups`: JS, statistics."""
+    from tokenrl.step.micro_batches import TokenCount
 
-    rows = prompts * group_size
-    groups = torch.arange(prompts).repeat_interleave(group_size)
-    parts = micro_batches(
-        torch.arange(rows),
-        groups,
-        torch.full((rows,), response),
-        None if max_tokens is not None else max_rows,
-        whole_groups=whole_groups,
-        max_tokens=max_tokens,
-        prompt_lengths=torch.full((rows,), prompt),
-        cost=layout,
-    )
-    tokens, length = max(
-        (TokenCount(layout).tokens([(int(groups[i]), prompt, response) for i in part.tolist()]), len(part))
-        for part in parts
-    )
-    return MicroBatch(tokens, length * response, len(parts) > 1)
+    units = [[rows[p] for p in part.tolist()] for part in cut.split(rows, whole_groups)]
+    tokens, response = max((TokenCount(cut.layout).tokens(unit), sum(r for _, _, r in unit)) for unit in units)
+    return MicroBatch(tokens, response, len(units) > 1)
 
 
 def memory_refusal(plan: MemoryPlan, cfg: Mapping[str, Any]) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import lightning as L
@@ -19,13 +18,12 @@ from transformers import PreTrainedModel
 from tokenrl.algorithms.logit_statistics import needs_js
 from tokenrl.evaluation.during_training import PeriodicValidation
 from tokenrl.models import build_model, build_reference
-from tokenrl.models.sharding import gathered_root, is_sharded, shard_under
+from tokenrl.models.sharding import is_sharded, shard_under
 from tokenrl.observe.diagnostics import selection_diagnostics
 from tokenrl.records.prompt_batch import PromptBatch
 from tokenrl.rewards.scorer import SafeScorer
 from tokenrl.rollout import RolloutEngine, SamplingParams, build_engine
 from tokenrl.rollout.collector import Generation, RolloutCollector
-from tokenrl.rollout.hf import HFEngine
 from tokenrl.run.checkpointing import AdapterCheckpoints
 from tokenrl.run.lightning_backend import LightningUpdate
 from tokenrl.run.module_spec import ModuleSpec
@@ -57,9 +55,9 @@ class GRPOModule(L.LightningModule):
         self.selector, self.tokenizer, self.optimizer_factory = spec.selector, spec.tokenizer, spec.optimizer
         self.with_js = needs_js(spec.selector.requires, type(spec.selector).__name__, spec.js_diagnostics)
         self.sampling = SamplingParams.of_rollout(spec.rollout, n=self.cfg.batch.group_size)
-        scorer = SafeScorer(spec.reward_timeout_s)
+        scorer, pad_id = SafeScorer(spec.reward_timeout_s), spec.tokenizer.pad_token_id
         self.collector = RolloutCollector(
-            self.sampling, self.cfg, scorer, spec.seed, spec.tokenizer.pad_token_id, spec.fork_marker
+            self.sampling, self.cfg, scorer, spec.seed, pad_id, self._refill, self._everyone, spec.fork_marker
         )
         self.validator, self.val_every, self.total_steps = spec.validator, spec.val_every_n_steps, spec.total_steps
         self.sample_writer, self.seed, self.fast_path = spec.sample_writer, spec.seed, spec.fast_path
@@ -158,9 +156,7 @@ class GRPOModule(L.LightningModule):
         who = Generation(
             self.run_state.rollout_step, self.run_state.optimizer_steps, self.global_rank, self.trainer.world_size
         )
-        scored, sampling_metrics = self.collector.collect(
-            self.engine, batch, who, timer, self._refill, self._everyone, self.engine_context
-        )
+        scored, sampling_metrics = self.collector.collect(self.engine, batch, who, timer)
         with timer("generate"):
             self.engine.sleep()
         self.check_preempted()  # safe: nothing of this step is applied yet (the engine wakes at the next generate)
@@ -181,7 +177,8 @@ class GRPOModule(L.LightningModule):
         self.run_state.reward_history.append(float(rewards.mean()))
         whole = train.whole_view(update.stats, self.device, self.global_rank)
         metrics = {
-            **step_metrics(train, update, self.cfg, lr, timer, sampling_metrics),
+            **step_metrics(train, update, self.cfg, lr, timer),
+            **{f"train/{key}": value for key, value in sampling_metrics.items()},  # dynamic sampling's
             "train/entropy_coef": entropy_coef,
             **selection_diagnostics(update.first_epoch_weights, whole, train.forks),
         }
@@ -209,11 +206,6 @@ class GRPOModule(L.LightningModule):
 
     def _everyone(self, mine: bool) -> bool:
         return bool(self.trainer.strategy.all_gather(torch.tensor(float(mine), device=self.device)).min() > 0)
-
-    def engine_context(self) -> Any:
-        """The hf engine generates with the policy object itself: under FSDP its root unit must be gathered."""
-        assert self.policy is not None  # built in configure_model
-        return gathered_root(self.policy) if isinstance(self.engine, HFEngine) else nullcontext()
 
     # ------------------------------------------------------------------------------------- checkpoints
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # torch's overloads: `destination` itself, filled

@@ -79,12 +79,7 @@ class ModuleSpec:
             val_every_n_steps=cfg.validation.every_n_steps,
             total_steps=cfg.total_steps,
             sample_writer=SampleWriter(
-                Path(cfg.paths.output_dir) / "samples",
-                cfg.samples.every_n_steps,
-                cfg.samples.rows,
-                tokenizer,
-                selector_name=selector.name,
-                selector_ratio=getattr(selector, "ratio", None),
+                Path(cfg.paths.output_dir) / "samples", cfg.samples.every_n_steps, cfg.samples.rows, tokenizer, selector
             ),
             fast_path=FastPath.from_node(cfg.get("fast_path"), on_gpu=runs_on_gpu(cfg)),
             fork_marker=ForkMarker(task.forks_of, tokenizer),

@@ -34,8 +34,7 @@ from tokenrl.export.hf_folder import (
     write_model_folder,
 )
 from tokenrl.models import build_model, build_tokenizer, meta_model
-from tokenrl.models.base_weights import with_base
-from tokenrl.models.engine_weights import served_weights
+from tokenrl.models.base_weights import base_reference, with_base
 from tokenrl.records.settings import ModelSettings, RolloutSettings
 from tokenrl.rollout import build_engine
 from tokenrl.run.checkpointing import SHARDED_META, is_sharded_checkpoint, load_policy, policy_state_dict
@@ -153,7 +152,7 @@ def policy_from_checkpoint(ckpt: Path, run: RunConfig) -> tuple[PreTrainedModel 
     weights, state = read_checkpoint(ckpt)
     if state.get("base") is not None:
         model = build_model(settings, seed=seed)
-        loaded, assign = with_base(model, weights, state["base"], settings, seed, ckpt), False
+        loaded, assign = with_base(model, weights, state["base"], base_reference(model, settings, seed), ckpt), False
     else:
         model, loaded, assign = meta_model(settings), weights, True
     try:
@@ -194,9 +193,8 @@ def export(source: str | Path, out: str | Path, options: ExportOptions | None = 
     if options.adapter_only:
         write_adapter_folder(out, policy, tokenizer, card, settings.source)
     else:
-        generation = generation_config(settings, policy.generation_config)
-        with served_weights(policy) as named:
-            write_model_folder(out, named, policy.config, generation, tokenizer, dtype, card)
+        policy.generation_config = generation_config(settings, policy.generation_config)
+        write_model_folder(out, policy, tokenizer, dtype, card)
     print(out)
     if options.push_to_hub:
         print(push_to_hub(out, options.push_to_hub, options.private))

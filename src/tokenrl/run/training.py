@@ -65,11 +65,10 @@ def build_components(
         prompts_per_step=cfg.algorithm[first_round],
         total_steps=cfg.total_steps,
         seed=cfg.seed,
-        max_prompt_length=cfg.rollout.max_prompt_length,
         size_field=f"algorithm.{first_round}",
     )
     formatter = PromptFormatter(tokenizer, cfg.model.chat_template)
-    datamodule.attach_formatter(formatter)
+    datamodule.attach_formatter(formatter, cfg.rollout.max_prompt_length)
     module = GRPOModule(ModuleSpec.of(cfg, settings, task, tokenizer, formatter))
     return module, datamodule, build_trainer(cfg, module.preemption)
 
@@ -103,7 +102,7 @@ def check_memory(cfg: DictConfig, datamodule: RolloutDataModule, trainer: L.Trai
     device = str(trainer.strategy.root_device)
     container = as_dict(cfg)
     shape = architecture_shape(ModelSettings.of(container["model"]))
-    longest = max(map(len, datamodule.train_prompt_ids))
+    longest = max(map(len, datamodule.train.prompt_ids))
     plan = plan_memory(container, shape, device, device_capacity_gib(device), prompt_tokens=longest)
     if not plan.fits():
         raise ValueError(memory_refusal(plan, container))  # the table once, in the error
@@ -120,7 +119,7 @@ def data_rows(datamodule: RolloutDataModule, announce: bool) -> dict[str, int]:
     task = datamodule.task
     if not isinstance(task, DatasetTask):
         return {}
-    train, held_out = len(datamodule.train_problems), len(task.problems("test"))
+    train, held_out = len(datamodule.train.problems), len(task.problems("test"))
     if announce:
         split = f"task.test_fraction={task.test_fraction} of its rows, task.split_seed={task.split_seed}"
         if task.test_split:

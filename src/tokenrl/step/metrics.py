@@ -12,15 +12,10 @@ from tokenrl.utils import StepTimer
 
 
 def step_metrics(
-    batch: TrainBatch,
-    update: UpdateResult,
-    cfg: AlgorithmConfig,
-    lr: float,
-    timer: StepTimer,
-    sampling: dict[str, float],
+    batch: TrainBatch, update: UpdateResult, cfg: AlgorithmConfig, lr: float, timer: StepTimer
 ) -> dict[str, float]:
-    """Means over this rank's rows or response tokens; `lr` is the learning rate the update used; `sampling` holds
-    dynamic sampling's round metrics. `train/rollout_step` counts the updates applied (1 after the first step)."""
+    """Means over this rank's rows or response tokens; `lr` is the learning rate the update used.
+    `train/rollout_step` counts the updates applied (1 after the first step)."""
     rollouts, stats = batch.rollouts, update.stats
     resp = rollouts.response_mask.float()
     tokens = resp.sum().clamp_min(1.0)
@@ -40,7 +35,6 @@ def step_metrics(
         "train/lr": lr,
         "train/rollout_step": float(batch.step + 1),
         "train/fused_statistics": float(update.fused_statistics),
-        **{f"train/{key}": value for key, value in sampling.items()},
     }
     if cfg.shaping.overlong_buffer:
         metrics["train/overlong_penalty"] = (batch.rewards - batch.scores).mean().item()

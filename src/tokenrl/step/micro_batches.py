@@ -15,54 +15,13 @@ import torch
 from tokenrl.models.response_forward import LAYOUTS
 from tokenrl.records.rollout_batch import RolloutBatch
 
+Row = tuple[int, int, int]  # a row's group id, prompt length and response length (real tokens)
 
-def micro_batches(
-    rows: torch.Tensor,
-    group_ids: torch.Tensor,
-    response_lengths: torch.Tensor,
-    max_rows: int | None,
-    whole_groups: bool = False,
-    by_length: bool = False,
-    max_tokens: int | None = None,
-    prompt_lengths: torch.Tensor | None = None,
-    cost: str = "packed",
-    full_widths: tuple[int, int] | None = None,
-) -> list[torch.Tensor]:
-    """Positions into `rows` (a mini-batch's row ids, sorted) of each micro-batch: at most `max_rows` rows, or whole
-    groups of at most max(`max_rows`, the group's size) rows with `whole_groups`. Or, with `max_tokens` instead of
-    `max_rows`: at most that many tokens by `cost` (one of models/response_forward.py's `LAYOUTS`: `TokenCount`), or
-    one unit that alone exceeds it.
 
-    group_ids / response_lengths / prompt_lengths (real tokens; needed with `max_tokens`): per row of the full batch;
-    full_widths: (prompt, response) columns of an untrimmed forward (None: trimmed to the micro-batch's own).
-    """
-    if (max_rows is None) == (max_tokens is None):
-        raise ValueError("micro-batches need max_rows or max_tokens, one of them")
-    if max_tokens is not None and prompt_lengths is None:
-        raise ValueError("a token budget needs the rows' prompt lengths")
-    if cost not in LAYOUTS:
-        raise ValueError(f"micro-batch cost {cost!r} is not one of {LAYOUTS}")
-    ids = group_ids[rows]
-    groups = [(ids == g).nonzero().squeeze(1) for g in torch.unique(ids)]
-    if by_length:
-        longest = torch.tensor([int(response_lengths[rows[group]].max()) for group in groups])
-        groups = [groups[i] for i in torch.sort(longest, descending=True, stable=True).indices.tolist()]
-    prompts = (torch.zeros_like(response_lengths) if prompt_lengths is None else prompt_lengths)[rows]
-    row = list(zip(ids.tolist(), prompts.tolist(), response_lengths[rows].tolist()))
-    units = [group.tolist() for group in groups] if whole_groups else [[p] for g in groups for p in g.tolist()]
-    limit = max_tokens if max_tokens is not None else max_rows
-    assert limit is not None  # one of the two (checked above)
-    chunks: list[list[int]] = []
-    count = TokenCount(cost, full_widths)
-    for unit in units:
-        items = [row[p] for p in unit]
-        size = count.tokens(items) if max_tokens is not None else count.rows + len(items)
-        if not chunks or (count.rows and size > limit):
-            count = TokenCount(cost, full_widths)
-            chunks.append([])
-        count.add(items)
-        chunks[-1].extend(unit)
-    return [torch.tensor(chunk, dtype=torch.long) for chunk in chunks]
+def row_lengths(rollouts: RolloutBatch, rows: torch.Tensor) -> list[Row]:
+    """The `Row` of each of `rows` (row ids of `rollouts`)."""
+    lengths = rollouts.prompt_mask[rows].sum(1).tolist(), rollouts.response_mask[rows].sum(1).tolist()
+    return list(zip(rollouts.group_ids[rows].tolist(), *lengths))
 
 
 @dataclass
@@ -81,7 +40,7 @@ class TokenCount:
     responses: int = 0
     longest_response: int = 0
 
-    def tokens(self, unit: list[tuple[int, int, int]]) -> int:
+    def tokens(self, unit: list[Row]) -> int:
         """The tokens with `unit`'s rows added (the count itself does not change)."""
         new = {group: prompt for group, prompt, _ in unit if group not in self.groups}
         rows = self.rows + len(unit)
@@ -96,7 +55,7 @@ class TokenCount:
         prompt_rows = len(self.groups) + len(new) if self.cost == "shared_prefix" else rows
         return prompt_rows * prompt + rows * response
 
-    def add(self, unit: list[tuple[int, int, int]]) -> None:
+    def add(self, unit: list[Row]) -> None:
         """Add `unit`'s rows."""
         for group, prompt, response in unit:
             if group not in self.groups:
@@ -121,19 +80,37 @@ class MicroBatchCut:
     by_length: bool = False
 
     def __call__(self, rollouts: RolloutBatch, rows: torch.Tensor, whole_groups: bool = False) -> list[torch.Tensor]:
-        """Positions into `rows` (row ids of `rollouts`, sorted) of each micro-batch (`micro_batches`)."""
-        return micro_batches(
-            rows,
-            rollouts.group_ids,
-            rollouts.response_mask.sum(1),
-            max_rows=self.max_rows if self.max_tokens is None else None,
-            whole_groups=whole_groups,
-            by_length=self.by_length,
-            max_tokens=self.max_tokens,
-            prompt_lengths=rollouts.prompt_mask.sum(1),
-            cost=self.layout,
-            full_widths=self.full_widths(rollouts),
-        )
+        """Positions into `rows` (row ids of `rollouts`, sorted) of each micro-batch (`split`)."""
+        return self.split(row_lengths(rollouts, rows), whole_groups, self.full_widths(rollouts))
+
+    def split(
+        self, rows: list[Row], whole_groups: bool = False, full_widths: tuple[int, int] | None = None
+    ) -> list[torch.Tensor]:
+        """Positions into `rows` of each micro-batch: at most `max_rows` rows, or whole groups of at most
+        max(`max_rows`, the group's size) rows with `whole_groups`. Or, with `max_tokens`: at most that many tokens
+        in `layout` (`TokenCount`, at `full_widths` where the forward is not trimmed), or one unit that alone exceeds
+        it."""
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"micro-batch cost {self.layout!r} is not one of {LAYOUTS}")
+        members: dict[int, list[int]] = {}
+        for position, (group, _, _) in enumerate(rows):
+            members.setdefault(group, []).append(position)
+        groups = [members[group] for group in sorted(members)]
+        if self.by_length:  # a stable sort: ties keep group order
+            groups.sort(key=lambda group: -max(rows[p][2] for p in group))
+        units = groups if whole_groups else [[p] for group in groups for p in group]
+        limit = self.max_rows if self.max_tokens is None else self.max_tokens
+        chunks: list[list[int]] = []
+        count = TokenCount(self.layout, full_widths)
+        for unit in units:
+            items = [rows[p] for p in unit]
+            size = count.rows + len(items) if self.max_tokens is None else count.tokens(items)
+            if not chunks or (count.rows and size > limit):
+                count = TokenCount(self.layout, full_widths)
+                chunks.append([])
+            count.add(items)
+            chunks[-1].extend(unit)
+        return [torch.tensor(chunk, dtype=torch.long) for chunk in chunks]
 
     def full_widths(self, rollouts: RolloutBatch) -> tuple[int, int] | None:
         """The untrimmed forward's (prompt, response) columns; None where the forward is trimmed or packed."""
@@ -143,9 +120,4 @@ class MicroBatchCut:
 
     def tokens(self, rollouts: RolloutBatch, rows: torch.Tensor) -> int:
         """The tokens of one micro-batch of `rows` (row ids of `rollouts`) as the forward runs them."""
-        unit = zip(
-            rollouts.group_ids[rows].tolist(),
-            rollouts.prompt_mask[rows].sum(1).tolist(),
-            rollouts.response_mask[rows].sum(1).tolist(),
-        )
-        return TokenCount(self.layout, self.full_widths(rollouts)).tokens(list(unit))
+        return TokenCount(self.layout, self.full_widths(rollouts)).tokens(row_lengths(rollouts, rows))

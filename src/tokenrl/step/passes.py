@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tokenrl.algorithms.logit_statistics import check_js_peers, stats_from_logits
+from tokenrl.algorithms.logit_statistics import LogitStatistics, check_js_peers
 from tokenrl.models.response_forward import forward_response_logits, response_logits, response_logprobs, shannon_entropy
 from tokenrl.models.sharding import gathered_root, is_sharded
 from tokenrl.records.rollout_batch import RolloutBatch
@@ -100,15 +100,9 @@ class PolicyPasses:
         entropy = nn.functional.pad(shannon_entropy(log_pi), pad) if with_entropy else None
         stats = None
         if with_stats:
-            stats = stats_from_logits(
-                logits.detach(),
-                part.response_ids,
-                part.response_mask,
-                part.group_ids,
-                plan.temperature,
-                plan.stats_chunk_size,
-                plan.with_js,
-                plan.js_peers,
+            statistics = LogitStatistics(plan.temperature, plan.stats_chunk_size, plan.js_peers)
+            stats = statistics.of_logits(
+                logits.detach(), part.response_ids, part.response_mask, part.group_ids, plan.with_js
             )
         return UpdateForward(nn.functional.pad(logp, pad), stats, entropy)
 

@@ -1,6 +1,6 @@
 """The statistics pass: one no-grad forward of the policy over a rollout batch, whole groups per forward, and the
 statistics of every response token (the math: algorithms/logit_statistics.py; the layouts: models/response_forward.py).
-The head turns the hidden states into logits chunk by chunk inside `group_statistics` (at most `stats_chunk_size`
+The head turns the hidden states into logits chunk by chunk inside `LogitStatistics.group` (at most `stats_chunk_size`
 tokens at a time) or, where the plan fuses it (docs/algorithms.md §12.5), models/lm_head.py computes the same
 statistics from the hidden states without logits."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tokenrl.algorithms.logit_statistics import check_js_peers, group_rows, group_statistics
-from tokenrl.models.lm_head import HeadOutput, fused_head, response_slots
+from tokenrl.algorithms.logit_statistics import LogitStatistics, group_rows
+from tokenrl.models.lm_head import ChunkedHead, HeadOutput, fused_head, response_slots
 from tokenrl.models.response_forward import decoder_and_head, response_hidden
 from tokenrl.records.rollout_batch import RolloutBatch
 from tokenrl.records.token_stats import TokenStats, zero_statistics
@@ -28,14 +28,8 @@ def fused_response_head(
     _, head = decoder_and_head(model)
     assert isinstance(head, nn.Linear)  # the plan fuses only a plain linear head (`fusable_head`)
     groups = response_slots(batch.group_ids, width, batch.response_mask, plan.js_peers) if with_js else None
-    out = fused_head(
-        hidden.reshape(rows * width, -1),
-        head.weight,
-        batch.response_ids.reshape(-1),
-        plan.temperature,
-        head.bias,
-        groups=groups,
-    )
+    chunked = ChunkedHead(head.weight, plan.temperature, head.bias)
+    out = fused_head(hidden.reshape(rows * width, -1), chunked, batch.response_ids.reshape(-1), groups)
     return out, batch
 
 
@@ -59,7 +53,7 @@ def compute_token_stats(
     """Statistics of every response token, JS where `with_js` (None: the plan's) asks; each forward holds whole groups,
     cut as the plan cuts a pass without gradient (`ForwardPlan.cut`)."""
     with_js = plan.with_js if with_js is None else with_js
-    check_js_peers(plan.js_peers)
+    statistics = LogitStatistics(plan.temperature, plan.stats_chunk_size, plan.js_peers)
     device = next(model.parameters()).device
     _, head = decoder_and_head(model)
     out = zero_statistics(batch.response_ids.shape, with_js)
@@ -69,15 +63,12 @@ def compute_token_stats(
         local[rows] = torch.arange(len(rows))
         hidden, _ = response_hidden(model, batch.rows(rows), trim=plan.trim, layout=plan.layout(with_grad=False))
         for group in group_rows(batch.group_ids[rows]):
-            group_statistics(
+            statistics.group(
                 lambda row, pos: head(hidden[local[row].to(device), pos.to(device)]),
                 rows[group],
                 batch.response_ids,
                 batch.response_mask,
-                plan.temperature,
-                plan.stats_chunk_size,
                 out,
-                plan.js_peers,
             )
 
     every = torch.arange(batch.response_ids.shape[0])

@@ -39,7 +39,7 @@ class Backend:
     (`MicroBatchCut`); backward: (loss share, last micro-batch of the optimizer step?); scale_gradients: multiply
     the accumulated gradients by a factor; optimizer_step: clip, step and zero the gradients; current_stats: detached
     statistics of π_θ for a sub-batch (selectors with `stats_policy=current`); reduce_normalizer: this rank's loss
-    divisors (`local_normalizer`) → their sum over every rank; gather / rank: the selectors' cross-rank view;
+    divisors (`LossNormalizer.count`) → their sum over every rank; gather / rank: the selectors' cross-rank view;
     everyone: whether every rank answers yes (the ranks take one path: their collectives must run in one order).
     """
 
@@ -95,21 +95,6 @@ def record_selection(
             shaping.setdefault(name, torch.zeros(weights.shape))[rows] = value.float()
 
 
-def local_normalizer(cfg: AlgorithmConfig, response_mask: torch.Tensor, selection: Selection) -> LossNormalizer:
-    """This rank's share of the mini-batch's loss divisors for `selection` (`LossNormalizer.count`)."""
-    loss = cfg.loss
-    return LossNormalizer.count(
-        response_mask,
-        selection.weights,
-        loss.aggregation,
-        selection.normalizer,
-        loss.kl_masked,
-        loss.entropy_masked,
-        loss.response_budget,
-        selection.kl_weights,
-    )
-
-
 @dataclass
 class UpdatePath:
     """One run's update, owning where each step's π_old statistics come from: the update's forward where the plan
@@ -147,9 +132,10 @@ class UpdatePath:
 def ppo_update(batch: TrainBatch, stats: TokenStats, run: UpdateRun, backend: Backend) -> UpdateResult:
     """`cfg.batch.ppo_epochs` passes over `batch`, whose π_old statistics are `stats`, in `cfg.batch.mini_batches`
     mini-batches (`run.shuffle` orders them), each cut into micro-batches by `backend.micro_batches`."""
-    selector, cfg, settings = run.selector, run.cfg, run.cfg.loss
+    selector, cfg = run.selector, run.cfg
     rollouts = batch.rollouts
     is_weights = None if cfg.engine_is.tis_cap is None else engine_weights(cfg, stats.logprobs, rollouts)
+    loss = UpdateLoss(batch, cfg.loss, is_weights)
     first_epoch_weights = torch.zeros(rollouts.response_ids.shape)
     shaping: dict[str, torch.Tensor] = {}
     terms: list[dict[str, torch.Tensor]] = []  # `loss_terms` per micro-batch, read once at the end
@@ -171,33 +157,33 @@ def ppo_update(batch: TrainBatch, stats: TokenStats, run: UpdateRun, backend: Ba
                 selection = selector.select(batch.selection_view(minibatch, current, backend.gather, backend.rank))
             if epoch == 0:
                 record_selection(first_epoch_weights, shaping, minibatch, selection)
-            normalizer = backend.reduce_normalizer(local_normalizer(cfg, rollouts.response_mask[minibatch], selection))
+            normalizer = backend.reduce_normalizer(
+                LossNormalizer.count(rollouts.response_mask[minibatch], selection, cfg.loss)
+            )
             parts = backend.micro_batches(rollouts, minibatch, False)
             for index, local in enumerate(parts):
                 rows = minibatch[local]
-                forward = backend.forward(rollouts.rows(rows), False, settings.entropy_coef > 0)
+                forward = backend.forward(rollouts.rows(rows), False, cfg.loss.entropy_coef > 0)
                 # before the first optimizer step the weights are π_old's, so this very forward gives π_old and r = 1
                 # exactly (the separate pass, in another layout or precision, leaves rounding in r that GSPO's 3e-4
                 # clip and KL-Cov's |Δ| see); after it, π_old is the statistics pass's
                 old = forward.logprobs.detach() if steps == 0 else stats.logprobs[rows]
-                out = micro_batch_loss(
-                    batch, rows, forward, old, selection.rows(local), normalizer, settings, is_weights
-                )
+                out = loss.micro_batch(rows, forward, old, selection.rows(local), normalizer)
                 backend.backward(out.loss, index == len(parts) - 1)
                 terms.append(loss_terms(out))
             backend.optimizer_step()
             steps += 1
-    metrics = update_metrics(terms, steps, cfg, batch, is_weights)
-    return UpdateResult(metrics, first_epoch_weights, steps, stats, first_epoch_shaping=shaping)
+    return UpdateResult(loss.metrics(terms, steps), first_epoch_weights, steps, stats, first_epoch_shaping=shaping)
 
 
 def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateResult:
     """One optimizer step whose micro-batches take π_old's statistics from their own forward (module docstring)."""
-    selector, cfg, settings = run.selector, run.cfg, run.cfg.loss
+    selector, cfg = run.selector, run.cfg
     whole_groups = run.with_js or selector.reads_groups
     rollouts = batch.rollouts
     shape = rollouts.response_ids.shape
     is_weights = None if cfg.engine_is.tis_cap is None else (torch.ones(shape), torch.zeros(shape, dtype=torch.bool))
+    loss = UpdateLoss(batch, cfg.loss, is_weights)
     parts = [rows.sort().values for rows in backend.micro_batches(rollouts, torch.arange(batch.size), whole_groups)]
     weights = torch.zeros(shape)
     shaping: dict[str, torch.Tensor] = {}
@@ -206,18 +192,17 @@ def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateR
     part_stats: list[TokenStats] = []
     for index, rows in enumerate(parts):
         part = rollouts.rows(rows)
-        forward = backend.forward(part, True, settings.entropy_coef > 0)
+        forward = backend.forward(part, True, cfg.loss.entropy_coef > 0)
         assert forward.stats is not None  # asked for (`with_stats`)
         part_stats.append(forward.stats)
         selection = selector.select(batch.selection_view(rows, forward.stats, backend.gather, backend.rank))
         record_selection(weights, shaping, rows, selection)
-        local = local + local_normalizer(cfg, part.response_mask, selection)
+        local = local + LossNormalizer.count(part.response_mask, selection, cfg.loss)
         if is_weights is not None:
             for whole, share in zip(is_weights, engine_weights(cfg, forward.stats.logprobs, part)):
                 whole[rows] = share.to(whole.device)
-        out = micro_batch_loss(
-            batch, rows, forward, forward.logprobs.detach(), selection, UNIT, settings, is_weights
-        )  # π_old = this forward's weights: r = 1 exactly, as the separate path
+        # π_old = this forward's weights: r = 1 exactly, as the separate path
+        out = loss.micro_batch(rows, forward, forward.logprobs.detach(), selection, UNIT)
         backend.backward(out.loss, index == len(parts) - 1)
         terms.append(loss_terms(out))
     divisor = max(backend.reduce_normalizer(local).pg, 1.0)
@@ -225,7 +210,7 @@ def fused_update(batch: TrainBatch, run: UpdateRun, backend: Backend) -> UpdateR
     backend.optimizer_step()
     terms = [{**term, "loss": term["loss"] / divisor} for term in terms]
     stats = TokenStats.scatter(shape, parts, part_stats)
-    return UpdateResult(update_metrics(terms, 1, cfg, batch, is_weights), weights, 1, stats, shaping, True)
+    return UpdateResult(loss.metrics(terms, 1), weights, 1, stats, shaping, True)
 
 
 def engine_weights(
@@ -233,52 +218,73 @@ def engine_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's importance weights of `rollouts` and which tokens' ratios fell outside their bounds
     (`grpo.engine_is_weights` with `algorithm.tis_mode` / `tis_min` / `tis_cap`; docs/algorithms.md §1.6)."""
-    assert cfg.engine_is.tis_cap is not None  # the weights are on
+    device = trainer_logp.device
     return engine_is_weights(
-        trainer_logp,
-        rollouts.sampling_logprobs.to(trainer_logp.device),
-        rollouts.response_mask.to(trainer_logp.device),
-        cfg.engine_is.tis_mode,
-        cfg.engine_is.tis_cap,
-        cfg.engine_is.tis_min,
+        trainer_logp, rollouts.sampling_logprobs.to(device), rollouts.response_mask.to(device), cfg.engine_is
     )
 
 
-def micro_batch_loss(
-    batch: TrainBatch,
-    rows: torch.Tensor,
-    forward: UpdateForward,
-    old_logp: torch.Tensor,
-    selection: Selection,
-    normalizer: LossNormalizer,
-    settings: LossSettings,
-    is_weights: tuple[torch.Tensor, torch.Tensor] | None,
-) -> LossOutput:
-    """`policy_loss` of the micro-batch `rows` under `settings` (`cfg.loss`, with this step's entropy coefficient);
-    `is_weights`: the engine's (weights, outside) of the batch."""
-    logp = forward.logprobs
-    device = logp.device
+@dataclass(frozen=True)
+class UpdateLoss:
+    """What every micro-batch's loss of one update reads beside its own rows: the batch, the loss `settings` (with
+    this step's entropy coefficient) and the engine's (weights, outside) of the batch (None: off)."""
 
-    def here(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(device)
+    batch: TrainBatch
+    settings: LossSettings
+    is_weights: tuple[torch.Tensor, torch.Tensor] | None
 
-    advantages = batch.advantages[rows] if selection.advantages is None else selection.advantages
-    inputs = LossInputs(
-        logp=logp,
-        old_logp=old_logp.to(device),
-        advantages=advantages.to(device),
-        response_mask=batch.rollouts.response_mask[rows].to(device),
-        weights=selection.weights.to(device),
-        normalizer=selection.normalizer,
-        clip_low=here(selection.clip_low),  # None: policy_loss takes the settings' ε
-        clip_high=here(selection.clip_high),
-        kl_weights=here(selection.kl_weights),
-        drift_coef=here(selection.drift_coef),
-        ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
-        is_weights=None if is_weights is None else is_weights[0][rows].to(device),
-        entropy=forward.entropy,
-    )
-    return policy_loss(inputs, normalizer, settings)
+    def micro_batch(
+        self,
+        rows: torch.Tensor,
+        forward: UpdateForward,
+        old_logp: torch.Tensor,
+        selection: Selection,
+        normalizer: LossNormalizer,
+    ) -> LossOutput:
+        """`policy_loss` of the micro-batch `rows`, whose forward is `forward`."""
+        batch, logp = self.batch, forward.logprobs
+        device = logp.device
+
+        def here(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        advantages = batch.advantages[rows] if selection.advantages is None else selection.advantages
+        inputs = LossInputs(
+            logp=logp,
+            old_logp=old_logp.to(device),
+            advantages=advantages.to(device),
+            response_mask=batch.rollouts.response_mask[rows].to(device),
+            weights=selection.weights.to(device),
+            normalizer=selection.normalizer,
+            clip_low=here(selection.clip_low),  # None: policy_loss takes the settings' ε
+            clip_high=here(selection.clip_high),
+            kl_weights=here(selection.kl_weights),
+            drift_coef=here(selection.drift_coef),
+            ref_logp=None if batch.ref_logprobs is None else batch.ref_logprobs[rows].to(device),
+            is_weights=None if self.is_weights is None else self.is_weights[0][rows].to(device),
+            entropy=forward.entropy,
+        )
+        return policy_loss(inputs, normalizer, self.settings)
+
+    def metrics(self, terms: list[dict[str, torch.Tensor]], steps: int) -> dict[str, float]:
+        """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share), the
+        surrogate's metrics averaged over them and the engine's importance weights: their mean and the share of
+        response tokens whose ratio fell outside [tis_min, tis_cap] (truncated or masked)."""
+        sums = dict.fromkeys(("loss", "clipped", "dual_clipped", "selected"), 0.0)
+        if terms:  # one read of the device: every micro-batch's terms, in `loss_terms`' order
+            stacked = torch.stack([torch.stack(list(term.values())) for term in terms]).sum(0)
+            sums = dict(zip(terms[0], stacked.tolist()))
+        selected = max(sums["selected"], 1.0)
+        metrics = {"loss": sums["loss"] / max(steps, 1), "clip_frac": sums["clipped"] / selected}
+        if self.settings.dual_clip is not None:
+            metrics["dual_clip_frac"] = sums["dual_clipped"] / selected
+        metrics.update({name: value / selected for name, value in sums.items() if name.startswith("surrogate/")})
+        if self.is_weights is not None:
+            weights, outside = self.is_weights
+            valid = self.batch.rollouts.response_mask.bool().to(weights.device)
+            metrics["tis_weight_mean"] = float(weights[valid].mean()) if valid.any() else 1.0
+            metrics["tis_capped_frac"] = float(outside[valid].float().mean()) if valid.any() else 0.0
+        return metrics
 
 
 def loss_terms(out: LossOutput) -> dict[str, torch.Tensor]:
@@ -292,29 +298,3 @@ def loss_terms(out: LossOutput) -> dict[str, torch.Tensor]:
         **{f"surrogate/{name}": value for name, value in out.metrics.items()},
     }
     return {name: term.detach().double() for name, term in terms.items()}
-
-
-def update_metrics(
-    terms: list[dict[str, torch.Tensor]],
-    steps: int,
-    cfg: AlgorithmConfig,
-    batch: TrainBatch,
-    is_weights: tuple[torch.Tensor, torch.Tensor] | None,
-) -> dict[str, float]:
-    """Mean loss per optimizer step, clip fractions over the weighted tokens (for DPPO: the dropped share), the
-    surrogate's metrics averaged over them and the engine's importance weights: their mean and the share of response
-    tokens whose ratio fell outside [tis_min, tis_cap] (truncated or masked)."""
-    sums = dict.fromkeys(("loss", "clipped", "dual_clipped", "selected"), 0.0)
-    if terms:  # one read of the device: every micro-batch's terms, in `loss_terms`' order
-        sums = dict(zip(terms[0], torch.stack([torch.stack(list(term.values())) for term in terms]).sum(0).tolist()))
-    selected = max(sums["selected"], 1.0)
-    metrics = {"loss": sums["loss"] / max(steps, 1), "clip_frac": sums["clipped"] / selected}
-    if cfg.loss.dual_clip is not None:
-        metrics["dual_clip_frac"] = sums["dual_clipped"] / selected
-    metrics.update({name: value / selected for name, value in sums.items() if name.startswith("surrogate/")})
-    if is_weights is not None:
-        weights, outside = is_weights
-        valid = batch.rollouts.response_mask.bool().to(weights.device)
-        metrics["tis_weight_mean"] = float(weights[valid].mean()) if valid.any() else 1.0
-        metrics["tis_capped_frac"] = float(outside[valid].float().mean()) if valid.any() else 0.0
-    return metrics

@@ -11,6 +11,25 @@ from tests.algorithms.losses.reference import loop_policy_loss, to_float
 from tokenrl.algorithms.config import LossSettings
 from tokenrl.algorithms.grpo import LossNormalizer, policy_loss
 from tokenrl.records.loss_inputs import LossInputs
+from tokenrl.records.selection import Selection
+
+
+def normalizer_of(
+    response_mask,
+    token_mask,
+    aggregation,
+    norm="selected",
+    kl_masked=True,
+    entropy_masked=False,
+    budget=0,
+    kl_weights=None,
+):
+    """`LossNormalizer.count` with these tests' names: the selection's fields into `Selection`, the settings into
+    `LossSettings`."""
+    settings = LossSettings(
+        aggregation, 0.2, 0.2, kl_masked=kl_masked, entropy_masked=entropy_masked, response_budget=budget
+    )
+    return LossNormalizer.count(response_mask, Selection(token_mask, norm, kl_weights=kl_weights), settings)
 
 
 def loss_of(
@@ -165,7 +184,7 @@ def both_losses(case, w=None, adv=None, **settings):
         entropy = case["entropy"].clone().requires_grad_(True) if with_ent else None
         ref = case["ref"] if settings.get("beta", 0.0) > 0 else None
         if implementation:
-            normalizer = LossNormalizer.count(
+            normalizer = normalizer_of(
                 case["resp"],
                 w,
                 settings["agg"],

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.algorithms.losses.cases import AGGREGATIONS, assert_same, both_losses, loss_of, ragged_case
+from tests.algorithms.losses.cases import AGGREGATIONS, assert_same, both_losses, loss_of, normalizer_of, ragged_case
 from tests.helpers.references import grpo_advantages
-from tokenrl.algorithms.grpo import LossNormalizer, group_advantages
+from tokenrl.algorithms.grpo import group_advantages
 from tokenrl.algorithms.surrogates import BUILT_IN_SURROGATES as POLICY_LOSSES
 
 
@@ -27,7 +27,7 @@ def test_equal_rewards_give_zero_advantage_and_no_nan():
     adv = group_advantages(rewards, groups)
     assert torch.equal(adv, torch.zeros(8))
     resp = torch.ones(8, 5)
-    normalizer = LossNormalizer.count(resp, resp, "seq-mean-token-mean", "selected", True)
+    normalizer = normalizer_of(resp, resp, "seq-mean-token-mean", "selected", True)
     logp = torch.zeros(8, 5, requires_grad=True)
     out = loss_of(
         logp,

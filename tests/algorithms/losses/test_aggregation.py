@@ -8,15 +8,14 @@ import math
 import pytest
 import torch
 
-from tests.algorithms.losses.cases import assert_same, both_losses, loss_of, ragged_case
-from tokenrl.algorithms.grpo import LossNormalizer
+from tests.algorithms.losses.cases import assert_same, both_losses, loss_of, normalizer_of, ragged_case
 
 
 def test_empty_selection_gives_zero_loss_not_nan():
     resp = torch.ones(3, 4)
     nothing = torch.zeros(3, 4)
     for agg in ("seq-mean-token-mean", "token-mean"):
-        normalizer = LossNormalizer.count(resp, nothing, agg, "selected", True)
+        normalizer = normalizer_of(resp, nothing, agg, "selected", True)
         out = loss_of(
             torch.zeros(3, 4),
             torch.zeros(3, 4),
@@ -34,7 +33,7 @@ def test_empty_selection_gives_zero_loss_not_nan():
 
 def test_unknown_aggregation_is_rejected():
     with pytest.raises(ValueError, match="token-mean"):
-        LossNormalizer.count(torch.ones(1, 1), torch.ones(1, 1), "sum", "selected", True)
+        normalizer_of(torch.ones(1, 1), torch.ones(1, 1), "sum", "selected", True)
 
 
 @pytest.mark.parametrize("kind", ["ppo", "gspo", "cispo"])
@@ -56,7 +55,7 @@ def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
         (torch.zeros_like(resp), "selected", True, None),
         (case["sel"] * 0.5, "all", True, resp * 0.25),
     ]:
-        counted = LossNormalizer.count(resp, w, "seq-mean-token-sum-norm", norm, kl_masked, True, budget, kl_w)
+        counted = normalizer_of(resp, w, "seq-mean-token-sum-norm", norm, kl_masked, True, budget, kl_w)
         assert (counted.pg, counted.kl, counted.entropy) == (float(B * budget),) * 3
     # explicitly: Σ_i Σ_t (pg + β·k3) over selected tokens / (B·budget), pg from the plain PPO formula
     if kind == "ppo":
@@ -72,7 +71,7 @@ def test_dr_grpo_sum_norm_divides_by_rows_times_budget(kind, seed):
                     total += -0.01 * float(case["entropy"][i, t])
         assert impl["loss"] == pytest.approx(total / (B * budget), abs=1e-12)
     # shares of two micro-batches with the mini-batch's normaliser add up to the whole loss
-    normalizer = LossNormalizer.count(resp, case["sel"], "seq-mean-token-sum-norm", "selected", True, False, budget)
+    normalizer = normalizer_of(resp, case["sel"], "seq-mean-token-sum-norm", "selected", True, False, budget)
     parts = sum(
         float(
             loss_of(
@@ -108,7 +107,7 @@ def test_sum_norm_loss_is_independent_of_selection_count():
     grads = {}
     for agg in ("seq-mean-token-sum-norm", "token-mean"):
         for name, w in (("all", sel), ("fewer", fewer)):
-            normalizer = LossNormalizer.count(resp, w, agg, "selected", True, budget=10)
+            normalizer = normalizer_of(resp, w, agg, "selected", True, budget=10)
             logp = case["logp"].clone().requires_grad_(True)
             loss_of(
                 logp,

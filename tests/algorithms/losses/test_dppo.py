@@ -8,9 +8,25 @@ import math
 import pytest
 import torch
 
-from tests.algorithms.losses.cases import AGGREGATIONS, assert_same, both_losses, loss_of, moved_case, row_divisor
-from tokenrl.algorithms.grpo import LossNormalizer
+from tests.algorithms.losses.cases import (
+    AGGREGATIONS,
+    assert_same,
+    both_losses,
+    loss_of,
+    moved_case,
+    normalizer_of,
+    row_divisor,
+)
+from tokenrl.algorithms.loss_settings import LossSettings
 from tokenrl.algorithms.surrogates import dppo_dropped
+from tokenrl.records.loss_inputs import LossInputs
+
+
+def dropped_of(logp, old, adv, divergence, low, high):
+    """`dppo_dropped` of these tensors with the divergence and the bounds (δ_low, δ_high) in `LossSettings`."""
+    inputs = LossInputs(logp, old, adv, torch.ones_like(logp), torch.ones_like(logp))
+    settings = LossSettings("token-mean", 0.2, 0.2, dppo_divergence=divergence, dppo_low=low, dppo_high=high)
+    return dppo_dropped(inputs, settings)
 
 
 def quadrants(case, dropped):
@@ -38,7 +54,7 @@ def test_dppo_loss_and_gradient_match_the_loop(divergence, delta, agg, norm, see
     dppo = (divergence, delta, 1.5 * delta)
     impl, ref = both_losses(case, kind="dppo", dppo=dppo, agg=agg, norm=norm, beta=0.03, budget=9)
     assert_same(impl, ref)
-    dropped = dppo_dropped(case["logp"], case["old"], case["adv"][:, None], *dppo)
+    dropped = dropped_of(case["logp"], case["old"], case["adv"][:, None], *dppo)
     cells = quadrants(case, dropped)
     assert cells.get(("+", "up", True)) and cells.get(("-", "down", True))  # both unsafe sides drop
     assert not cells.get(("+", "down", True)) and not cells.get(("-", "up", True))  # the safe sides never do
@@ -68,7 +84,7 @@ def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
         adv,
         resp,
         resp,
-        LossNormalizer.count(resp, resp, "token-mean", "selected", True),
+        normalizer_of(resp, resp, "token-mean", "selected", True),
         aggregation="token-mean",
         norm="selected",
         clip_low=0.2,
@@ -86,5 +102,5 @@ def test_dppo_by_hand_drops_only_in_the_unsafe_direction():
     # binary KL: KL(Bern(0.5) ‖ Bern(0.8)) = 0.5·ln(0.5/0.8) + 0.5·ln(0.5/0.2) = 0.2231: over δ = 0.2, under δ = 0.25
     kl = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log((0.5 + 1e-8) / (0.2 + 1e-8))
     assert kl == pytest.approx(0.22314, abs=1e-5)
-    assert dppo_dropped(p.log(), old, adv, "kl", 0.2, 0.2).tolist() == [[True, False, True, False, False]]
-    assert not dppo_dropped(p.log(), old, adv, "kl", 0.25, 0.25).any()
+    assert dropped_of(p.log(), old, adv, "kl", 0.2, 0.2).tolist() == [[True, False, True, False, False]]
+    assert not dropped_of(p.log(), old, adv, "kl", 0.25, 0.25).any()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.algorithms.losses.cases import assert_same, both_losses, moved_case
-from tokenrl.algorithms.config import TIS_MODES
+from tokenrl.algorithms.config import TIS_MODES, EngineISSettings
 from tokenrl.algorithms.grpo import engine_is_weights
 
 
@@ -47,7 +47,7 @@ def test_engine_importance_weights_match_the_loop_in_every_mode(mode, floor, see
     engine[0, 0] = trainer[0, 0] + 3.0  # a token the engine liked far more: r = e^-3
     resp = case["resp"]
     cap = 1.6
-    weights, outside = engine_is_weights(trainer, engine, resp, mode, cap, floor)
+    weights, outside = engine_is_weights(trainer, engine, resp, EngineISSettings(cap, mode, floor))
     exp_w, exp_out = loop_engine_weights(trainer.tolist(), engine.tolist(), resp.tolist(), mode, cap, floor)
     torch.testing.assert_close(weights, torch.tensor(exp_w, dtype=torch.float64), rtol=1e-13, atol=1e-15)
     assert outside.tolist() == exp_out
@@ -55,7 +55,7 @@ def test_engine_importance_weights_match_the_loop_in_every_mode(mode, floor, see
     assert 0 < int(outside[valid].sum()) < int(valid.sum())  # both inside and outside occur
     garbage = engine.clone()
     garbage[~valid] = 17.0
-    again, _ = engine_is_weights(trainer, garbage, resp, mode, cap, floor)
+    again, _ = engine_is_weights(trainer, garbage, resp, EngineISSettings(cap, mode, floor))
     assert torch.equal(again[valid], weights[valid])
     impl, ref = both_losses(case, is_w=weights, agg="seq-mean-token-mean", beta=0.02)
     assert_same(impl, ref)
@@ -77,12 +77,14 @@ def test_engine_importance_weights_by_hand():
         "sequence_mask": [[2.4] * 3, [0.99] * 3],
     }
     for mode, values in expected.items():
-        weights, outside = engine_is_weights(trainer, engine, resp, mode, 5.0, 0.5)
+        weights, outside = engine_is_weights(trainer, engine, resp, EngineISSettings(5.0, mode, 0.5))
         torch.testing.assert_close(
             weights[resp.bool()], torch.tensor(values, dtype=torch.float64)[resp.bool()], rtol=1e-14, atol=1e-15
         )
         assert int(outside[resp.bool()].sum()) == (2 if mode.startswith("token") else 0)
-    weights, outside = engine_is_weights(trainer, engine, resp, "sequence_mask", 2.0, None)  # 2.4 > 2: row 0 out
+    weights, outside = engine_is_weights(
+        trainer, engine, resp, EngineISSettings(2.0, "sequence_mask")
+    )  # 2.4 > 2: row 0 out
     assert weights[0].tolist() == [0.0] * 3 and outside[0].all() and not outside[1, :2].any()
-    weights, _ = engine_is_weights(trainer, engine, resp, "sequence_truncate", 2.0, None)
+    weights, _ = engine_is_weights(trainer, engine, resp, EngineISSettings(2.0, "sequence_truncate"))
     assert weights[0].tolist() == [2.0] * 3

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from tests.algorithms.losses.cases import assert_same, both_losses, loss_of, ragged_case
+from tests.algorithms.losses.cases import assert_same, both_losses, loss_of, normalizer_of, ragged_case
+from tokenrl.algorithms.config import EngineISSettings
 from tokenrl.algorithms.grpo import LossNormalizer, engine_is_weights
 
 
@@ -66,7 +67,7 @@ def random_case(seed, B=7, T=9):
 def test_policy_loss_matches_float64_loop(agg, norm, kl_masked, seed):
     logp, old, adv, resp, sel, ref = random_case(seed)
     kwargs = dict(aggregation=agg, norm=norm, clip_low=0.2, clip_high=0.28, kl_coef=0.04, kl_masked=kl_masked)
-    normalizer = LossNormalizer.count(resp, sel, agg, norm, kl_masked)
+    normalizer = normalizer_of(resp, sel, agg, norm, kl_masked)
     whole = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, **kwargs).loss
     # micro-batches with the mini-batch normaliser must add up to the whole-batch loss
     parts = sum(
@@ -95,7 +96,7 @@ def test_policy_loss_gradient_moves_towards_positive_advantage():
     logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     resp = torch.ones(2, 3)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    normalizer = LossNormalizer.count(resp, resp, "token-mean", "selected", True)
+    normalizer = normalizer_of(resp, resp, "token-mean", "selected", True)
     out = loss_of(
         logp,
         logp.detach(),
@@ -119,7 +120,7 @@ def test_dual_clip_matches_float64_loop(agg, seed):
     old = old - 0.5  # ratios around e^0.5: many exceed c = 1.4
     c = 1.4
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_masked=True)
-    normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
+    normalizer = normalizer_of(resp, sel, agg, "selected", True)
     out = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, dual_clip=c, **kwargs)
     expected = reference_loss(
         logp.tolist(),
@@ -151,7 +152,7 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     g = torch.Generator().manual_seed(100 + seed)
     engine = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.8  # a disagreeing engine
     cap = 2.0
-    weights, outside = engine_is_weights(old, engine, torch.ones_like(old), "token_truncate", cap)
+    weights, outside = engine_is_weights(old, engine, torch.ones_like(old), EngineISSettings(cap, "token_truncate"))
     assert torch.equal(outside, weights == cap) or torch.equal(outside, (old - engine).exp() > cap)
     expected_w = [
         [min(math.exp(o - e), cap) for o, e in zip(orow, erow)] for orow, erow in zip(old.tolist(), engine.tolist())
@@ -159,7 +160,7 @@ def test_truncated_importance_sampling_matches_float64_loop(agg, seed):
     assert torch.allclose(weights, torch.tensor(expected_w, dtype=torch.float64), atol=1e-12)
     assert (weights == cap).any() and (weights < 1).any()  # the cap and down-weighting both occur
     kwargs = dict(aggregation=agg, norm="selected", clip_low=0.2, clip_high=0.2, kl_coef=0.01, kl_masked=True)
-    normalizer = LossNormalizer.count(resp, sel, agg, "selected", True)
+    normalizer = normalizer_of(resp, sel, agg, "selected", True)
     got = loss_of(logp, old, adv, resp, sel, normalizer, ref_logp=ref, is_weights=weights, **kwargs).loss
     expected = reference_loss(
         logp.tolist(),
@@ -194,7 +195,7 @@ def test_low_var_kl_clamps_like_verl(agg):
         adv,
         resp,
         sel,
-        LossNormalizer.count(resp, sel, agg, "selected", True),
+        normalizer_of(resp, sel, agg, "selected", True),
         ref_logp=ref,
         aggregation=agg,
         norm="selected",
@@ -239,7 +240,7 @@ def test_low_var_kl_clamps_like_verl(agg):
         adv,
         resp,
         sel,
-        LossNormalizer.count(resp, sel, agg, "selected", True),
+        normalizer_of(resp, sel, agg, "selected", True),
         ref_logp=ref,
         aggregation=agg,
         norm="selected",

@@ -8,8 +8,15 @@ import math
 import pytest
 import torch
 
-from tests.algorithms.losses.cases import AGGREGATIONS, assert_same, both_losses, loss_of, moved_case, row_divisor
-from tokenrl.algorithms.grpo import LossNormalizer
+from tests.algorithms.losses.cases import (
+    AGGREGATIONS,
+    assert_same,
+    both_losses,
+    loss_of,
+    moved_case,
+    normalizer_of,
+    row_divisor,
+)
 
 
 @pytest.mark.parametrize("taus", [(1.0, 1.05), (3.0, 6.0)])
@@ -46,7 +53,7 @@ def test_sapo_gate_values_of_trl_and_its_on_policy_gradient_is_grpos():
     general. On-policy (r = 1) SAPO's gradient is GRPO's for any temperatures: 4σ(0)(1 − σ(0)) = 1."""
     resp = torch.ones(2, 4)
     adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
-    normalizer = LossNormalizer.count(resp, resp, "token-mean", "selected", True)
+    normalizer = normalizer_of(resp, resp, "token-mean", "selected", True)
     grads = {}
     for kind, taus in (("sapo", (1.0, 1.0)), ("sapo", (2.0, 5.0)), ("ppo", (1.0, 1.05))):
         logp = torch.full((2, 4), -1.3, dtype=torch.float64, requires_grad=True)
